@@ -1,0 +1,74 @@
+"""Explicit pyarrow schemas of the cleaned tables (data/interim/clean/<name>.parquet)."""
+
+import pyarrow as pa
+
+# Task 3: one row per (question, candidate answer). Test rows have null rank/score/label columns.
+ANSWERS = pa.schema(
+    [
+        ("split", pa.string()),  # train_liveqa | train_alexa | val | test
+        ("qid", pa.string()),
+        ("question", pa.string()),  # cleaned
+        ("question_raw", pa.string()),
+        ("aid", pa.string()),
+        ("answer", pa.string()),  # cleaned (boilerplate, HTML, entities removed; whitespace normalised)
+        ("answer_raw", pa.string()),
+        ("url", pa.string()),
+        ("source", pa.string()),  # host of the URL without www./.nlm.nih.gov/.com etc: medlineplus, ghr, mayoclinic, ...
+        ("answer_pos", pa.int32()),  # 1-based position in the file's AnswerList (AnswerN order)
+        ("system_rank", pa.int32()),  # CHiQA rank; null for test
+        ("reference_rank", pa.int32()),
+        ("reference_score", pa.int32()),
+        ("label", pa.int8()),  # reference_score >= 3 (official rule); null for test
+    ]
+)
+
+# Task 2 (RQE): consumer health question (chq) entails FAQ?
+RQE_PAIRS = pa.schema(
+    [
+        ("split", pa.string()),  # train | val | test
+        ("pid", pa.string()),
+        ("chq", pa.string()),
+        ("faq", pa.string()),
+        ("pair_type", pa.string()),  # train/val 'type' attribute; null for test
+        ("label", pa.int8()),  # 1 = entails; null for test
+    ]
+)
+
+MEDQUAD = pa.schema(
+    [
+        ("qa_id", pa.string()),  # <document id>_<qid>, unique
+        ("collection", pa.string()),  # e.g. 1_CancerGov_QA
+        ("document_id", pa.string()),
+        ("url", pa.string()),
+        ("focus", pa.string()),
+        ("question_type", pa.string()),
+        ("question", pa.string()),
+        ("answer", pa.string()),  # cleaned
+        ("answer_raw", pa.string()),
+    ]
+)
+
+NLI = pa.schema(
+    [
+        ("dataset", pa.string()),  # sick (default) | mednli | ... (optional user-supplied)
+        ("split", pa.string()),  # train | dev | test  (SICK: TRAIN | TRIAL | TEST)
+        ("pair_id", pa.string()),
+        ("premise", pa.string()),
+        ("hypothesis", pa.string()),
+        ("label", pa.string()),  # entailment | neutral | contradiction
+    ]
+)
+
+SQUAD = pa.schema(
+    [
+        ("split", pa.string()),  # train | dev
+        ("article", pa.string()),
+        ("paragraph_id", pa.string()),  # <article>#<index>, unique within split
+        ("paragraph", pa.string()),
+        ("question_id", pa.string()),  # <paragraph_id>#<index>
+        ("question", pa.string()),
+        ("answers", pa.list_(pa.string())),  # gold answer strings (dev has up to 3+)
+    ]
+)
+
+TABLES = {"answers": ANSWERS, "rqe_pairs": RQE_PAIRS, "medquad": MEDQUAD, "nli": NLI, "squad": SQUAD}

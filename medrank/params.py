@@ -1,0 +1,76 @@
+"""Typed, validated params: one model per params.yaml section.
+
+The whole file is validated on every load, so a typo anywhere (unknown key, wrong type,
+out-of-range value) stops with one line naming the key. Stages then read only their own section.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from medrank.errors import MedrankError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AcquireParams(_Section):
+    mirrors: list[str] = Field(default_factory=lambda: ["../shared/data"])
+    download: bool = True  # fall back to the pinned upstream URLs when no mirror has a file
+    timeout_s: float = Field(default=60.0, gt=0)
+    out_dir: str = "data/raw"
+
+
+class CleanParams(_Section):
+    raw_dir: str = "data/raw"
+    out_dir: str = "data/interim/clean"
+    squad_max_articles: int | None = Field(default=None, ge=1)  # None = all; tiny profiles cap it
+
+
+class ChiqaParams(_Section):
+    pass
+
+
+class Params(_Section):
+    seed: int = 13
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    n_candidates: int = Field(default=3, ge=1, le=50)
+    rqe_threshold: float | None = Field(default=0.5, ge=0.0, le=1.0)
+    acquire: AcquireParams = Field(default_factory=AcquireParams)
+    clean: CleanParams = Field(default_factory=CleanParams)
+    chiqa: ChiqaParams = Field(default_factory=ChiqaParams)
+
+
+def _format_error(path: Path, err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    if first["type"] == "extra_forbidden":
+        return f"{path}: unknown key '{key}'"
+    got = first.get("input")
+    got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    more = f" [+{len(err.errors()) - 1} more]" if len(err.errors()) > 1 else ""
+    return f"{path}: {key}: {first['msg']}{got_s}{more}"
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Load and validate the whole params file."""
+    path = Path(path)
+    if not path.exists():
+        raise MedrankError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" line {line + 1}" if line is not None else ""
+        raise MedrankError(f"{path}:{where} not valid YAML") from None
+    if not isinstance(raw, dict):
+        raise MedrankError(f"{path}: expected a mapping of sections at top level")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as e:
+        raise MedrankError(_format_error(path, e)) from None
