@@ -1,0 +1,28 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The byte-exact mirror beside the repo (CI has it); tests needing real files skip without it."""
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"mirror {SHARED_DATA} not present")
+    return SHARED_DATA
+
+
+def run_module(module: str, *args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m module` as a user would (exit code + stderr are part of the contract)."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=full_env, capture_output=True, text=True)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The user-facing error lines (logs and progress bars may precede them on stderr)."""
+    return [line for line in stderr.splitlines() if line.startswith("error:") or "Traceback" in line]
