@@ -1,0 +1,302 @@
+"""MEDIQA 2019 scorers with the official evaluator's semantics (Task 3 QA, Task 2 RQE), plus ranx IR metrics.
+
+Reference: Eval_Scripts/mediqa2019_evaluator_allTasks_final.py (`_evaluate_task_3`, `_evaluate_task_2`).
+Where the official script crashes or reads a header as data, the rule used here is stated in the docstring.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import scipy.stats
+
+from medrank.errors import MedrankError
+
+Table = pd.DataFrame | str | os.PathLike
+
+TASK3_COLUMNS = ["qid", "aid", "label"]
+TASK2_COLUMNS = ["pair_id", "label"]
+TASK2_HEADER = ["pair_id", "label"]
+_LABELS = {"0": 0, "1": 1}
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _read_csv_rows(path: Table, n_fields: int, what: str, header: Sequence[str] | None = None) -> pd.DataFrame:
+    """Read a headerless CSV as strings, one row per non-blank line, with a `_where` column ("line N").
+
+    If `header` is given, a first line equal to it is skipped (it is optional).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MedrankError(f"{path}: {what} file not found")
+    rows: list[list[str]] = []
+    where: list[str] = []
+    try:
+        # utf-8-sig: a BOM (pandas strips it too) must not become part of the first id
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f)
+            for fields in reader:
+                if not fields or (len(fields) == 1 and fields[0].strip() == ""):
+                    continue  # pandas skips blank lines
+                if header is not None and not rows and fields == list(header):
+                    header = None
+                    continue
+                if len(fields) != n_fields:
+                    raise MedrankError(
+                        f"{path}: line {reader.line_num}: expected {n_fields} comma-separated fields, got {len(fields)}"
+                    )
+                rows.append(fields)
+                where.append(f"line {reader.line_num}")
+    except UnicodeDecodeError as e:
+        raise MedrankError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise MedrankError(f"{path}: malformed CSV ({e})") from None
+    if not rows:
+        raise MedrankError(f"{path}: {what} file has no rows")
+    return pd.DataFrame(rows, columns=TASK3_COLUMNS if n_fields == 3 else TASK2_COLUMNS).assign(_where=where)
+
+
+def _normalise(table: Table, columns: list[str], what: str, header: Sequence[str] | None = None) -> tuple[pd.DataFrame, str]:
+    """Return (frame of string ids + int label + `_where`, source name) from a path or a DataFrame."""
+    if isinstance(table, pd.DataFrame):
+        source = f"<{what} DataFrame>"
+        missing = [c for c in columns if c not in table.columns]
+        if missing:
+            raise MedrankError(f"{source}: missing columns {missing} (need {columns})")
+        if table.empty and what == "gold":
+            raise MedrankError(f"{source}: gold has no rows")
+        df = pd.DataFrame({c: table[c].to_numpy(dtype=object) for c in columns})
+        df["_where"] = [f"row {i}" for i in range(1, len(df) + 1)]
+        for c in columns:
+            df[c] = [_as_text(v, c == "label") for v in df[c]]
+    else:
+        source = str(table)
+        df = _read_csv_rows(table, len(columns), what, header)
+    # labels: the official script compares the *string* label with '1', so only exact 0/1 count
+    bad = ~df["label"].isin(list(_LABELS))
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        hint = " (Task 3 files have no header line)" if header is None and i == 0 else ""
+        raise MedrankError(f"{source}: {df['_where'].iat[i]}: label must be 0 or 1, got {df['label'].iat[i]!r}{hint}")
+    df["label"] = df["label"].map(_LABELS).astype("int64")
+    for c in columns[:-1]:
+        empty = df[c].isna() | (df[c] == "")
+        if empty.any():
+            i = int(np.flatnonzero(empty.to_numpy())[0])
+            raise MedrankError(f"{source}: {df['_where'].iat[i]}: empty {c}")
+    key = columns[:-1]
+    seen: dict[tuple, str] = {}
+    for ids, where in zip(zip(*(df[c] for c in key)), df["_where"]):
+        if ids in seen:
+            raise MedrankError(
+                f"{source}: {where}: duplicate row for {', '.join(ids)} (first at {seen[ids]}); "
+                "the official script silently keeps the first, medrank refuses"
+            )
+        seen[ids] = where
+    return df.reset_index(drop=True), source
+
+
+def _as_text(v: object, is_label: bool = False) -> str | None:
+    """DataFrame cell -> the string a file would hold (ints '1', bools '0'/'1'; float labels 0.0/1.0 too)."""
+    if v is None or (not isinstance(v, str) and pd.api.types.is_scalar(v) and pd.isna(v)):
+        return None
+    if isinstance(v, (bool, np.bool_, np.integer)):
+        return str(int(v))
+    if is_label and isinstance(v, (float, np.floating)) and float(v) in (0.0, 1.0):
+        return str(int(v))
+    return str(v)
+
+
+def read_task3_gold(path: str | os.PathLike) -> pd.DataFrame:
+    """Official QA gold (no header; qid,aid,label rows, reference-rank order within a question) -> qid, aid, label."""
+    df, _ = _normalise(path, TASK3_COLUMNS, "gold")
+    return df[TASK3_COLUMNS]
+
+
+def read_task3_submission(path: str | os.PathLike) -> pd.DataFrame:
+    """Task 3 submission (no header; qid,aid,label in ranked order) -> qid, aid, label; malformed -> MedrankError."""
+    df, _ = _normalise(path, TASK3_COLUMNS, "submission")
+    return df[TASK3_COLUMNS]
+
+
+def gold_from_answers(answers: pd.DataFrame, split: str | None = None) -> pd.DataFrame:
+    """Task 3 gold (qid, aid, label) from the cleaned answers table (schemas.ANSWERS).
+
+    Rows without reference_rank (test) are dropped; questions keep their order of first appearance, answers
+    are sorted by reference_rank; label = reference_score >= 3 (the official rule).
+    """
+    df = answers if split is None else answers[answers["split"] == split]
+    df = df[df["reference_rank"].notna()]
+    if df.empty:
+        raise MedrankError(f"no answers with a reference_rank{'' if split is None else f' in split {split!r}'}")
+    if df["reference_score"].isna().any():
+        raise MedrankError("answers with a reference_rank but no reference_score")
+    if df.duplicated(["qid", "aid"]).any():
+        raise MedrankError("answers table has duplicate (qid, aid) rows")
+    q_order = pd.Series(range(df["qid"].nunique()), index=pd.unique(df["qid"]))
+    out = df.assign(_q=df["qid"].map(q_order).to_numpy(), _r=df["reference_rank"].astype("int64").to_numpy())
+    out = out.sort_values(["_q", "_r"], kind="stable")
+    return pd.DataFrame(
+        {
+            "qid": out["qid"].astype(str).to_numpy(dtype=object),
+            "aid": out["aid"].astype(str).to_numpy(dtype=object),
+            "label": (out["reference_score"].astype("int64") >= 3).astype("int64").to_numpy(),
+        }
+    )
+
+
+# ---------------------------------------------------------------- Task 3
+
+
+def _lex_ranks(ids: Sequence[str]) -> list[int]:
+    # the official script hands the id *strings* to spearmanr, which ranks them lexicographically
+    order = {a: r for r, a in enumerate(sorted(ids))}
+    return [order[a] for a in ids]
+
+
+def score_task3(gold: Table, submission: Table) -> dict:
+    """Accuracy, Precision, MRR and Spearman's rho of a Task 3 submission, as the official `_evaluate_task_3`.
+
+    - accuracy: submitted rows whose "qid_aid_label" string equals a gold row's, / number of gold rows.
+    - precision: micro over all rows submitted with label 1: share whose answer is labelled 1 in the gold.
+    - mrr: per gold question, 1/position of the first submitted row that has label 1 and a gold-correct answer,
+      positions counting ALL submitted rows of that question (label-0 rows too); averaged over gold questions
+      (absent questions count 0).
+    - spearman: per gold question, scipy spearmanr(kept correct answer ids in submission order, the same ids in
+      gold order) on the id STRINGS, i.e. the lexicographic ranks of the i-th submitted and the i-th reference
+      id are correlated; questions with < 2 kept answers (NaN rho) are left out of the mean.
+    - spearman_true: per question with >= 2 kept correct answers, Spearman between each answer's position in
+      the submission and its position in the gold (reference rank); mean over those questions (0.0 if none).
+    Rules where the official script crashes: no row submitted with label 1 -> precision 0.0
+    (ZeroDivisionError there); no question with a defined rho -> spearman 0.0 (ZeroDivisionError there);
+    a gold question without any correct answer is kept (its label-1 rows count as wrong, MRR 0, no rho;
+    KeyError there). Malformed input (unknown qid or (qid, aid), label not 0/1, duplicate (qid, aid) - the
+    official script keeps the first - wrong field count, missing/empty file) -> MedrankError.
+    """
+    g, gsrc = _normalise(gold, TASK3_COLUMNS, "gold")
+    s, ssrc = _normalise(submission, TASK3_COLUMNS, "submission")
+
+    gold_pairs = set(zip(g["qid"], g["aid"]))
+    gold_qids = set(g["qid"])
+    for qid, aid, where in zip(s["qid"], s["aid"], s["_where"]):
+        if (qid, aid) not in gold_pairs:
+            if qid not in gold_qids:
+                raise MedrankError(f"{ssrc}: {where}: question id {qid!r} is not in the gold ({gsrc})")
+            raise MedrankError(f"{ssrc}: {where}: answer id {aid!r} is not a candidate of question {qid!r} in the gold ({gsrc})")
+
+    # accuracy on the joined strings, exactly as the official script matches entries
+    gold_entries = {f"{q}_{a}_{l}" for q, a, l in zip(g["qid"], g["aid"], g["label"])}
+    n_match = sum(f"{q}_{a}_{l}" in gold_entries for q, a, l in zip(s["qid"], s["aid"], s["label"]))
+
+    questions = list(pd.unique(g["qid"]))
+    correct: dict[str, list[str]] = {q: [] for q in questions}
+    for q, a, l in zip(g["qid"], g["aid"], g["label"]):
+        if l == 1:
+            correct[q].append(a)
+    by_q: dict[str, list[tuple[str, int]]] = {}
+    for q, a, l in zip(s["qid"], s["aid"], s["label"]):
+        by_q.setdefault(q, []).append((a, l))
+
+    predicted_positive = correct_positive = 0
+    mrr = rho_sum = rho_true_sum = 0.0
+    n_rho = 0
+    for q in questions:
+        gold_correct = set(correct[q])
+        kept: list[str] = []
+        for position, (a, l) in enumerate(by_q.get(q, []), start=1):
+            if l != 1:
+                continue
+            predicted_positive += 1
+            if a in gold_correct:
+                correct_positive += 1
+                if not kept:
+                    mrr += 1.0 / position
+                kept.append(a)
+        if len(kept) < 2:
+            continue  # spearmanr gives NaN for 0 or 1 items: excluded from both means
+        kept_set = set(kept)
+        reference = [a for a in correct[q] if a in kept_set]
+        rho_sum += float(scipy.stats.spearmanr(_lex_ranks(kept), _lex_ranks(reference))[0])
+        n_rho += 1
+        ref_pos = {a: i for i, a in enumerate(reference)}
+        rho_true_sum += float(scipy.stats.spearmanr(list(range(len(kept))), [ref_pos[a] for a in kept])[0])
+
+    return {
+        "accuracy": n_match / len(g),
+        "precision": correct_positive / predicted_positive if predicted_positive else 0.0,
+        "mrr": mrr / len(questions),
+        "spearman": rho_sum / n_rho if n_rho else 0.0,
+        "spearman_true": rho_true_sum / n_rho if n_rho else 0.0,
+        "n_questions": len(questions),
+        "n_gold_rows": len(g),
+        "n_submitted_rows": len(s),
+        "n_predicted_positive": predicted_positive,
+        "n_correct_positive": correct_positive,
+        "n_spearman_questions": n_rho,
+    }
+
+
+# ---------------------------------------------------------------- Task 2
+
+
+def read_task2_table(path: str | os.PathLike, what: str = "submission") -> pd.DataFrame:
+    """RQE gold or submission (`pair_id,label`, optional header line) -> pair_id, label."""
+    df, _ = _normalise(path, TASK2_COLUMNS, what, header=TASK2_HEADER)
+    return df[TASK2_COLUMNS]
+
+
+def score_task2(gold: Table, submission: Table) -> dict:
+    """Task 2 (RQE) accuracy: submitted (pair_id, label) rows equal to a gold row, / number of gold pairs.
+
+    Difference from the official `_evaluate_task_2`: it reads the gold header line `pair_id,label` as a data
+    row, so its denominator is n_pairs + 1 and a submission that also starts with that header gets one free
+    match: official = (n_correct + has_header) / (n_pairs + 1). Here a leading header line is optional in both
+    files and never counted. Unknown pair ids, labels not 0/1 and duplicate pair ids -> MedrankError.
+    """
+    g, gsrc = _normalise(gold, TASK2_COLUMNS, "gold", header=TASK2_HEADER)
+    s, ssrc = _normalise(submission, TASK2_COLUMNS, "submission", header=TASK2_HEADER)
+    gold_label = dict(zip(g["pair_id"], g["label"]))
+    n_correct = 0
+    for pid, label, where in zip(s["pair_id"], s["label"], s["_where"]):
+        if pid not in gold_label:
+            raise MedrankError(f"{ssrc}: {where}: pair id {pid!r} is not in the gold ({gsrc})")
+        n_correct += int(gold_label[pid] == label)
+    return {"accuracy": n_correct / len(g), "n_gold_rows": len(g), "n_submitted_rows": len(s), "n_correct": n_correct}
+
+
+# ---------------------------------------------------------------- IR metrics (ranx)
+
+
+def ir_metrics(
+    qrels: pd.DataFrame, run: pd.DataFrame, metrics: Iterable[str] = ("mrr", "map", "precision@1", "ndcg")
+) -> dict[str, float]:
+    """ranx metrics of `run` (qid, aid, score: higher = better) against `qrels` (qid, aid, label: relevance).
+
+    Unlike the official MRR this ranks every run answer by score (labels ignored). Every qrels question counts
+    (one missing from the run or without a relevant answer scores 0); run questions absent from qrels are dropped.
+    """
+    from ranx import Qrels, Run, evaluate  # lazy: ranx JIT-compiles (seconds) on first use
+
+    qrels_dict: dict[str, dict[str, int]] = {}
+    for q, a, l in zip(qrels["qid"], qrels["aid"], qrels["label"]):
+        qrels_dict.setdefault(str(q), {})[str(a)] = int(l)
+    run_dict: dict[str, dict[str, float]] = {}
+    for q, a, sc in zip(run["qid"], run["aid"], run["score"]):
+        if not np.isfinite(sc):
+            raise MedrankError(f"run score for ({q}, {a}) is not finite: {sc}")
+        run_dict.setdefault(str(q), {})[str(a)] = float(sc)
+    run_dict = {q: d for q, d in run_dict.items() if q in qrels_dict}
+    if not run_dict:
+        raise MedrankError("run shares no question with the qrels")
+    metrics = list(metrics)
+    out = evaluate(Qrels(qrels_dict), Run(run_dict), metrics, make_comparable=True)
+    if len(metrics) == 1:
+        out = {metrics[0]: out}
+    return {k: float(v) for k, v in out.items()}
