@@ -42,8 +42,27 @@ def _score(args: argparse.Namespace) -> None:
         print(f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}")
 
 
+def _report_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-dir", default="metrics", help="folder of committed metrics JSON files")
+    p.add_argument("--readme", default=None, help="rewrite the results block of this README instead of printing")
+    p.add_argument("--check", action="store_true", help="with --readme: exit 1 if the block is out of date")
+
+
+def _report(args: argparse.Namespace) -> None:
+    from medrank.report import readme_is_current, render_results, update_readme
+
+    if args.readme is None:
+        print(render_results(args.metrics_dir), end="")
+    elif args.check:
+        if not readme_is_current(args.readme, args.metrics_dir):
+            raise MedrankError(f"{args.readme}: results block differs from {args.metrics_dir}/ (run `medrank report --readme {args.readme}`)")
+    else:
+        update_readme(args.readme, args.metrics_dir)
+
+
 COMMANDS: dict[str, Command] = {
     "score": Command("score a MEDIQA submission against a gold file (official semantics)", _score_arguments, _score),
+    "report": Command("render the results tables from metrics/*.json (or refresh README's block)", _report_arguments, _report),
 }
 
 
