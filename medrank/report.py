@@ -17,7 +17,9 @@ def _load(path: Path) -> dict:
 
 
 def _fmt(v) -> str:
-    return f"{v:.3f}" if isinstance(v, (int, float)) and not isinstance(v, bool) else ("—" if v is None else str(v))
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return "—" if v is None else str(v)
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
