@@ -30,6 +30,7 @@ class CleanParams(_Section):
     raw_dir: str = "data/raw"
     out_dir: str = "data/interim/clean"
     squad_max_articles: int | None = Field(default=None, ge=1)  # None = all; tiny profiles cap it
+    mednli_dir: str | None = None  # optional licence-gated MedNLI jsonl folder/file (never shipped)
 
 
 class ChiqaParams(_Section):

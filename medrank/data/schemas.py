@@ -29,14 +29,14 @@ RQE_PAIRS = pa.schema(
         ("pid", pa.string()),
         ("chq", pa.string()),
         ("faq", pa.string()),
-        ("pair_type", pa.string()),  # train/val 'type' attribute; null for test
+        ("pair_type", pa.string()),  # train 'type' attribute; null for val and test (no attribute there)
         ("label", pa.int8()),  # 1 = entails; null for test
     ]
 )
 
 MEDQUAD = pa.schema(
     [
-        ("qa_id", pa.string()),  # <document id>_<qid>, unique
+        ("qa_id", pa.string()),  # <collection>/<file stem>/<qid>, unique (qids repeat across files/collections)
         ("collection", pa.string()),  # e.g. 1_CancerGov_QA
         ("document_id", pa.string()),
         ("url", pa.string()),
