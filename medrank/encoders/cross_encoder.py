@@ -50,11 +50,15 @@ def _quiet_transformers() -> Iterator[None]:
     from transformers.utils import logging as tlog
 
     level = tlog.get_verbosity()
+    bars = tlog.is_progress_bar_enabled()
     tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
     try:
         yield
     finally:
         tlog.set_verbosity(level)
+        if bars:
+            tlog.enable_progress_bar()
 
 
 def _load_hf(path: Path, **kw: Any) -> tuple[torch.nn.Module, Any]:

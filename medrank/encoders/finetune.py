@@ -1,0 +1,165 @@
+"""Task data for fine-tuning the NLI and RQE cross-encoders, and RQE augmentation mined from MedQuAD.
+
+nli: SICK (or a user-supplied NLI set in the clean `nli` table), train → dev.
+rqe: MEDIQA Task 2 (AMIA 2016) train → validation; the blind test pairs are only predicted.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from medrank.errors import MedrankError
+
+log = logging.getLogger(__name__)
+
+NLI_LABELS = ("entailment", "neutral", "contradiction")
+RQE_LABELS = ("not_entailed", "entailed")  # index = the official 0/1 label
+TASKS = ("nli", "rqe")
+TASK_TABLES = {"nli": "nli.parquet", "rqe": "rqe_pairs.parquet"}
+
+Pair = tuple[str, str]
+
+
+@dataclass
+class TaskData:
+    """Pairs and integer labels per split; `*_ids` are the official pair ids (test has no labels)."""
+
+    label_names: tuple[str, ...]
+    train_pairs: list[Pair]
+    train_labels: np.ndarray
+    eval_pairs: list[Pair]
+    eval_labels: np.ndarray
+    eval_ids: list[str]
+    test_pairs: list[Pair] = field(default_factory=list)
+    test_ids: list[str] = field(default_factory=list)
+    test_labels: np.ndarray | None = None  # public labelled test sets only (SICK); never MEDIQA
+
+
+def _pairs(df: pd.DataFrame, a: str, b: str) -> list[Pair]:
+    return list(zip(df[a].astype(str), df[b].astype(str)))
+
+
+def nli_task(table: pd.DataFrame, dataset: str = "sick") -> TaskData:
+    """NLI train/dev(/test) from the clean `nli` table, one dataset."""
+    df = table[table["dataset"] == dataset]
+    if df.empty:
+        have = sorted(table["dataset"].unique())
+        raise MedrankError(f"nli table has no rows for dataset '{dataset}' (have {have})")
+    idx = {n: i for i, n in enumerate(NLI_LABELS)}
+    bad = set(df["label"]) - set(idx)
+    if bad:
+        raise MedrankError(f"nli table: unknown labels {sorted(bad)} (expected {list(NLI_LABELS)})")
+    parts = {s: df[df["split"] == s] for s in ("train", "dev", "test")}
+    if parts["train"].empty or parts["dev"].empty:
+        raise MedrankError(f"nli dataset '{dataset}' needs train and dev rows")
+    lab = lambda d: d["label"].map(idx).to_numpy(np.int64)  # noqa: E731
+    test = parts["test"]
+    return TaskData(
+        NLI_LABELS,
+        _pairs(parts["train"], "premise", "hypothesis"),
+        lab(parts["train"]),
+        _pairs(parts["dev"], "premise", "hypothesis"),
+        lab(parts["dev"]),
+        parts["dev"]["pair_id"].astype(str).tolist(),
+        _pairs(test, "premise", "hypothesis"),
+        test["pair_id"].astype(str).tolist(),
+        lab(test) if not test.empty and test["label"].notna().all() else None,
+    )
+
+
+def rqe_task(table: pd.DataFrame) -> TaskData:
+    """RQE train/val with labels, and the blind test pairs, from the clean `rqe_pairs` table."""
+    parts = {s: table[table["split"] == s] for s in ("train", "val", "test")}
+    if parts["train"].empty or parts["val"].empty:
+        raise MedrankError("rqe_pairs table needs train and val rows")
+    lab = lambda d: d["label"].astype(np.int64).to_numpy()  # noqa: E731
+    return TaskData(
+        RQE_LABELS,
+        _pairs(parts["train"], "chq", "faq"),
+        lab(parts["train"]),
+        _pairs(parts["val"], "chq", "faq"),
+        lab(parts["val"]),
+        parts["val"]["pid"].astype(str).tolist(),
+        _pairs(parts["test"], "chq", "faq"),
+        parts["test"]["pid"].astype(str).tolist(),
+    )
+
+
+def cap_pairs(pairs: list[Pair], labels: np.ndarray, cap: int | None, rng: np.random.Generator) -> tuple[list[Pair], np.ndarray]:
+    """At most `cap` pairs, stratified by label (same label mix), order shuffled; None = all."""
+    if cap is None or cap >= len(pairs):
+        return pairs, labels
+    keep: list[int] = []
+    for lab in np.unique(labels):
+        idx = np.flatnonzero(labels == lab)
+        k = max(1, round(cap * len(idx) / len(labels)))
+        keep.extend(rng.choice(idx, size=min(k, len(idx)), replace=False).tolist())
+    keep_arr = rng.permutation(np.array(keep[:cap] if len(keep) > cap else keep))
+    return [pairs[i] for i in keep_arr], labels[keep_arr]
+
+
+_TRAILING_SPACE_Q = re.compile(r"\s+\?$")
+
+
+def _tidy(q: str) -> str:
+    # MedQuAD templates end with " ?" and say "What is (are)"; consumer/FAQ questions do not
+    return _TRAILING_SPACE_Q.sub("?", q.replace("What is (are)", "What is")).strip()
+
+
+def medquad_rqe_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Generator) -> tuple[list[Pair], np.ndarray]:
+    """Question pairs mined from MedQuAD, shaped like MEDIQA validation pairs (CHQ: 'Focus. question(s)').
+
+    A pseudo consumer question asks one or two things about a focus. Positive FAQ: a question of the same
+    focus and one of the asked types (another phrasing when MedQuAD has one). Negatives, half each: same
+    focus but a type not asked (the hard case in MEDIQA validation), and a question about another focus.
+    """
+    if n_pairs <= 0:
+        return [], np.zeros(0, dtype=np.int64)
+    df = medquad[["focus", "question_type", "question"]].dropna().copy()
+    df["focus_key"] = df["focus"].str.lower().str.strip()
+    df["question"] = df["question"].map(_tidy)
+    df = df.drop_duplicates(["focus_key", "question_type", "question"])
+    by_focus = {k: g for k, g in df.groupby("focus_key", sort=True)}
+    # foci with at least two types give hard negatives; sorted keys keep sampling deterministic
+    multi = [k for k, g in by_focus.items() if g["question_type"].nunique() >= 2]
+    if not multi:
+        raise MedrankError("medquad table: no focus with two question types to mine RQE pairs from")
+    all_q = df["question"].to_numpy()
+    all_focus = df["focus_key"].to_numpy()
+    pairs: list[Pair] = []
+    labels: list[int] = []
+    n_pos = n_pairs // 2
+    while len(pairs) < n_pairs:
+        g = by_focus[multi[rng.integers(len(multi))]]
+        types = sorted(g["question_type"].unique())
+        n_ask = 1 if len(types) < 3 or rng.random() < 0.6 else 2
+        asked = [types[i] for i in rng.choice(len(types), size=n_ask, replace=False)]
+        asked_q = [g[g["question_type"] == t]["question"].iloc[rng.integers((g["question_type"] == t).sum())] for t in asked]
+        focus = str(g["focus"].iloc[0])
+        chq = f"{focus}. " + " ".join(asked_q)
+        if len(labels) < n_pos:
+            t = asked[rng.integers(len(asked))]
+            cands = g[g["question_type"] == t]["question"].tolist()
+            other = [q for q in cands if q not in asked_q]
+            faq = (other or cands)[rng.integers(len(other or cands))]
+            pairs.append((chq, faq))
+            labels.append(1)
+        elif rng.random() < 0.5:
+            rest = g[~g["question_type"].isin(asked)]["question"].tolist()
+            if not rest:
+                continue
+            pairs.append((chq, rest[rng.integers(len(rest))]))
+            labels.append(0)
+        else:
+            j = rng.integers(len(all_q))
+            if all_focus[j] == g["focus_key"].iloc[0]:
+                continue
+            pairs.append((chq, str(all_q[j])))
+            labels.append(0)
+    order = rng.permutation(len(pairs))
+    return [pairs[i] for i in order], np.asarray(labels, dtype=np.int64)[order]

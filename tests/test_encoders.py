@@ -1,0 +1,270 @@
+"""medrank.encoders: model resolution, precision probe, batching, and a tiny random BERT trained end to end."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from medrank.encoders import base
+from medrank.encoders.base import (
+    DEFAULT_MODEL,
+    DEFAULT_MODEL_SHA256,
+    model_fingerprint,
+    pick_precision,
+    probe_precision,
+    resolve_device,
+    resolve_model_path,
+)
+from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches
+from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
+from medrank.errors import MedrankError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "finetune"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # other engineers share the 2 cores
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_tiny_bert(path: Path, seed: int = 0) -> Path:
+    """A randomly initialised 2-layer, hidden-32 BERT + a tokenizer over the fixture vocab, saved as safetensors."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    torch.manual_seed(seed)
+    tok = BertTokenizerFast(vocab=str(FIXTURES / "vocab.txt"), do_lower_case=True)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    BertModel(cfg).save_pretrained(str(path), safe_serialization=True)
+    tok.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny") / "bert")
+
+
+@pytest.fixture(scope="module")
+def fixture_pairs() -> tuple[list[tuple[str, str]], np.ndarray]:
+    df = pd.read_csv(FIXTURES / "pairs.tsv", sep="\t")
+    return list(zip(df["text_a"], df["text_b"])), df["label"].to_numpy()
+
+
+# ---------------------------------------------------------------- batching
+
+
+def test_dedup_inverse_restores_items():
+    items = [("a", "b"), ("c", "d"), ("a", "b"), ("e", "f"), ("c", "d")]
+    unique, inv = dedup(items)
+    assert unique == [("a", "b"), ("c", "d"), ("e", "f")]
+    assert [unique[i] for i in inv] == items
+
+
+def test_length_sorted_batches_cover_all_once_longest_first():
+    lengths = [3, 9, 1, 9, 5, 2, 7]
+    batches = length_sorted_batches(lengths, 3)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(7))
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+    assert flat[:2].tolist() == [1, 3]  # ties keep input order
+    # the token budget shrinks batches of long items
+    capped = length_sorted_batches([100, 100, 100, 10, 10, 10], 3, max_tokens=200)
+    assert [len(b) for b in capped] == [2, 2, 2]
+
+
+def test_bucketed_shuffle_is_seeded_and_complete():
+    lengths = np.random.default_rng(0).integers(1, 50, size=103)
+    a = bucketed_shuffle_batches(lengths, 8, np.random.default_rng(1), bucket_batches=4)
+    b = bucketed_shuffle_batches(lengths, 8, np.random.default_rng(1), bucket_batches=4)
+    assert all((x == y).all() for x, y in zip(a, b))
+    assert sorted(np.concatenate(a).tolist()) == list(range(103))
+    # padding is lower than with a plain shuffle: within each batch lengths are close
+    waste = sum(int(lengths[x].max() * len(x) - lengths[x].sum()) for x in a)
+    perm = np.random.default_rng(1).permutation(103)
+    plain = [perm[i : i + 8] for i in range(0, 103, 8)]
+    assert waste < sum(int(lengths[x].max() * len(x) - lengths[x].sum()) for x in plain)
+
+
+# ---------------------------------------------------------------- base
+
+
+def test_resolve_device():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(MedrankError, match="CUDA is not available"):
+            resolve_device("cuda")
+    with pytest.raises(MedrankError, match="unknown device"):
+        resolve_device("tpu")
+
+
+def test_resolve_model_path_errors(tmp_path):
+    with pytest.raises(MedrankError, match="no such folder"):
+        resolve_model_path(str(tmp_path / "nope" / "deeper"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MedrankError, match="missing config.json"):
+        resolve_model_path(tmp_path / "empty")
+
+
+def test_sha_mismatch_raises_one_line(tiny_base, tmp_path):
+    bad = tmp_path / "copy"
+    shutil.copytree(tiny_base, bad)
+    assert resolve_model_path(bad) == bad.resolve()  # no pin: fine
+    with pytest.raises(MedrankError) as e:
+        resolve_model_path(bad, expected_sha256="0" * 64)
+    assert "does not match" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_default_model_is_pinned_upstream_file():
+    path = resolve_model_path(DEFAULT_MODEL)  # verifies the sha256
+    assert DEFAULT_MODEL_SHA256.startswith("53aa5117") and DEFAULT_MODEL_SHA256.endswith("d9db")
+    assert (path / "model.safetensors").exists()
+
+
+def test_fingerprint_tracks_weights_and_config(tiny_base, tmp_path):
+    fp = model_fingerprint(tiny_base)
+    assert fp == model_fingerprint(tiny_base) and len(fp) == 64
+    other = tmp_path / "other"
+    shutil.copytree(tiny_base, other)
+    assert model_fingerprint(other) == fp  # content, not location
+    cfg = (other / "config.json").read_text()
+    (other / "config.json").write_text(cfg.replace('"hidden_act"', '"hidden_act_x": 1, "hidden_act"'))
+    assert model_fingerprint(other) != fp
+
+
+def test_precision_probe_requested_and_auto(monkeypatch):
+    assert pick_precision("cpu", "fp32") == "fp32"
+    assert pick_precision("cpu", "int8") == "int8"
+    with pytest.raises(MedrankError, match="precision 'fp16'"):
+        pick_precision("cpu", "fp16")
+    assert pick_precision("cpu") in ("fp32", "bf16")  # matmul probe: no int8 without a model
+
+    # the probe picks the fastest candidate, but rejects one whose outputs drift from fp32
+    fake_t = {"fp32": 0.03, "bf16": 0.02, "int8": 0.01}
+    clock = {"t": 0.0}
+    current = {"p": "fp32"}
+
+    def fake_perf_counter():
+        return clock["t"]
+
+    def forward(p: str) -> torch.Tensor:
+        current["p"] = p
+        clock["t"] += fake_t[p]
+        return torch.tensor([[0.5, 0.5]]) + (0.1 if p == "int8" else 0.0)
+
+    monkeypatch.setattr(base.time, "perf_counter", fake_perf_counter)
+    rep = probe_precision("cpu", forward=forward)
+    assert rep.choice == "bf16" and "int8 rejected" in rep.reason
+    fake_t["bf16"] = 0.029  # less than 10% faster than fp32: not worth it
+    assert probe_precision("cpu", forward=forward).choice == "fp32"
+    rep = probe_precision("cpu", forward=forward, tolerance=0.5)
+    assert rep.choice == "int8" and rep.as_dict()["timings_s"]["int8"] == pytest.approx(0.01)
+
+
+# ---------------------------------------------------------------- cross-encoder on a tiny BERT
+
+
+def test_fit_lowers_loss_and_save_load_round_trips(tiny_base, fixture_pairs, tmp_path):
+    pairs, labels = fixture_pairs
+    ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=3, label_names=["no", "yes"], precision="fp32")
+    seen = []
+    hist = ce.fit(
+        pairs, labels, epochs=12, lr=3e-3, batch_size=8, warmup_ratio=0.1, weight_decay=0.0,
+        eval_pairs=pairs[:12], eval_labels=labels[:12], callback=lambda e, m: seen.append(e),
+        seed=3, precision="fp32", show_progress=False,
+    )  # fmt: skip
+    assert seen == list(range(1, 13))
+    assert hist[-1]["train_loss"] < hist[0]["train_loss"] - 0.15
+    assert hist[-1]["eval_accuracy"] > 0.7
+    assert {"eval_accuracy", "eval_macro_f1", "eval_loss"} <= set(hist[-1])
+    probs = ce.predict(pairs, show_progress=False)
+    assert probs.shape == (48, 2) and np.allclose(probs.sum(1), 1, atol=1e-5)
+
+    fp = ce.save(tmp_path / "model")
+    for f in ("model.safetensors", "config.json", "tokenizer.json", META_FILE):
+        assert (tmp_path / "model" / f).exists()
+    assert not list(tmp_path.glob(".model.*"))  # no temp folders left behind
+    again = CrossEncoder.load(tmp_path / "model", device="cpu", precision="fp32")
+    assert again.fingerprint == fp and again.label_names == ["no", "yes"] and again.max_length == 32
+    np.testing.assert_allclose(again.predict(pairs, show_progress=False), probs, atol=1e-6)
+
+    # saving over an existing model replaces it atomically
+    ce.save(tmp_path / "model")
+    assert CrossEncoder.load(tmp_path / "model", device="cpu").fingerprint == fp
+
+    # a tampered weights file is refused with one line
+    w = tmp_path / "model" / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0xFF
+    w.write_bytes(bytes(data))
+    with pytest.raises(MedrankError, match="changed since save"):
+        CrossEncoder.load(tmp_path / "model", device="cpu")
+
+
+def test_training_is_deterministic(tiny_base, fixture_pairs):
+    pairs, labels = fixture_pairs
+    runs = []
+    for _ in range(2):
+        ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=5, precision="fp32")
+        h = ce.fit(pairs[:24], labels[:24], epochs=1, lr=1e-3, batch_size=8, seed=5, precision="fp32", show_progress=False)
+        runs.append((h[0]["train_loss"], ce.predict(pairs, show_progress=False)))
+    assert runs[0][0] == runs[1][0]
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+
+
+def test_predict_preserves_order_despite_sorting_and_dedup(tiny_base, fixture_pairs):
+    pairs, _ = fixture_pairs
+    ce = CrossEncoder.from_base(str(tiny_base), 3, 32, device="cpu", seed=1, precision="fp32")
+    # reference: each pair scored alone (no batching, no padding)
+    ref = np.stack([ce.predict([p], show_progress=False)[0] for p in pairs[:10]])
+    mixed = pairs[:10] + pairs[:10][::-1] + [pairs[3]] * 5
+    probs, emb = ce.predict(mixed, batch_size=4, return_embeddings=True, show_progress=False)
+    assert ce.last_predict_stats["unique_pairs"] == 10
+    np.testing.assert_allclose(probs[:10], ref, atol=1e-5)
+    np.testing.assert_allclose(probs[10:20], ref[::-1], atol=1e-5)
+    np.testing.assert_allclose(probs[20:], np.repeat(ref[3:4], 5, axis=0), atol=1e-5)
+    assert emb.shape == (25, 32)
+    np.testing.assert_allclose(emb[20], emb[3], atol=1e-6)
+    assert not np.allclose(emb[0], emb[1])
+    empty = ce.predict([], show_progress=False)
+    assert empty.shape == (0, 3)
+
+
+def test_int8_and_bf16_stay_close_to_fp32(tiny_base, fixture_pairs):
+    pairs, _ = fixture_pairs
+    ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=2, precision="fp32")
+    ref = ce.predict(pairs, show_progress=False)
+    for p in ("int8", "bf16"):
+        got = ce.predict(pairs, show_progress=False, precision=p)
+        assert np.abs(got - ref).max() < 0.05, p
+    assert ce.last_predict_stats["precision"] == "bf16"
+
+
+def test_bad_inputs_are_medrank_errors(tiny_base):
+    ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=2, precision="fp32")
+    with pytest.raises(MedrankError, match=r"pairs\[1\]"):
+        ce.predict([("a", "b"), ("only one",)], show_progress=False)
+    with pytest.raises(MedrankError, match="not in"):
+        ce.fit([("a", "b")], ["maybe"], epochs=1, lr=1e-3, batch_size=1, show_progress=False)
+    with pytest.raises(MedrankError, match="label names"):
+        CrossEncoder.from_base(str(tiny_base), 3, 32, device="cpu", label_names=["a", "b"])
+    with pytest.raises(MedrankError, match="not saved by medrank"):
+        CrossEncoder.load(tiny_base, device="cpu")
