@@ -37,6 +37,23 @@ class ChiqaParams(_Section):
     pass
 
 
+class NormalizeParams(_Section):
+    clean_dir: str = "data/interim/clean"
+    out_dir: str = "data/interim/normalized"
+    expand_abbreviations: bool = True
+    abbreviation_list: str | None = None  # None = curated list in medrank/text/resources/abbreviations.tsv
+    preferred_names: bool = True  # replace concept synonyms by the preferred name
+    disease_ontology: str = "data/raw/disease_ontology/doid-ebd679f.obo.gz"  # default (open) vocabulary
+    umls_mrconso: str | None = None  # licensed UMLS MRCONSO.RRF: used instead of the Disease Ontology when set
+    umls_sources: list[str] = Field(default_factory=list)  # UMLS SABs whose strings are matched; [] = all
+    concept_stoplist: str | None = None  # None = medrank/text/resources/concept_stoplist.txt
+    min_term_chars: int = Field(default=4, ge=1)
+    max_term_tokens: int = Field(default=8, ge=1)
+    sentence_splitter: Literal["rule", "pysbd", "stanza"] = "rule"
+    coref: Literal[False, "stanza"] = False  # stanza needs its English coref model installed
+    stanza_dir: str | None = None  # stanza_resources folder; None = $STANZA_RESOURCES_DIR or ~/stanza_resources
+
+
 class Params(_Section):
     seed: int = 13
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
@@ -44,6 +61,7 @@ class Params(_Section):
     rqe_threshold: float | None = Field(default=0.5, ge=0.0, le=1.0)
     acquire: AcquireParams = Field(default_factory=AcquireParams)
     clean: CleanParams = Field(default_factory=CleanParams)
+    normalize: NormalizeParams = Field(default_factory=NormalizeParams)
     chiqa: ChiqaParams = Field(default_factory=ChiqaParams)
 
 

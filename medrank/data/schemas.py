@@ -72,3 +72,14 @@ SQUAD = pa.schema(
 )
 
 TABLES = {"answers": ANSWERS, "rqe_pairs": RQE_PAIRS, "medquad": MEDQUAD, "nli": NLI, "squad": SQUAD}
+
+# normalize stage (data/interim/normalized/<name>.parquet): every cleaned column plus the normalized texts
+# (abbreviations expanded, preferred concept names) and the answers' sentences (split after normalizing)
+NORMALIZED_ANSWERS = pa.schema(
+    list(ANSWERS) + [("question_norm", pa.string()), ("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))]
+)
+NORMALIZED_RQE_PAIRS = pa.schema(list(RQE_PAIRS) + [("chq_norm", pa.string()), ("faq_norm", pa.string())])
+NORMALIZED_MEDQUAD = pa.schema(
+    list(MEDQUAD) + [("question_norm", pa.string()), ("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))]
+)
+NORMALIZED_TABLES = {"answers": NORMALIZED_ANSWERS, "rqe_pairs": NORMALIZED_RQE_PAIRS, "medquad": NORMALIZED_MEDQUAD}

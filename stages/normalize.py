@@ -1,0 +1,50 @@
+"""Stage `normalize`: cleaned MEDIQA answers, RQE pairs and MedQuAD -> normalized texts + sentences."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from medrank.data.schemas import NORMALIZED_TABLES
+from medrank.io import read_parquet, write_json, write_parquet
+from medrank.params import load_params
+from medrank.runner import run
+from medrank.text.normalize import TABLES, make_pipeline, normalize_table
+
+log = logging.getLogger("stages.normalize")
+METRICS = Path("metrics/normalize.json")
+
+
+def main() -> None:
+    p = load_params().normalize
+    t0 = time.perf_counter()
+    normalizer, splitter, coref = make_pipeline(p)
+    metrics: dict = {
+        "vocabulary": {
+            "abbreviations": len(normalizer.abbreviations) if normalizer.abbreviations else 0,
+            "concept_phrases": len(normalizer.concepts) if normalizer.concepts else 0,
+            "concept_ambiguous_dropped": normalizer.concepts.n_ambiguous if normalizer.concepts else 0,
+        }
+    }
+    log.info("vocabularies built in %.1fs", time.perf_counter() - t0)
+    totals = {"texts": 0, "changed": 0, "expansions": 0, "concept_replacements": 0}
+    for name, spec in TABLES.items():
+        t1 = time.perf_counter()
+        df = read_parquet(Path(p.clean_dir) / f"{name}.parquet")
+        out, stats = normalize_table(df, spec, normalizer, splitter, coref, desc=name)
+        assert len(out) == len(df), f"{name}: {len(df)} rows in, {len(out)} out"
+        write_parquet(out, Path(p.out_dir) / f"{name}.parquet", NORMALIZED_TABLES[name])
+        n_texts = sum(stats[c]["texts"] for c in spec.texts)
+        for c in spec.texts:
+            for k in totals:
+                totals[k] += stats[c][k]
+        metrics[name] = stats
+        log.info("%s: %d rows, %d texts in %.1fs", name, len(df), n_texts, time.perf_counter() - t1)
+    metrics["total"] = totals
+    write_json(METRICS, metrics)
+    log.info("normalize: %d texts, %d changed, in %.1fs", totals["texts"], totals["changed"], time.perf_counter() - t0)
+
+
+if __name__ == "__main__":
+    run(main)
