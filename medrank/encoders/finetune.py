@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -163,3 +165,42 @@ def medquad_rqe_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Genera
             labels.append(0)
     order = rng.permutation(len(pairs))
     return [pairs[i] for i in order], np.asarray(labels, dtype=np.int64)[order]
+
+
+def load_task(task: str, clean_dir: Path, dataset: str = "sick") -> TaskData:
+    """TaskData for 'nli' or 'rqe' from the clean tables."""
+    from medrank.io import read_parquet
+
+    if task not in TASKS:
+        raise MedrankError(f"unknown finetune task '{task}' (expected one of {', '.join(TASKS)})")
+    table = read_parquet(Path(clean_dir) / TASK_TABLES[task])
+    return nli_task(table, dataset) if task == "nli" else rqe_task(table)
+
+
+def training_set(task: str, data: TaskData, tp: Any, clean_dir: Path, rng: np.random.Generator) -> tuple[list[Pair], np.ndarray, int]:
+    """Task pairs capped by `max_train_pairs`, plus `medquad_pairs` mined pairs for rqe; returns n mined."""
+    from medrank.io import read_parquet
+
+    pairs, labels = cap_pairs(data.train_pairs, data.train_labels, tp.max_train_pairs, rng)
+    n_mined = 0
+    if task == "rqe" and tp.medquad_pairs:
+        mined, mined_y = medquad_rqe_pairs(read_parquet(Path(clean_dir) / "medquad.parquet"), tp.medquad_pairs, rng)
+        n_mined = len(mined)
+        pairs, labels = pairs + mined, np.concatenate([labels, mined_y])
+        order = rng.permutation(len(pairs))
+        pairs, labels = [pairs[i] for i in order], labels[order]
+    return pairs, labels, n_mined
+
+
+def classification_metrics(y: np.ndarray, probs: np.ndarray) -> dict[str, float]:
+    """Accuracy, macro-F1, per-class F1 and NLL of argmax predictions."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    pred = probs.argmax(1)
+    labels = list(range(probs.shape[1]))
+    return {
+        "accuracy": float(accuracy_score(y, pred)),
+        "macro_f1": float(f1_score(y, pred, average="macro", labels=labels, zero_division=0)),
+        "loss": float(-np.mean(np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0)))),
+        "n": int(len(y)),
+    }

@@ -1,0 +1,96 @@
+"""DVC stage `finetune@<task>` (task = nli | rqe): fine-tune a cross-encoder, log curves, write metrics.
+
+rqe also writes the Task 2 validation and blind test predictions (`pair_id,label`) and scores validation.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+from medrank.errors import MedrankError
+from medrank.runner import run
+
+TASKS = ("nli", "rqe")
+
+RQE_VAL_GOLD = "mediqa2019/Eval_Scripts/data/RQE_validationSet_ground_truth.txt"
+
+
+def main() -> None:
+    if len(sys.argv) != 2 or sys.argv[1] not in TASKS:
+        raise MedrankError(f"usage: python -m stages.finetune {{{'|'.join(TASKS)}}}")
+    task = sys.argv[1]
+    # heavy imports (torch, transformers) after the argument check, so a usage error is instant
+    import numpy as np
+    import pandas as pd
+    from dvclive import Live
+
+    from medrank.encoders.cross_encoder import CrossEncoder
+    from medrank.encoders.finetune import classification_metrics, load_task, training_set
+    from medrank.io import write_json
+    from medrank.metrics import score_task2
+    from medrank.params import load_params
+    from medrank.submission import write_task2_submission
+
+    p = load_params()
+    tp = getattr(p.finetune, task)
+    clean_dir = Path(p.clean.out_dir)
+    rng = np.random.default_rng(p.seed)
+
+    data = load_task(task, clean_dir, tp.dataset)
+    pairs, labels, n_mined = training_set(task, data, tp, clean_dir, rng)
+    model = CrossEncoder.from_base(
+        tp.base_model, len(data.label_names), tp.max_length, device=p.device, seed=p.seed,
+        label_names=data.label_names, precision=tp.predict_precision,
+    )  # fmt: skip
+
+    with Live(dir=f"plots/finetune_{task}", dvcyaml=None, save_dvc_exp=False) as live:
+        live.log_params(tp.model_dump())
+
+        def log_epoch(epoch: int, m: dict) -> None:
+            live.log_metric("train/loss", m["train_loss"])
+            live.log_metric("val/loss", m["eval_loss"])
+            live.log_metric("val/accuracy", m["eval_accuracy"])
+            live.log_metric("val/macro_f1", m["eval_macro_f1"])
+            live.next_step()
+
+        t0 = time.perf_counter()
+        history = model.fit(
+            pairs, labels, epochs=tp.epochs, lr=tp.lr, batch_size=tp.batch_size, warmup_ratio=tp.warmup_ratio,
+            weight_decay=tp.weight_decay, eval_pairs=data.eval_pairs, eval_labels=data.eval_labels,
+            callback=log_epoch, seed=p.seed, precision=tp.train_precision,
+        )  # fmt: skip
+        train_seconds = time.perf_counter() - t0
+
+    val_probs = model.predict(data.eval_pairs, batch_size=tp.eval_batch_size)
+    speed = dict(model.last_predict_stats)
+    metrics = {
+        "task": task,
+        "base_model": tp.base_model,
+        "base_fingerprint": model.base_fingerprint,
+        "n_train_pairs": len(pairs),
+        "n_medquad_pairs": n_mined,
+        "train_seconds": round(train_seconds, 1),
+        "train_precision": model.train_precision,
+        "predict_precision": speed["precision"],
+        "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
+        "val": classification_metrics(data.eval_labels, val_probs),
+        "history": history,
+    }
+    if task == "rqe":
+        for split, ids, probs in (("val", data.eval_ids, val_probs), ("test", data.test_ids, None)):
+            if probs is None:
+                probs = model.predict(data.test_pairs, batch_size=tp.eval_batch_size)
+            sub = pd.DataFrame({"pair_id": ids, "label": probs.argmax(1).astype(int)})
+            write_task2_submission(f"submissions/task2_{split}.csv", sub)
+        gold = Path(p.clean.raw_dir) / RQE_VAL_GOLD
+        metrics["val_official"] = score_task2(gold, "submissions/task2_val.csv")
+    elif data.test_labels is not None and tp.score_public_test:
+        # SICK's test labels are public (not a MEDIQA blind set): reported, never used for selection
+        metrics["test"] = classification_metrics(data.test_labels, model.predict(data.test_pairs, batch_size=tp.eval_batch_size))
+    metrics["predict_pairs_per_s"] = speed["pairs_per_s"]
+    metrics["model_fingerprint"] = model.save(Path("models") / task, extra_meta={"task": task})
+    write_json(f"metrics/finetune_{task}.json", metrics)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,192 @@
+"""The finetune stage end to end on fixture tables with a tiny random BERT, plus its data helpers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from medrank.data.schemas import MEDQUAD, NLI, RQE_PAIRS
+from medrank.encoders.cross_encoder import CrossEncoder
+from medrank.encoders.finetune import (
+    NLI_LABELS,
+    cap_pairs,
+    medquad_rqe_pairs,
+    nli_task,
+    rqe_task,
+)
+from medrank.errors import MedrankError
+from medrank.io import write_parquet
+from medrank.metrics import score_task2
+
+from tests.conftest import REPO, error_lines, run_module
+from tests.test_encoders import FIXTURES, make_tiny_bert
+
+
+def fixture_pairs() -> pd.DataFrame:
+    return pd.read_csv(FIXTURES / "pairs.tsv", sep="\t")
+
+
+def fixture_medquad() -> pd.DataFrame:
+    mq = pd.read_csv(FIXTURES / "medquad.tsv", sep="\t")
+    for col in ("collection", "document_id", "url", "answer", "answer_raw"):
+        mq[col] = "x"
+    return mq
+
+
+def rqe_table(df: pd.DataFrame) -> pd.DataFrame:
+    split = ["train"] * 32 + ["val"] * 8 + ["test"] * 8
+    out = pd.DataFrame(
+        {"split": split, "pid": [str(i % 32 + 1) if s != "train" else str(i + 1) for i, s in enumerate(split)],
+         "chq": df["text_a"], "faq": df["text_b"], "pair_type": None, "label": df["label"].astype("Int8")}
+    )  # fmt: skip
+    out.loc[out["split"] == "test", "label"] = pd.NA
+    out.loc[out["split"] == "val", "pid"] = [str(i) for i in range(1, 9)]
+    out.loc[out["split"] == "test", "pid"] = [str(i) for i in range(1, 9)]
+    return out
+
+
+def nli_table(df: pd.DataFrame) -> pd.DataFrame:
+    split = ["train"] * 32 + ["dev"] * 8 + ["test"] * 8
+    label = [NLI_LABELS[0] if y else NLI_LABELS[2 if i % 4 == 1 else 1] for i, y in enumerate(df["label"])]
+    return pd.DataFrame(
+        {"dataset": "sick", "split": split, "pair_id": [str(i) for i in range(len(df))],
+         "premise": df["text_a"], "hypothesis": df["text_b"], "label": label}
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A project folder with params.yaml, clean tables, the official-format gold and a tiny base model."""
+    root = tmp_path_factory.mktemp("proj")
+    base = make_tiny_bert(root / "tiny_base")
+    df = fixture_pairs()
+    clean = root / "data" / "interim" / "clean"
+    write_parquet(rqe_table(df), clean / "rqe_pairs.parquet", RQE_PAIRS)
+    write_parquet(nli_table(df), clean / "nli.parquet", NLI)
+    write_parquet(fixture_medquad(), clean / "medquad.parquet", MEDQUAD)
+    gold = root / "data" / "raw" / "mediqa2019" / "Eval_Scripts" / "data" / "RQE_validationSet_ground_truth.txt"
+    gold.parent.mkdir(parents=True)
+    val = rqe_table(df).query("split == 'val'")
+    gold.write_text("pair_id,label\n" + "".join(f"{p},{int(y)}\n" for p, y in zip(val["pid"], val["label"])))
+    task = {"base_model": str(base), "max_length": 32, "epochs": 2, "lr": 3e-3, "batch_size": 8,
+            "train_precision": "fp32", "predict_precision": "fp32"}  # fmt: skip
+    params = {
+        "seed": 7,
+        "device": "cpu",
+        "finetune": {"nli": {**task, "score_public_test": True}, "rqe": {**task, "medquad_pairs": 12}},
+    }
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    return root
+
+
+def run_stage(task: str, cwd: Path):
+    return run_module("stages.finetune", task, cwd=cwd, env={"OMP_NUM_THREADS": "1"})
+
+
+def test_rqe_stage_writes_model_metrics_submissions_and_curves(workdir):
+    res = run_stage("rqe", workdir)
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = json.loads((workdir / "metrics" / "finetune_rqe.json").read_text())
+    assert m["n_train_pairs"] == 32 + 12 and m["n_medquad_pairs"] == 12
+    assert m["train_precision"] == "fp32" and m["predict_precision"] == "fp32"
+    assert len(m["history"]) == 2 and 0 <= m["val"]["accuracy"] <= 1 and m["val"]["n"] == 8
+    # the official-format scorer agrees with the in-memory accuracy
+    assert m["val_official"]["accuracy"] == pytest.approx(m["val"]["accuracy"])
+    for split in ("val", "test"):
+        lines = (workdir / "submissions" / f"task2_{split}.csv").read_text().splitlines()
+        assert lines[0] == "pair_id,label" and len(lines) == 9
+        assert {line.split(",")[1] for line in lines[1:]} <= {"0", "1"}
+    assert score_task2(
+        workdir / "data/raw/mediqa2019/Eval_Scripts/data/RQE_validationSet_ground_truth.txt",
+        workdir / "submissions" / "task2_val.csv",
+    )["accuracy"] == pytest.approx(m["val"]["accuracy"])
+    # dvclive curves: one row per epoch for each plotted series
+    for name in ("train/loss.tsv", "val/accuracy.tsv", "val/loss.tsv", "val/macro_f1.tsv"):
+        tsv = workdir / "plots" / "finetune_rqe" / "plots" / "metrics" / name
+        assert len(tsv.read_text().splitlines()) == 3, name
+    model = CrossEncoder.load(workdir / "models" / "rqe", device="cpu", precision="fp32")
+    assert model.fingerprint == m["model_fingerprint"] and model.label_names == ["not_entailed", "entailed"]
+
+    # same params, same metrics (seeded, deterministic)
+    first = (workdir / "submissions" / "task2_test.csv").read_text()
+    assert run_stage("rqe", workdir).returncode == 0
+    again = json.loads((workdir / "metrics" / "finetune_rqe.json").read_text())
+    assert again["history"][-1]["train_loss"] == m["history"][-1]["train_loss"]
+    assert (workdir / "submissions" / "task2_test.csv").read_text() == first
+
+
+def test_nli_stage_three_classes(workdir):
+    res = run_stage("nli", workdir)
+    assert res.returncode == 0, res.stderr[-2000:]
+    m = json.loads((workdir / "metrics" / "finetune_nli.json").read_text())
+    assert m["val"]["n"] == 8 and m["test"]["n"] == 8 and "val_official" not in m
+    assert CrossEncoder.load(workdir / "models" / "nli", device="cpu").label_names == list(NLI_LABELS)
+
+
+def test_stage_bad_task_is_one_line(workdir):
+    res = run_stage("qa", workdir)
+    assert res.returncode == 2
+    assert error_lines(res.stderr) == ["error: usage: python -m stages.finetune {nli|rqe}"]
+
+
+def test_stage_missing_table_is_one_line(tmp_path):
+    (tmp_path / "params.yaml").write_text("seed: 1\n")
+    res = run_stage("rqe", tmp_path)
+    assert res.returncode == 2
+    (line,) = error_lines(res.stderr)
+    assert "rqe_pairs.parquet: file not found" in line
+
+
+# ---------------------------------------------------------------- data helpers
+
+
+def test_cap_pairs_is_stratified_and_seeded():
+    pairs = [(str(i), "x") for i in range(100)]
+    labels = np.array([1] * 30 + [0] * 70)
+    a, ya = cap_pairs(pairs, labels, 20, np.random.default_rng(0))
+    b, yb = cap_pairs(pairs, labels, 20, np.random.default_rng(0))
+    assert a == b and len(a) == 20 and ya.sum() == 6
+    assert cap_pairs(pairs, labels, None, np.random.default_rng(0))[0] is pairs
+
+
+def test_medquad_mining_shapes_pairs_like_mediqa():
+    mq = fixture_medquad()
+    pairs, labels = medquad_rqe_pairs(mq, 40, np.random.default_rng(0))
+    assert len(pairs) == 40 and labels.sum() == 20
+    focus_of = dict(zip(mq["question"].str.replace(" ?", "?", regex=False), mq["focus"]))
+    for (chq, faq), y in zip(pairs, labels):
+        focus = chq.split(".", 1)[0]
+        assert focus in focus_of.values()
+        if y == 1:
+            assert focus_of[faq] == focus
+    # seeded
+    assert medquad_rqe_pairs(mq, 40, np.random.default_rng(0))[0] == pairs
+    with pytest.raises(MedrankError, match="two question types"):
+        medquad_rqe_pairs(mq[mq["question_type"] == "information"], 4, np.random.default_rng(0))
+
+
+def test_task_tables_validate():
+    df = fixture_pairs()
+    t = rqe_task(rqe_table(df))
+    assert len(t.train_pairs) == 32 and len(t.eval_ids) == 8 and len(t.test_ids) == 8 and t.test_labels is None
+    n = nli_task(nli_table(df))
+    assert set(n.train_labels) <= {0, 1, 2} and n.test_labels is not None
+    with pytest.raises(MedrankError, match="no rows for dataset 'mednli'"):
+        nli_task(nli_table(df), "mednli")
+    bad = nli_table(df).assign(label="maybe")
+    with pytest.raises(MedrankError, match="unknown labels"):
+        nli_task(bad)
+
+
+def test_repo_dvc_yaml_declares_finetune():
+    dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    stage = dvc["stages"].get("finetune")
+    if stage is None:
+        pytest.skip("finetune stage not yet in dvc.yaml")
+    assert stage["do"]["cmd"] == "python -m stages.finetune ${item}"
+    assert {"models/nli", "models/rqe"} <= {a["path"] for a in dvc.get("artifacts", {}).values()}
