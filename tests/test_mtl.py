@@ -1,0 +1,337 @@
+"""medrank.models.mtl: grid encoder shapes, masking, pairwise head/loss, ensembling, training, the stage recipe."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from medrank.errors import MedrankError
+from medrank.models import mtl
+
+H = 8  # hidden size of the fake NLI / RQE vectors
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # other engineers share the 2 cores
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+SPLITS = {"train_liveqa": 10, "train_alexa": 10, "val": 6, "test": 4}
+
+
+def fake_tables(seed: int = 0, splits: dict = SPLITS, n_candidates: int = 2, max_sentences: int = 3, top_k: int = 2, augment_top: int = 2):
+    """Normalized answers + embed-stage tables (schemas of medrank.encoders.extract) with a learnable signal:
+    a candidate's quality shifts channel 0 of its grid cells; label = quality > 0.2, reference rank by quality."""
+    rng = np.random.default_rng(seed)
+    ans, grid, rqe, ret = [], [], [], []
+    for split, nq in splits.items():
+        labelled = split != "test"
+        for q in range(nq):
+            qid = f"{split[:2]}{q}"
+            nc = int(rng.integers(2, 7))
+            quality = rng.normal(size=nc)
+            rr = np.empty(nc, int)
+            rr[np.argsort(-quality)] = np.arange(1, nc + 1)
+            for c in range(nc):
+                ns = 0 if (q == 0 and c == 0) else int(rng.integers(1, 6))  # one answer without sentences
+                ans.append(
+                    dict(split=split, qid=qid, question="q", question_raw="q", aid=f"{qid}_{c + 1}", answer="a",
+                         answer_raw="a", url="u", source=str(rng.choice(["medlineplus", "mayoclinic"])), answer_pos=c + 1,
+                         system_rank=c + 1 if labelled else None, reference_rank=int(rr[c]) if labelled else None,
+                         reference_score=(4 if quality[c] > 0.2 else 2) if labelled else None,
+                         label=int(quality[c] > 0.2) if labelled else None, question_norm="q", answer_norm="a " * ns,
+                         answer_sentences=[f"s{i}" for i in range(ns)])
+                )  # fmt: skip
+            n_e = int(rng.integers(1, n_candidates + 1))
+            for r in range(1, n_e + 1):
+                rqe.append(dict(split=split, qid=qid, rank=r, qa_id=f"mq{q}_{r}", rqe_score=float(rng.random()),
+                                rqe_cls=rng.normal(size=H).astype(np.float16)))  # fmt: skip
+                ret.append(dict(split=split, qid=qid, rank=r, entailed_answer="e e e"))
+            ents = [("rqe", r, f"mq{q}_{r}", int(rng.integers(1, 8))) for r in range(1, n_e + 1)]
+            for c in range(nc):
+                mine = list(ents)
+                if split.startswith("train"):
+                    mine += [("augment", int(rr[h]), f"{qid}_{h + 1}", 3) for h in range(nc) if rr[h] <= augment_top and rr[h] < rr[c]]
+                ns = len(ans[len(ans) - nc + c]["answer_sentences"])
+                for kind, er, eid, ne in mine:
+                    nr, ncol = min(ns, max_sentences), min(ne, max_sentences, top_k)
+                    cls = rng.normal(size=(nr, ncol, H)).astype(np.float32)
+                    cls[..., 0] += 2 * quality[c]
+                    pe = rng.random(nr * ncol).astype(np.float32)
+                    grid.append(
+                        dict(split=split, qid=qid, aid=f"{qid}_{c + 1}", entailed_kind=kind, entailed_rank=er, entailed_id=eid,
+                             n_sentences_a=ns, n_sentences_e=ne, n_rows=nr, n_cols=ncol, e_index=np.zeros(nr * ncol, np.int16),
+                             p_entail=pe, p_neutral=pe, p_contradiction=pe, nli_cls=cls.reshape(-1).astype(np.float16),
+                             anli=float(pe.reshape(nr, ncol).max(1).mean()) if nr * ncol else 0.0)
+                    )  # fmt: skip
+    return pd.DataFrame(ans), pd.DataFrame(grid), pd.DataFrame(rqe), pd.DataFrame(ret)
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return fake_tables()
+
+
+@pytest.fixture(scope="module")
+def data(tables):
+    a, g, r, ret = tables
+    return mtl.build_mtl_data(a, g, r, n_candidates=2, retrieved=ret)
+
+
+def tiny_config(**kw) -> mtl.MTLConfig:
+    base = dict(proj_channels=8, conv_channels=(8, 8, 4, 4), rqe_dim=4, filter_hidden=(16,), pair_hidden=(16,), dropout=0.0,
+                max_epochs=6, patience=3, questions_per_batch=4)  # fmt: skip
+    base.update(kw)
+    return mtl.MTLConfig(**base)
+
+
+def gids_of(data: mtl.MTLData, prefix: str) -> list[str]:
+    return [g for g in pd.unique(data.cand["gid"]) if g.startswith(prefix)]
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_fake_tables_match_the_embed_schemas(tables, tmp_path):
+    from medrank.encoders.extract import NLI_GRID, embeddings_rqe_schema
+    from medrank.io import write_parquet
+
+    _, g, r, _ = tables
+    write_parquet(g, tmp_path / "g.parquet", NLI_GRID)  # raises if the fake drifted from the real schema
+    write_parquet(r[embeddings_rqe_schema(H).names], tmp_path / "r.parquet", embeddings_rqe_schema(H))
+
+
+def test_build_mtl_data_rows_shapes_and_empty_answers(tables, data):
+    a, g, r, _ = tables
+    assert len(data.cand) == len(a)
+    assert len(data.pairs) == len(g)  # every grid row used (all ranks <= 2); no candidate lacks a grid
+    assert data.hidden_size == H and data.rqe_size == H
+    assert data.pairs["augmented"].sum() == (g["entailed_kind"] == "augment").sum()
+    # the answer without sentences gets a 1×1 empty grid
+    empty = data.cand.index[data.cand["n_sentences"] == 0]
+    rows = data.pairs.index[data.pairs["cand"].isin(empty)]
+    assert len(rows) and all(data.grids[i].shape == (1, 1, H) and not data.grids[i].any() for i in rows)
+    # augmented rows carry a zero RQE vector; retrieved rows their question's vector
+    aug = data.pairs["augmented"].to_numpy() == 1
+    assert not data.rqe[aug].any() and data.rqe[~aug].any(axis=1).all()
+
+
+def test_candidate_without_entailed_answer_is_still_scored(tables):
+    a, g, r, ret = tables
+    q = a["qid"].iloc[0]
+    d = mtl.build_mtl_data(a, g[g["qid"] != q], r[r["qid"] != q], n_candidates=2, retrieved=ret)
+    none = d.pairs[d.pairs["entailed"] == "none"]
+    assert len(none) == (a["qid"] == q).sum()
+    assert all(d.grids[i].shape == (1, 1, H) for i in none.index)
+
+
+def test_n_candidates_drops_lower_ranked_entailed_answers(tables):
+    a, g, r, ret = tables
+    d1 = mtl.build_mtl_data(a, g, r, n_candidates=1, retrieved=ret)
+    rqe_rows = d1.pairs[d1.pairs["augmented"] == 0]
+    assert set(rqe_rows["entailed"].str.extract(r"_(\d+)$")[0].astype(int)) == {1}
+
+
+# ---------------------------------------------------------------- encoder
+
+
+def _cells(grids):
+    h = torch.tensor([g.shape[0] for g in grids])
+    w = torch.tensor([g.shape[1] for g in grids])
+    cells = torch.cat([torch.as_tensor(g).reshape(-1, g.shape[2]) for g in grids])
+    return cells, h, w
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 4), (4, 1), (3, 2), (5, 5), (12, 7)])
+def test_encoder_output_shape_for_any_grid(shape):
+    torch.manual_seed(0)
+    enc = mtl.GridEncoder(H, 6, (6, 6, 5, 5))
+    grids = [torch.randn(*shape, H), torch.randn(*shape, H)]
+    out = enc(*_cells(grids))
+    assert out.shape == (2, 20) and torch.isfinite(out).all()
+
+
+def test_encoder_vector_does_not_depend_on_batch_mates():
+    torch.manual_seed(0)
+    enc = mtl.GridEncoder(H, 6, (6, 6, 5, 5))
+    enc.train()
+    grids = [torch.randn(a, c, H) for a, c in [(1, 1), (5, 2), (3, 3), (2, 5), (5, 5)]]
+    enc(*_cells(grids))  # one training step to move the running statistics away from their init
+    enc.eval()
+    together = enc(*_cells(grids))
+    alone = torch.cat([enc(*_cells([g])) for g in grids])
+    assert torch.allclose(together, alone, atol=1e-5)
+
+
+def test_masked_batchnorm_uses_valid_cells_only():
+    bn = mtl.MaskedBatchNorm2d(3)
+    x = torch.randn(2, 3, 4, 4)
+    mask = torch.zeros(2, 1, 4, 4)
+    mask[0, :, :2, :3] = 1
+    mask[1, :, :4, :1] = 1
+    x_pad = x * mask + (1 - mask) * 1e3  # garbage in the padding must not move the statistics
+    y = bn(x_pad, mask)
+    valid = x.permute(1, 0, 2, 3)[:, mask[:, 0].bool()]  # C, n_valid
+    expected = (valid - valid.mean(1, keepdim=True)) / torch.sqrt(valid.var(1, unbiased=False, keepdim=True) + bn.eps)
+    assert torch.allclose(y.permute(1, 0, 2, 3)[:, mask[:, 0].bool()], expected, atol=1e-4)
+    assert (y * (1 - mask)).abs().max() == 0
+
+
+def test_quadrant_pool_averages_each_quadrant():
+    x = torch.arange(9, dtype=torch.float32).reshape(1, 1, 3, 3)
+    out = mtl.quadrant_pool(x, torch.tensor([3]), torch.tensor([3]))
+    # odd sides share the middle row/column: top-left = rows 0-1 × cols 0-1, etc.
+    assert out.tolist() == [[2.0, 3.0, 5.0, 6.0]]
+    one = mtl.quadrant_pool(torch.full((1, 2, 1, 1), 7.0), torch.tensor([1]), torch.tensor([1]))
+    assert one.tolist() == [[7.0] * 8]
+
+
+# ---------------------------------------------------------------- heads and loss
+
+
+def test_pair_head_is_antisymmetric():
+    torch.manual_seed(0)
+    net = mtl.MTLNet(tiny_config(), H, H, 3, len(mtl.PAIR_FEATURES)).eval()
+    joint = torch.randn(5, net.joint_dim)
+    i, j = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 0])
+    assert torch.allclose(net.pair_logits(joint, i, j), -net.pair_logits(joint, j, i), atol=1e-6)
+
+
+def test_pair_index_targets_follow_reference_rank():
+    groups = np.array(["a", "a", "a", "b", "b"])
+    ranks = np.array([2.0, 1.0, 3.0, 1.0, 1.0])
+    i, j, t = mtl.pair_index(groups, ranks)
+    pairs = {(int(a), int(b)): float(y) for a, b, y in zip(i, j, t)}
+    assert pairs == {(0, 1): 0.0, (0, 2): 1.0, (1, 2): 1.0}  # equal ranks (group b) give no pair
+
+
+def test_pairwise_loss_sign():
+    f = torch.zeros(2)
+    y = torch.tensor([1.0, 0.0])
+    right = mtl.mtl_loss(f, y, torch.tensor([4.0]), torch.tensor([1.0]), 2.0, 1)
+    wrong = mtl.mtl_loss(f, y, torch.tensor([-4.0]), torch.tensor([1.0]), 2.0, 1)
+    assert right[2] < 0.05 < 4.0 < wrong[2]
+    # total = filter + alpha * pair, per question
+    assert torch.isclose(wrong[0], wrong[1] + 2.0 * wrong[2])
+    two_q = mtl.mtl_loss(f, y, torch.tensor([-4.0]), torch.tensor([1.0]), 2.0, 2)
+    assert torch.isclose(two_q[0], wrong[0] / 2)
+
+
+# ---------------------------------------------------------------- ensembling and decisions
+
+
+def _toy_predictions():
+    f = pd.DataFrame(
+        {
+            "gid": ["q"] * 6,
+            "aid": ["a", "b", "c", "a", "b", "c"],
+            "entailed": ["e1", "e1", "e1", "e2", "e2", "e2"],
+            "prob": [0.9, 0.4, 0.1, 0.7, 0.2, 0.3],
+        }
+    )
+    rows = []
+    pij = {"e1": {("a", "b"): 0.8, ("a", "c"): 0.9, ("b", "c"): 0.6}, "e2": {("a", "b"): 0.6, ("a", "c"): 0.7, ("b", "c"): 0.2}}
+    for e, d in pij.items():
+        for (x, y), v in d.items():
+            rows += [("q", e, x, y, v), ("q", e, y, x, 1 - v)]
+    return f, pd.DataFrame(rows, columns=["gid", "entailed", "aid_i", "aid_j", "prob"])
+
+
+def test_ensemble_sums_over_entailed_answers():
+    f, p = _toy_predictions()
+    e = mtl.ensemble(f, p, "sum").set_index("aid")
+    assert e.loc["a", "prob"] == pytest.approx(1.6) and e.loc["b", "prob"] == pytest.approx(0.6)
+    assert e.loc["c", "prob"] == pytest.approx(0.4)
+    # pair_score(a) = Σ_j Σ_e P_e(a above j) = (0.8 + 0.6) + (0.9 + 0.7)
+    assert e.loc["a", "pair_score"] == pytest.approx(3.0)
+    assert e.loc["c", "pair_score"] == pytest.approx((0.1 + 0.3) + (0.4 + 0.8))
+    assert (e["n_entailed"] == 2).all()
+    m = mtl.ensemble(f, p, "mean").set_index("aid")
+    assert m.loc["a", "prob"] == pytest.approx(0.8) and m.loc["a", "pair_score"] == pytest.approx(1.5)
+    x = mtl.ensemble(f, p, "max").set_index("aid")
+    assert x.loc["b", "prob"] == pytest.approx(0.4) and x.loc["a", "pair_score"] == pytest.approx(0.8 + 0.9)
+    with pytest.raises(MedrankError):
+        mtl.ensemble(f, p, "median")
+
+
+def test_decide_keeps_above_threshold_and_orders_kept_first_by_pairwise_score():
+    f, p = _toy_predictions()
+    ens = mtl.ensemble(f, p, "sum")
+    d = mtl.decide(ens, 0.5, mtl.Decision(ensemble="sum", rank_by="pairwise"))
+    assert dict(zip(d["aid"], d["label"])) == {"a": 1, "b": 1, "c": 0}
+    order = list(d.sort_values("score", ascending=False)["aid"])
+    assert order == ["a", "b", "c"]
+    # ranking by the filter instead: same here; with min_keep the best answer is kept whatever the threshold
+    d2 = mtl.decide(ens, 5.0, mtl.Decision(ensemble="sum", min_keep=1))
+    assert dict(zip(d2["aid"], d2["label"])) == {"a": 1, "b": 0, "c": 0}
+
+
+# ---------------------------------------------------------------- training
+
+
+def test_loss_decreases_and_model_learns_the_signal(data):
+    train = gids_of(data, "train")
+    model = mtl.fit_mtl(data, train, tiny_config(max_epochs=8, patience=8), mtl.builder_factory(["metadata"], 2)(), seed=3)
+    losses = [h["train_loss"] for h in model.history]
+    assert losses[-1] < 0.7 * losses[0]
+    f, p = model.predict(data, gids_of(data, "val"))
+    ens = mtl.with_truth(mtl.ensemble(f, p, "mean"), data.cand)
+    # quality drives both the label and the grids: the filter must separate them
+    from sklearn.metrics import roc_auc_score
+
+    assert roc_auc_score(ens["label"].astype(int), ens["prob"]) > 0.8
+
+
+def test_training_is_seeded(data):
+    train = gids_of(data, "train")
+    cfg = tiny_config(max_epochs=2)
+    a = mtl.fit_mtl(data, train, cfg, mtl.builder_factory(["metadata"], 2)(), seed=5)
+    b = mtl.fit_mtl(data, train, cfg, mtl.builder_factory(["metadata"], 2)(), seed=5)
+    fa, pa_ = a.predict(data, gids_of(data, "val"))
+    fb, pb = b.predict(data, gids_of(data, "val"))
+    assert np.allclose(fa["prob"], fb["prob"]) and np.allclose(pa_["prob"], pb["prob"])
+
+
+def test_test_rows_cannot_be_trained_on(data):
+    with pytest.raises(MedrankError, match="without a label"):
+        mtl.fit_mtl(data, gids_of(data, "test"), tiny_config(max_epochs=1), mtl.builder_factory(["metadata"], 2)())
+
+
+def test_save_load_round_trip(data, tmp_path):
+    model = mtl.fit_mtl(data, gids_of(data, "train"), tiny_config(max_epochs=2), mtl.builder_factory(["metadata", "rqe", "anli"], 2)(), seed=1)
+    model.save(tmp_path / "m", extra_meta={"decision": {"ensemble": "sum"}})
+    loaded, meta = mtl.FittedMTL.load(tmp_path / "m")
+    assert meta["decision"] == {"ensemble": "sum"}
+    f1, p1 = model.predict(data)
+    f2, p2 = loaded.predict(data)
+    assert np.allclose(f1["prob"], f2["prob"], atol=1e-6) and np.allclose(p1["prob"], p2["prob"], atol=1e-6)
+    with pytest.raises(MedrankError, match="no trained MTL model"):
+        mtl.FittedMTL.load(tmp_path / "missing")
+
+
+def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
+    from medrank.io import write_parquet
+
+    report = mtl.run_recipe(
+        data, gids_of(data, "train"), gids_of(data, "val"), gids_of(data, "test"), tiny_config(max_epochs=3),
+        mtl.Decision(ensemble="mean"), mtl.builder_factory(["metadata"], 2), k=2, seed=1,
+    )  # fmt: skip
+    write_parquet(report.predictions, tmp_path / "p.parquet", mtl.PREDICTIONS_SCHEMA)
+    pred = report.predictions
+    assert set(pred["part"]) == {"oof", "val", "test"}
+    assert (pred["part"] == "oof").sum() == data.cand["split"].isin(["train_liveqa", "train_alexa", "val"]).sum()
+    assert (pred["part"] == "test").sum() == (data.cand["split"] == "test").sum()
+    m = report.metrics
+    assert set(m["cv"]) >= {"accuracy", "precision", "mrr", "spearman", "spearman_true", "thresholds"}
+    assert len(m["cv"]["thresholds"]) == 2 and 0 < m["decision"]["threshold_final_model"] < 1
+    assert "sum/pairwise" in m["cv_variants"] and 0 <= m["val"]["accuracy"] <= 1
+    # kept answers come first within each question in the test part
+    for _, g in pred[pred["part"] == "test"].groupby("qid"):
+        labels = g.sort_values("score", ascending=False)["label"].tolist()
+        assert labels == sorted(labels, reverse=True)
