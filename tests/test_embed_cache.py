@@ -1,0 +1,387 @@
+"""Embedding extraction: the content-addressed cache (incremental, crash-safe, resumable), grids and ANLI,
+and the retrieve → embed stages end to end on a tiny random BERT (2 layers, hidden 32, vocab built here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from medrank.encoders import cache as cache_mod
+from medrank.encoders import extract as extract_mod
+from medrank.encoders.cache import PairCache, existing_precisions, namespace_name, pair_key
+from medrank.encoders.cross_encoder import CrossEncoder
+from medrank.encoders.extract import (
+    SentenceEncoder,
+    answer_pairs,
+    anli_score,
+    cached_extract,
+    choose_precision,
+    grid_table,
+    nli_grids,
+    open_cache,
+    plan_grids,
+    select_columns,
+)
+from medrank.errors import MedrankError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "embed"
+REPO = Path(__file__).resolve().parents[1]
+NLI_LABELS = ["entailment", "neutral", "contradiction"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # other engineers share the 2 cores
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _load_jsonl(name: str) -> pd.DataFrame:
+    return pd.read_json(FIXTURES / name, lines=True, dtype={"qid": str})
+
+
+@pytest.fixture(scope="module")
+def fixture_tables() -> tuple[pd.DataFrame, pd.DataFrame]:
+    answers = _load_jsonl("answers.jsonl")
+    answers["question_norm"] = answers["question"]
+    answers["answer_norm"] = answers["answer"]
+    medquad = _load_jsonl("medquad.jsonl")
+    medquad["question_norm"] = medquad["question"]
+    medquad["answer_norm"] = medquad["answer"]
+    return answers, medquad
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory, fixture_tables) -> dict[str, Path]:
+    """A random 2-layer hidden-32 BERT base (tokenizer over the fixture words) + NLI/RQE heads saved like finetune."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    answers, medquad = fixture_tables
+    text = " ".join(answers["question"]) + " " + " ".join(answers["answer"]) + " " + " ".join(medquad["question"]) + " " + " ".join(medquad["answer"])
+    words = sorted(set(re.findall(r"\w+|[^\w\s]", text.lower())))
+    (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    torch.manual_seed(0)
+    tok = BertTokenizerFast(vocab_file=str(root / "vocab.txt"), do_lower_case=True)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)  # fmt: skip
+    base = root / "base"
+    BertModel(cfg).save_pretrained(str(base), safe_serialization=True)
+    tok.save_pretrained(str(base))
+    out = {"base": base}
+    for task, labels in (("nli", NLI_LABELS), ("rqe", ["not_entailed", "entailed"])):
+        ce = CrossEncoder.from_base(str(base), len(labels), 48, device="cpu", seed=1, label_names=labels, precision="fp32")
+        ce.save(root / task)
+        out[task] = root / task
+    return out
+
+
+@pytest.fixture(scope="module")
+def nli_model(tiny_models) -> CrossEncoder:
+    return CrossEncoder.load(tiny_models["nli"], device="cpu", precision="fp32")
+
+
+# ---------------------------------------------------------------------- ANLI and grids
+
+
+def test_anli_matches_hand_computation():
+    p = np.array([[0.1, 0.9], [0.4, 0.2], [0.3, 0.3]])
+    assert anli_score(p) == pytest.approx((0.9 + 0.4 + 0.3) / 3)
+    assert anli_score(np.zeros((0, 0))) == 0.0
+
+
+def test_grid_table_anli_and_layout():
+    pairs = pd.DataFrame({"split": ["val"], "qid": ["1"], "aid": ["1_Answer1"], "entailed_kind": ["rqe"], "entailed_rank": [1],
+                          "entailed_id": ["x"], "sentences_a": [["a0", "a1"]], "sentences_e": [["e0", "e1", "e2"]]})  # fmt: skip
+    plan = plan_grids(pairs, max_sentences=5, top_k=None, sentence_vectors=None)
+    # row-major: premise = E sentence, hypothesis = A sentence
+    assert plan.cells == [("e0", "a0"), ("e1", "a0"), ("e2", "a0"), ("e0", "a1"), ("e1", "a1"), ("e2", "a1")]
+    p_ent = np.array([0.2, 0.7, 0.1, 0.05, 0.3, 0.6], dtype=np.float32)
+    probs = np.stack([p_ent, 1 - p_ent, np.zeros(6)], axis=1).astype(np.float32)
+    cls = np.arange(6 * 4, dtype=np.float32).reshape(6, 4)
+    row = grid_table(pairs, plan, probs, cls, NLI_LABELS).iloc[0]
+    assert (row.n_rows, row.n_cols) == (2, 3)
+    assert row.anli == pytest.approx((0.7 + 0.6) / 2)
+    assert np.asarray(row.nli_cls).reshape(2, 3, 4)[1, 2].tolist() == [20, 21, 22, 23]
+    assert list(row.e_index) == [0, 1, 2, 0, 1, 2]
+
+
+def test_select_columns_top_k_by_cosine_in_sentence_order():
+    emb_a = np.array([[1.0, 0.0], [0.0, 1.0]])
+    emb_e = np.array([[0.0, 1.0], [1.0, 0.0], [0.7, 0.7], [0.9, 0.1]])
+    assert select_columns(emb_a, emb_e, 2).tolist() == [[1, 3], [0, 2]]
+    assert select_columns(emb_a, emb_e, None).tolist() == [[0, 1, 2, 3]] * 2
+    assert select_columns(emb_a, emb_e, 10).shape == (2, 4)
+
+
+def test_answer_pairs_augmentation_train_only(fixture_tables):
+    answers, _ = fixture_tables
+    ans = answers.rename(columns={"answer_sentences": "sentences"})
+    retrieved = pd.DataFrame({"split": ["train_liveqa", "val"], "qid": ["1", "7"], "rank": [1, 1], "qa_id": ["m1", "m2"],
+                              "sentences": [["s1"], ["s2"]]})  # fmt: skip
+    pairs = answer_pairs(ans, retrieved, augment_top=2)
+    aug = pairs[pairs.entailed_kind == "augment"]
+    assert set(aug["split"]) == {"train_liveqa", "train_alexa"}  # never val/test
+    # liveqa question 1: 5 candidates ranked 1..5, top-2 as entailed: 0 + 1 + 2 + 2 + 2
+    lq = aug[aug.split == "train_liveqa"]
+    assert len(lq) == 7
+    rank = dict(zip(ans[ans.split == "train_liveqa"]["aid"], ans[ans.split == "train_liveqa"]["reference_rank"]))
+    assert all(rank[e] < rank[a] for a, e in zip(lq["aid"], lq["entailed_id"]))
+    # alexa question: reference ranks run backwards in the fixture, so Answer3 (rank 1) is entailed for the others
+    al = aug[aug.split == "train_alexa"]
+    assert sorted(al["entailed_id"]) == ["1_Answer2", "1_Answer3", "1_Answer3"]
+    rqe = pairs[pairs.entailed_kind == "rqe"]
+    assert len(rqe) == (ans.split == "train_liveqa").sum() + (ans.split == "val").sum()
+    assert len(answer_pairs(ans, retrieved, augment_top=0)) == len(rqe)
+
+
+# ---------------------------------------------------------------------- the cache
+
+
+def _cols(h: int = 4) -> dict:
+    return {"probs": ((3,), np.float32), "cls": ((h,), np.float16)}
+
+
+def _values(keys: list[bytes], h: int = 4) -> dict[str, np.ndarray]:
+    # deterministic per key, so any reader can check what it got
+    seed = np.array([int.from_bytes(k[:4], "little") for k in keys], dtype=np.float64)
+    probs = np.stack([seed % 7, seed % 11, seed % 13], axis=1).astype(np.float32)
+    cls = ((seed[:, None] % 97) + np.arange(h)[None, :]).astype(np.float16)
+    return {"probs": probs, "cls": cls}
+
+
+def test_cache_roundtrip_and_dedup(tmp_path):
+    c = PairCache(tmp_path, "ns", _cols(), meta={"kind": "test"})
+    keys = [pair_key("a", str(i)) for i in range(10)]
+    assert c.put(keys[:6] + keys[:2], {k: np.concatenate([v, v[:2]]) for k, v in _values(keys[:6]).items()}) is not None
+    assert c.put(keys[:3], _values(keys[:3])) is None  # nothing new: no empty shard
+    c2 = PairCache(tmp_path, "ns", _cols())
+    assert len(c2) == 6 and len(c2.shards) == 1
+    assert c2.missing(keys + keys) == keys[6:]
+    got = c2.get(keys[5::-1])
+    exp = _values(keys[5::-1])
+    np.testing.assert_array_equal(got["probs"], exp["probs"])
+    np.testing.assert_array_equal(got["cls"], exp["cls"])
+    assert pq.read_schema(c2.shards[0]).field("cls").type.value_type.bit_width == 16  # float16 on disk
+    with pytest.raises(MedrankError):
+        c2.get([pair_key("not", "there")])
+    assert pair_key("ab", "c") != pair_key("a", "bc")
+
+
+def test_crash_mid_write_leaves_no_shard(tmp_path, monkeypatch):
+    c = PairCache(tmp_path, "ns", _cols())
+    keys = [pair_key("q", str(i)) for i in range(50)]
+    real_write = cache_mod.pq.write_table
+
+    def crashing_write(table, where, **kw):
+        real_write(table, where, **kw)
+        data = Path(where).read_bytes()
+        Path(where).write_bytes(data[: len(data) // 2])  # half a file on disk, then the process "dies"
+        raise OSError("simulated crash")
+
+    monkeypatch.setattr(cache_mod.pq, "write_table", crashing_write)
+    with pytest.raises(OSError):
+        c.put(keys, _values(keys))
+    monkeypatch.undo()
+    assert list(c.dir.glob("part-*")) == [] and list(c.dir.glob(".part-*")) == []
+    reopened = PairCache(tmp_path, "ns", _cols())
+    assert len(reopened) == 0 and reopened.missing(keys) == keys
+    reopened.put(keys, _values(keys))
+    assert len(PairCache(tmp_path, "ns", _cols())) == 50
+
+
+def test_damaged_or_foreign_shards_are_skipped(tmp_path, caplog):
+    c = PairCache(tmp_path, "ns", _cols())
+    keys = [pair_key("x", str(i)) for i in range(5)]
+    shard = c.put(keys, _values(keys))
+    (c.dir / "part-99-truncated.parquet").write_bytes(shard.read_bytes()[:100])
+    stale = c.dir / ".part-0.parquet.abc.tmp"
+    stale.write_bytes(b"partial")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    reopened = PairCache(tmp_path, "ns", _cols())
+    assert len(reopened) == 5
+    assert "unreadable" in caplog.text
+    assert not stale.exists()  # a dead writer's temp file is swept
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys, numpy as np
+    sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
+    from test_embed_cache import _values, _cols
+    from medrank.encoders.cache import PairCache, pair_key
+    c = PairCache({root!r}, "ns", _cols(256))
+    for s in range(10_000):
+        keys = [pair_key(str(s), str(i)) for i in range(3000)]
+        c.put(keys, _values(keys, 256))
+    """
+)
+
+
+def test_kill9_during_writes_leaves_only_whole_shards(tmp_path):
+    code = _WRITER.format(repo=str(REPO), tests=str(REPO / "tests"), root=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    ns = tmp_path / "ns"
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list(ns.glob("part-*.parquet"))) < 3:
+        time.sleep(0.05)
+    time.sleep(0.13)  # most likely mid-way through the next shard
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(list(ns.glob("part-*.parquet"))) >= 3, "writer made no progress"
+    c = PairCache(tmp_path, "ns", _cols(256))
+    assert len(c) == 3000 * len(c.shards)  # every visible shard is whole
+    keys = [k for k in c._index]
+    got = c.get(keys)
+    exp = _values(keys, 256)
+    np.testing.assert_array_equal(got["probs"], exp["probs"])
+    np.testing.assert_array_equal(got["cls"], exp["cls"])
+
+
+def test_resume_after_a_crash_computes_only_the_rest(tmp_path, nli_model, monkeypatch):
+    pairs = [(f"premise number {i}", f"hypothesis {i % 7}") for i in range(40)]
+    cache = open_cache(nli_model, "nli", tmp_path, "fp32")
+    real = extract_mod.extract_pairs
+    calls = {"n": 0}
+
+    def dies_on_second_chunk(*a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # killed while computing the second shard
+        return real(*a, **kw)
+
+    monkeypatch.setattr(extract_mod, "extract_pairs", dies_on_second_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        cached_extract(nli_model, pairs, cache, "fp32", shard_size=16, show_progress=False)
+    monkeypatch.undo()
+    cache = open_cache(nli_model, "nli", tmp_path, "fp32")
+    assert len(cache) == 16
+    out, stats = cached_extract(nli_model, pairs, cache, "fp32", shard_size=16, show_progress=False)
+    assert (stats.cached, stats.computed) == (16, 24)
+    fresh = extract_mod.extract_pairs(nli_model, pairs, "fp32")
+    np.testing.assert_allclose(out["probs"], fresh["probs"], atol=1e-6)
+
+
+def test_auto_precision_reuses_the_cached_namespace(tmp_path, nli_model):
+    pairs = [("a b", "c d"), ("e f", "g h")]
+    cached_extract(nli_model, pairs, open_cache(nli_model, "nli", tmp_path, "bf16"), "bf16", show_progress=False)
+    assert existing_precisions(tmp_path, "nli", nli_model.fingerprint, nli_model.max_length) == ["bf16"]
+    assert choose_precision(nli_model, "auto", tmp_path, "nli", pairs) == "bf16"  # no probe, no recompute
+    assert choose_precision(nli_model, "fp32", tmp_path, "nli", pairs) == "fp32"
+    assert namespace_name("nli", nli_model.fingerprint, "fp32", 48) != namespace_name("nli", nli_model.fingerprint, "bf16", 48)
+
+
+def test_prefilter_grids_are_cached_and_follow_cosine(tmp_path, tiny_models, nli_model, fixture_tables):
+    answers, _ = fixture_tables
+    ans = answers.rename(columns={"answer_sentences": "sentences"})
+    retrieved = pd.DataFrame({"split": ["val", "test"], "qid": ["7", "1"], "rank": [1, 1], "qa_id": ["m1", "m2"],
+                              "sentences": [list(ans.sentences.iloc[0]), list(ans.sentences.iloc[5])]})  # fmt: skip
+    pairs = answer_pairs(ans, retrieved, augment_top=2)
+    bi = SentenceEncoder(str(tiny_models["base"]), device="cpu")
+    kw = dict(max_sentences=3, top_k=1, bi=bi, shard_size=8, show_progress=False)
+    grid, plan, stats = nli_grids(pairs, nli_model, "fp32", tmp_path, **kw)
+    assert (grid.n_cols <= 1).all() and (grid.n_rows <= 3).all()
+    assert stats["nli"].computed == stats["nli"].unique == len(set(plan.cells))
+    # the kept E sentence is the most cosine-similar one
+    r = grid.index[grid.n_sentences_e >= 2][0]
+    sa, se = list(pairs.sentences_a[r])[:3], list(pairs.sentences_e[r])[:3]
+    ea, ee = bi.encode(sa), bi.encode(se)
+    assert list(grid.e_index[r]) == list((ea @ ee.T).argmax(1))
+    grid2, _, stats2 = nli_grids(pairs, nli_model, "fp32", tmp_path, **kw)
+    assert stats2["nli"].computed == 0 and stats2["bi_encoder"].computed == 0
+    np.testing.assert_array_equal(np.concatenate(grid.p_entail), np.concatenate(grid2.p_entail))
+
+
+# ---------------------------------------------------------------------- the stages, N = 3 -> 5 -> 5
+
+
+def _write_inputs(work: Path, tables, models: dict[str, Path], n_candidates: int) -> None:
+    answers, medquad = tables
+    (work / "norm").mkdir(exist_ok=True)
+    answers.to_parquet(work / "norm/answers.parquet")
+    medquad.to_parquet(work / "norm/medquad.parquet")
+    params = {
+        "device": "cpu",
+        "n_candidates": n_candidates,
+        "rqe_threshold": None,
+        "retrieve": {"normalized_dir": "norm", "rqe_model": str(models["rqe"]), "bm25_top_k": 6, "precision": "fp32",
+                     "cache_dir": "cache/rqe", "shard_size": 16},
+        "embed": {"normalized_dir": "norm", "nli_model": str(models["nli"]), "bi_encoder": str(models["base"]),
+                  "max_sentences": 3, "prefilter_top_k": None, "augment_top": 2, "precision": "fp32",
+                  "precision_check_pairs": 0, "cache_dir": "cache/embed", "shard_size": 32},
+    }  # fmt: skip
+    (work / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def _cells(work: Path) -> set[tuple[str, str]]:
+    answers = pd.read_parquet(work / "norm/answers.parquet").rename(columns={"answer_sentences": "sentences"})
+    retrieved = pd.read_parquet(work / "data/processed/retrieved.parquet").rename(columns={"entailed_sentences": "sentences"})
+    return set(plan_grids(answer_pairs(answers, retrieved, 2), 3, None, None).cells)
+
+
+def test_stages_compute_only_new_pairs_when_n_grows(tmp_path, monkeypatch, tiny_models, fixture_tables):
+    import stages.embed
+    import stages.retrieve
+
+    monkeypatch.chdir(tmp_path)
+    runs = {}
+    for label, n in (("n3", 3), ("n5", 5), ("n5_again", 5)):
+        _write_inputs(tmp_path, fixture_tables, tiny_models, n)
+        stages.retrieve.main("params.yaml")
+        stages.embed.main("params.yaml")
+        runs[label] = {
+            "retrieve": json.loads(Path("metrics/retrieve.json").read_text()),
+            "embed": json.loads(Path("metrics/embed.json").read_text()),
+            "cells": _cells(tmp_path),
+            "grid": pd.read_parquet("data/processed/embeddings/nli_grid.parquet"),
+            "retrieved": pd.read_parquet("data/processed/retrieved.parquet"),
+        }
+    n_questions = 4
+    r3, r5, r5b = runs["n3"], runs["n5"], runs["n5_again"]
+    assert len(r3["retrieved"]) == 3 * n_questions and len(r5["retrieved"]) == 5 * n_questions
+    # retrieval: every BM25 candidate was scored on the first run; later runs only re-select
+    assert r3["retrieve"]["extract"]["computed"] == r3["retrieve"]["extract"]["unique"] > 0
+    assert r5["retrieve"]["extract"]["computed"] == 0 and r5b["retrieve"]["extract"]["computed"] == 0
+    # embed: N=5 computes exactly the sentence pairs N=3 had not seen; a repeated run computes none
+    assert r3["embed"]["extract"]["nli"]["computed"] == len(r3["cells"])
+    new = r5["cells"] - r3["cells"]
+    assert len(new) > 0
+    assert r5["embed"]["extract"]["nli"]["computed"] == len(new)
+    assert r5b["embed"]["extract"]["nli"]["computed"] == 0
+    # cached values are the values: the N=3 grids reappear unchanged inside the N=5 output
+    key = ["split", "qid", "aid", "entailed_kind", "entailed_rank"]
+    both = r3["grid"].merge(r5["grid"], on=key, suffixes=("_3", "_5"))
+    assert len(both) == len(r3["grid"])
+    same_e = both["entailed_id_3"] == both["entailed_id_5"]
+    assert same_e.all()
+    for a, b in zip(both["p_entail_3"], both["p_entail_5"]):
+        np.testing.assert_array_equal(a, b)
+    emb = pd.read_parquet("data/processed/embeddings/rqe.parquet")
+    assert len(emb) == 5 * n_questions and len(emb["rqe_cls"].iloc[0]) == 32
+    cov = r5["retrieve"]["coverage"]["all"]
+    assert set(cov) == {"T=0.5", "T=0.7", "T=0.9"} and cov["T=0.5"]["questions"] == n_questions
+
+
+def test_retrieve_rejects_n_larger_than_bm25_top_k(tmp_path, monkeypatch, tiny_models, fixture_tables):
+    import stages.retrieve
+
+    monkeypatch.chdir(tmp_path)
+    _write_inputs(tmp_path, fixture_tables, tiny_models, 7)
+    with pytest.raises(MedrankError, match="bm25_top_k"):
+        stages.retrieve.main("params.yaml")
