@@ -68,7 +68,7 @@ class FinetuneTaskParams(_Section):
     train_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = start-up probe picks the faster
     predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     eval_batch_size: int = Field(default=64, ge=1)
-    score_public_test: bool = True  # nli: also report accuracy on SICK's public test labels (never for selection)
+    threads: int | None = Field(default=None, ge=1)  # CPU threads; None = probe 1 vs all cores, keep the faster
 
 
 class FinetuneParams(_Section):

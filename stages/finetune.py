@@ -13,6 +13,11 @@ from medrank.runner import run
 TASKS = ("nli", "rqe")
 
 RQE_VAL_GOLD = "mediqa2019/Eval_Scripts/data/RQE_validationSet_ground_truth.txt"
+# (validation, test) predictions per task; the same paths are the stage's outs in dvc.yaml
+PREDICTIONS = {
+    "nli": ("submissions/nli_sick_dev.csv", "submissions/nli_sick_test.csv"),
+    "rqe": ("submissions/task2_val.csv", "submissions/task2_test.csv"),
+}
 
 
 def main() -> None:
@@ -26,7 +31,7 @@ def main() -> None:
 
     from medrank.encoders.cross_encoder import CrossEncoder
     from medrank.encoders.finetune import classification_metrics, load_task, training_set
-    from medrank.io import write_json
+    from medrank.io import write_json, write_text
     from medrank.metrics import score_task2
     from medrank.params import load_params
     from medrank.submission import write_task2_submission
@@ -57,12 +62,12 @@ def main() -> None:
         history = model.fit(
             pairs, labels, epochs=tp.epochs, lr=tp.lr, batch_size=tp.batch_size, warmup_ratio=tp.warmup_ratio,
             weight_decay=tp.weight_decay, eval_pairs=data.eval_pairs, eval_labels=data.eval_labels,
-            callback=log_epoch, seed=p.seed, precision=tp.train_precision,
+            callback=log_epoch, seed=p.seed, precision=tp.train_precision, threads=tp.threads,
         )  # fmt: skip
         train_seconds = time.perf_counter() - t0
 
     val_probs = model.predict(data.eval_pairs, batch_size=tp.eval_batch_size)
-    speed = dict(model.last_predict_stats)
+    speed = dict(model.last_predict_stats)  # steady-state rate on validation, after the precision probe
     metrics = {
         "task": task,
         "base_model": tp.base_model,
@@ -71,23 +76,30 @@ def main() -> None:
         "n_medquad_pairs": n_mined,
         "train_seconds": round(train_seconds, 1),
         "train_precision": model.train_precision,
+        "threads": model.threads,
         "predict_precision": speed["precision"],
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
         "val": classification_metrics(data.eval_labels, val_probs),
         "history": history,
     }
+    test_probs = model.predict(data.test_pairs, batch_size=tp.eval_batch_size) if data.test_pairs else None
+    if test_probs is not None:
+        speed["test"] = dict(model.last_predict_stats)
+    val_out, test_out = PREDICTIONS[task]
     if task == "rqe":
-        for split, ids, probs in (("val", data.eval_ids, val_probs), ("test", data.test_ids, None)):
-            if probs is None:
-                probs = model.predict(data.test_pairs, batch_size=tp.eval_batch_size)
-            sub = pd.DataFrame({"pair_id": ids, "label": probs.argmax(1).astype(int)})
-            write_task2_submission(f"submissions/task2_{split}.csv", sub)
-        gold = Path(p.clean.raw_dir) / RQE_VAL_GOLD
-        metrics["val_official"] = score_task2(gold, "submissions/task2_val.csv")
-    elif data.test_labels is not None and tp.score_public_test:
-        # SICK's test labels are public (not a MEDIQA blind set): reported, never used for selection
-        metrics["test"] = classification_metrics(data.test_labels, model.predict(data.test_pairs, batch_size=tp.eval_batch_size))
-    metrics["predict_pairs_per_s"] = speed["pairs_per_s"]
+        # official Task 2 format: pair_id,label (0/1) with a header, as the validation gold
+        write_task2_submission(val_out, pd.DataFrame({"pair_id": data.eval_ids, "label": val_probs.argmax(1)}))
+        write_task2_submission(test_out, pd.DataFrame({"pair_id": data.test_ids, "label": test_probs.argmax(1)}))
+        metrics["val_official"] = score_task2(Path(p.clean.raw_dir) / RQE_VAL_GOLD, val_out)
+    else:
+        names = np.asarray(data.label_names)
+        write_text(val_out, pd.DataFrame({"pair_id": data.eval_ids, "label": names[val_probs.argmax(1)]}).to_csv(index=False))
+        preds = names[test_probs.argmax(1)] if test_probs is not None else []
+        write_text(test_out, pd.DataFrame({"pair_id": data.test_ids, "label": preds}).to_csv(index=False))
+        if data.test_labels is not None:
+            # SICK's test labels are public (not a MEDIQA blind set): reported, never used for selection
+            metrics["test"] = classification_metrics(data.test_labels, test_probs)
+    metrics["predict_speed"] = speed
     metrics["model_fingerprint"] = model.save(Path("models") / task, extra_meta={"task": task})
     write_json(f"metrics/finetune_{task}.json", metrics)
 

@@ -189,7 +189,7 @@ def test_fit_lowers_loss_and_save_load_round_trips(tiny_base, fixture_pairs, tmp
     hist = ce.fit(
         pairs, labels, epochs=12, lr=3e-3, batch_size=8, warmup_ratio=0.1, weight_decay=0.0,
         eval_pairs=pairs[:12], eval_labels=labels[:12], callback=lambda e, m: seen.append(e),
-        seed=3, precision="fp32", show_progress=False,
+        seed=3, precision="fp32", threads=1, show_progress=False,
     )  # fmt: skip
     assert seen == list(range(1, 13))
     assert hist[-1]["train_loss"] < hist[0]["train_loss"] - 0.15
@@ -224,7 +224,7 @@ def test_training_is_deterministic(tiny_base, fixture_pairs):
     runs = []
     for _ in range(2):
         ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=5, precision="fp32")
-        h = ce.fit(pairs[:24], labels[:24], epochs=1, lr=1e-3, batch_size=8, seed=5, precision="fp32", show_progress=False)
+        h = ce.fit(pairs[:24], labels[:24], epochs=1, lr=1e-3, batch_size=8, seed=5, precision="fp32", threads=1, show_progress=False)
         runs.append((h[0]["train_loss"], ce.predict(pairs, show_progress=False)))
     assert runs[0][0] == runs[1][0]
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
@@ -268,3 +268,24 @@ def test_bad_inputs_are_medrank_errors(tiny_base):
         CrossEncoder.from_base(str(tiny_base), 3, 32, device="cpu", label_names=["a", "b"])
     with pytest.raises(MedrankError, match="not saved by medrank"):
         CrossEncoder.load(tiny_base, device="cpu")
+
+
+def test_pick_threads_keeps_the_faster_count(monkeypatch):
+    n0 = torch.get_num_threads()
+    try:
+        assert base.pick_threads(lambda: None, requested=1) == 1 and torch.get_num_threads() == 1
+        monkeypatch.setattr(base.os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+        clock = {"t": 0.0}
+        monkeypatch.setattr(base.time, "perf_counter", lambda: clock["t"])
+
+        def step_cost(costs):
+            def step():
+                clock["t"] += costs[torch.get_num_threads()]
+
+            return step
+
+        assert base.pick_threads(step_cost({1: 1.0, 2: 3.0})) == 1  # contended: one thread wins
+        assert base.pick_threads(step_cost({1: 1.0, 2: 0.6})) == 2 and torch.get_num_threads() == 2
+        assert base.pick_threads(step_cost({1: 1.0, 2: 0.95})) == 1  # not a clear win
+    finally:
+        torch.set_num_threads(n0)

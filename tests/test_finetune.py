@@ -74,11 +74,11 @@ def workdir(tmp_path_factory) -> Path:
     val = rqe_table(df).query("split == 'val'")
     gold.write_text("pair_id,label\n" + "".join(f"{p},{int(y)}\n" for p, y in zip(val["pid"], val["label"])))
     task = {"base_model": str(base), "max_length": 32, "epochs": 2, "lr": 3e-3, "batch_size": 8,
-            "train_precision": "fp32", "predict_precision": "fp32"}  # fmt: skip
+            "train_precision": "fp32", "predict_precision": "fp32", "threads": 1}  # fmt: skip
     params = {
         "seed": 7,
         "device": "cpu",
-        "finetune": {"nli": {**task, "score_public_test": True}, "rqe": {**task, "medquad_pairs": 12}},
+        "finetune": {"nli": task, "rqe": {**task, "medquad_pairs": 12}},
     }
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     return root
@@ -88,12 +88,27 @@ def run_stage(task: str, cwd: Path):
     return run_module("stages.finetune", task, cwd=cwd, env={"OMP_NUM_THREADS": "1"})
 
 
-def test_rqe_stage_writes_model_metrics_submissions_and_curves(workdir):
+def run_stage_in_process(task: str, cwd: Path, monkeypatch) -> None:
+    """Same as `python -m stages.finetune task` minus the interpreter start (torch imports once per session)."""
+    import torch
+
+    from stages import finetune
+
+    n = torch.get_num_threads()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr("sys.argv", ["finetune", task])
+    try:
+        finetune.main()
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_rqe_stage_writes_model_metrics_submissions_and_curves(workdir, monkeypatch):
     res = run_stage("rqe", workdir)
     assert res.returncode == 0, res.stderr[-2000:]
     m = json.loads((workdir / "metrics" / "finetune_rqe.json").read_text())
     assert m["n_train_pairs"] == 32 + 12 and m["n_medquad_pairs"] == 12
-    assert m["train_precision"] == "fp32" and m["predict_precision"] == "fp32"
+    assert m["train_precision"] == "fp32" and m["predict_precision"] == "fp32" and m["threads"] == 1
     assert len(m["history"]) == 2 and 0 <= m["val"]["accuracy"] <= 1 and m["val"]["n"] == 8
     # the official-format scorer agrees with the in-memory accuracy
     assert m["val_official"]["accuracy"] == pytest.approx(m["val"]["accuracy"])
@@ -114,17 +129,19 @@ def test_rqe_stage_writes_model_metrics_submissions_and_curves(workdir):
 
     # same params, same metrics (seeded, deterministic)
     first = (workdir / "submissions" / "task2_test.csv").read_text()
-    assert run_stage("rqe", workdir).returncode == 0
+    run_stage_in_process("rqe", workdir, monkeypatch)
     again = json.loads((workdir / "metrics" / "finetune_rqe.json").read_text())
     assert again["history"][-1]["train_loss"] == m["history"][-1]["train_loss"]
     assert (workdir / "submissions" / "task2_test.csv").read_text() == first
 
 
-def test_nli_stage_three_classes(workdir):
-    res = run_stage("nli", workdir)
-    assert res.returncode == 0, res.stderr[-2000:]
+def test_nli_stage_three_classes(workdir, monkeypatch):
+    run_stage_in_process("nli", workdir, monkeypatch)
     m = json.loads((workdir / "metrics" / "finetune_nli.json").read_text())
     assert m["val"]["n"] == 8 and m["test"]["n"] == 8 and "val_official" not in m
+    dev = pd.read_csv(workdir / "submissions" / "nli_sick_dev.csv", dtype=str)
+    assert list(dev.columns) == ["pair_id", "label"] and len(dev) == 8 and set(dev["label"]) <= set(NLI_LABELS)
+    assert len(pd.read_csv(workdir / "submissions" / "nli_sick_test.csv")) == 8
     assert CrossEncoder.load(workdir / "models" / "nli", device="cpu").label_names == list(NLI_LABELS)
 
 
@@ -134,12 +151,10 @@ def test_stage_bad_task_is_one_line(workdir):
     assert error_lines(res.stderr) == ["error: usage: python -m stages.finetune {nli|rqe}"]
 
 
-def test_stage_missing_table_is_one_line(tmp_path):
+def test_stage_missing_table_is_a_medrank_error(tmp_path, monkeypatch):
     (tmp_path / "params.yaml").write_text("seed: 1\n")
-    res = run_stage("rqe", tmp_path)
-    assert res.returncode == 2
-    (line,) = error_lines(res.stderr)
-    assert "rqe_pairs.parquet: file not found" in line
+    with pytest.raises(MedrankError, match="rqe_pairs.parquet: file not found"):
+        run_stage_in_process("rqe", tmp_path, monkeypatch)
 
 
 # ---------------------------------------------------------------- data helpers
@@ -188,5 +203,6 @@ def test_repo_dvc_yaml_declares_finetune():
     stage = dvc["stages"].get("finetune")
     if stage is None:
         pytest.skip("finetune stage not yet in dvc.yaml")
-    assert stage["do"]["cmd"] == "python -m stages.finetune ${item}"
+    assert set(stage["foreach"]) == {"nli", "rqe"} and stage["do"]["cmd"] == "python -m stages.finetune ${key}"
+    assert "finetune.${key}" in stage["do"]["params"]
     assert {"models/nli", "models/rqe"} <= {a["path"] for a in dvc.get("artifacts", {}).values()}

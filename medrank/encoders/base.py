@@ -271,6 +271,34 @@ def probe_precision(
     return report
 
 
+def pick_threads(step: Callable[[], Any], requested: int | None = None, rounds: int = 2) -> int:
+    """Set and return torch's CPU thread count: `requested`, else the faster of 1 and all cores for `step`.
+
+    On shared machines OpenMP teams stall when a core is taken by another process (measured here under load
+    8 on 2 cores: 1 thread 0.6 s/step, 2 threads 1-6 s/step), so one thread can beat two; timed, not assumed.
+    """
+    if requested:
+        torch.set_num_threads(requested)
+        return requested
+    most = max(1, torch.get_num_threads(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    candidates = sorted({1, most})
+    if len(candidates) == 1:
+        return most
+    best: dict[int, float] = {}
+    for n in candidates:  # warm-up per count: oneDNN builds kernels per team size
+        torch.set_num_threads(n)
+        step()
+    for _ in range(rounds):
+        for n in candidates:
+            torch.set_num_threads(n)
+            best[n] = min(best.get(n, float("inf")), _time_min(step, 1))
+    # more threads must win clearly (10%) to be worth their sensitivity to load
+    choice = most if best[most] < 0.9 * best[1] else 1
+    torch.set_num_threads(choice)
+    log.info("thread probe: %s → %d thread(s)", ", ".join(f"{n}: {t * 1000:.0f} ms" for n, t in best.items()), choice)
+    return choice
+
+
 def pick_precision(device: str | torch.device, requested: str = "auto", **probe_kw: Any) -> str:
     """The precision to run with on `device`: a requested one, or the probe's fastest ('auto')."""
     return probe_precision(device, requested, **probe_kw).choice

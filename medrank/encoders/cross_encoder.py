@@ -26,6 +26,7 @@ from medrank.encoders.base import (
     PRECISIONS,
     PrecisionReport,
     model_fingerprint,
+    pick_threads,
     probe_precision,
     read_json,
     resolve_device,
@@ -112,6 +113,7 @@ class CrossEncoder:
         self._int8_model: torch.nn.Module | None = None
         self.last_predict_stats: dict[str, float] = {}
         self.train_precision: str | None = None
+        self.threads: int | None = None  # CPU threads chosen by fit's probe (None: torch's default)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -246,6 +248,8 @@ class CrossEncoder:
                     return self._probs(m(**batch).logits)
 
         self.model.eval()
+        if self.device.type == "cpu" and self.threads is None and forward is not None:
+            self.threads = pick_threads(lambda: forward("fp32"))
         self.precision_report = probe_precision(self.device, self.requested_precision, forward=forward)
         if self.precision_report.choice != "int8":
             self._int8_model = None  # free the probe's quantized copy
@@ -345,6 +349,24 @@ class CrossEncoder:
                     raise MedrankError(f"label {y!r} out of range for {self.num_labels} labels")
         return out
 
+    def _train_step_probe(self, enc: dict, y: np.ndarray, batch_size: int, precision: str) -> Callable[[], None]:
+        # forward + backward on a real batch: what an optimizer step costs (grads discarded, RNG restored)
+        idx = np.arange(min(batch_size, len(y)))
+        batch = self._collate(enc, idx)
+        target = torch.from_numpy(y[idx]).to(self.device)
+
+        def step() -> None:
+            state = torch.random.get_rng_state()
+            self.model.train()
+            with self._autocast(precision):
+                logits = self.model(**batch).logits
+            torch.nn.functional.cross_entropy(logits.float(), target).backward()
+            self.model.zero_grad(set_to_none=True)
+            self.model.eval()
+            torch.random.set_rng_state(state)
+
+        return step
+
     def _train_precision(self, requested: str, enc: dict, y: np.ndarray, batch_size: int) -> str:
         if requested != "auto":
             return probe_precision(self.device, requested).choice if requested != "int8" else "fp32"
@@ -386,9 +408,13 @@ class CrossEncoder:
         seed: int = 13,
         max_grad_norm: float = 1.0,
         precision: str = "auto",
+        threads: int | None = None,
         show_progress: bool = True,
     ) -> list[dict[str, float]]:
-        """Fine-tune on labelled pairs (AdamW, linear warmup/decay); per-epoch metrics → `callback(epoch, m)`."""
+        """Fine-tune on labelled pairs (AdamW, linear warmup/decay); per-epoch metrics → `callback(epoch, m)`.
+
+        `threads` (CPU): torch threads; None = time 1 vs all cores on a real training step and keep the faster.
+        """
         pairs = _check_pairs(pairs, "pairs")
         y = self._label_ids(labels)
         if len(pairs) != len(y) or not pairs:
@@ -400,6 +426,8 @@ class CrossEncoder:
         rng = np.random.default_rng(seed)
         enc = self._encode(pairs)
         lengths = [len(x) for x in enc["input_ids"]]
+        if self.device.type == "cpu":
+            self.threads = pick_threads(self._train_step_probe(enc, y, batch_size, "fp32"), threads)
         self.train_precision = self._train_precision(precision, enc, y, batch_size)
         log.info("training on %d pairs, %d epochs, batch %d, lr %g, precision %s", len(pairs), epochs, batch_size, lr, self.train_precision)
 
