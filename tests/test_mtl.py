@@ -29,7 +29,7 @@ def fake_tables(seed: int = 0, splits: dict = SPLITS, n_candidates: int = 2, max
     """Normalized answers + embed-stage tables (schemas of medrank.encoders.extract) with a learnable signal:
     a candidate's quality shifts channel 0 of its grid cells; label = quality > 0.2, reference rank by quality."""
     rng = np.random.default_rng(seed)
-    ans, grid, rqe, ret = [], [], [], []
+    ans, grid, ret = [], [], []
     for split, nq in splits.items():
         labelled = split != "test"
         for q in range(nq):
@@ -50,9 +50,10 @@ def fake_tables(seed: int = 0, splits: dict = SPLITS, n_candidates: int = 2, max
                 )  # fmt: skip
             n_e = int(rng.integers(1, n_candidates + 1))
             for r in range(1, n_e + 1):
-                rqe.append(dict(split=split, qid=qid, rank=r, qa_id=f"mq{q}_{r}", rqe_score=float(rng.random()),
-                                rqe_cls=rng.normal(size=H).astype(np.float16)))  # fmt: skip
-                ret.append(dict(split=split, qid=qid, rank=r, entailed_answer="e e e"))
+                score = float(rng.random())
+                ret.append(dict(split=split, qid=qid, question="q", rank=r, qa_id=f"mq{q}_{r}", rqe_score=score, bm25_rank=r,
+                                passes_threshold=score >= 0.3 or r == 1, entailed_question="e?", entailed_answer="e e e",
+                                entailed_sentences=["e"] * 3, entailed_collection="c", rqe_cls=rng.normal(size=H).astype(np.float16)))  # fmt: skip
             ents = [("rqe", r, f"mq{q}_{r}", int(rng.integers(1, 8))) for r in range(1, n_e + 1)]
             for c in range(nc):
                 mine = list(ents)
@@ -70,7 +71,7 @@ def fake_tables(seed: int = 0, splits: dict = SPLITS, n_candidates: int = 2, max
                              p_entail=pe, p_neutral=pe, p_contradiction=pe, nli_cls=cls.reshape(-1).astype(np.float16),
                              anli=float(pe.reshape(nr, ncol).max(1).mean()) if nr * ncol else 0.0)
                     )  # fmt: skip
-    return pd.DataFrame(ans), pd.DataFrame(grid), pd.DataFrame(rqe), pd.DataFrame(ret)
+    return pd.DataFrame(ans), pd.DataFrame(grid), pd.DataFrame(ret)
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +81,8 @@ def tables():
 
 @pytest.fixture(scope="module")
 def data(tables):
-    a, g, r, ret = tables
-    return mtl.build_mtl_data(a, g, r, n_candidates=2, retrieved=ret)
+    a, g, ret = tables
+    return mtl.build_mtl_data(a, g, ret, n_candidates=2)
 
 
 def tiny_config(**kw) -> mtl.MTLConfig:
@@ -98,17 +99,18 @@ def gids_of(data: mtl.MTLData, prefix: str) -> list[str]:
 # ---------------------------------------------------------------- data
 
 
-def test_fake_tables_match_the_embed_schemas(tables, tmp_path):
-    from medrank.encoders.extract import NLI_GRID, embeddings_rqe_schema
+def test_fake_tables_match_the_stage_schemas(tables, tmp_path):
+    from medrank.encoders.extract import NLI_GRID
     from medrank.io import write_parquet
+    from medrank.retrieval import retrieved_schema
 
-    _, g, r, _ = tables
+    _, g, ret = tables
     write_parquet(g, tmp_path / "g.parquet", NLI_GRID)  # raises if the fake drifted from the real schema
-    write_parquet(r[embeddings_rqe_schema(H).names], tmp_path / "r.parquet", embeddings_rqe_schema(H))
+    write_parquet(ret, tmp_path / "r.parquet", retrieved_schema(H))
 
 
 def test_build_mtl_data_rows_shapes_and_empty_answers(tables, data):
-    a, g, r, _ = tables
+    a, g, _ = tables
     assert len(data.cand) == len(a)
     assert len(data.pairs) == len(g)  # every grid row used (all ranks <= 2); no candidate lacks a grid
     assert data.hidden_size == H and data.rqe_size == H
@@ -123,19 +125,24 @@ def test_build_mtl_data_rows_shapes_and_empty_answers(tables, data):
 
 
 def test_candidate_without_entailed_answer_is_still_scored(tables):
-    a, g, r, ret = tables
+    a, g, ret = tables
     q = a["qid"].iloc[0]
-    d = mtl.build_mtl_data(a, g[g["qid"] != q], r[r["qid"] != q], n_candidates=2, retrieved=ret)
+    ret = ret.assign(passes_threshold=ret["passes_threshold"] & (ret["qid"] != q))  # fallback only: no ANLI needed
+    d = mtl.build_mtl_data(a, g[g["qid"] != q], ret, n_candidates=2)
     none = d.pairs[d.pairs["entailed"] == "none"]
     assert len(none) == (a["qid"] == q).sum()
     assert all(d.grids[i].shape == (1, 1, H) for i in none.index)
 
 
-def test_n_candidates_drops_lower_ranked_entailed_answers(tables):
-    a, g, r, ret = tables
-    d1 = mtl.build_mtl_data(a, g, r, n_candidates=1, retrieved=ret)
+def test_n_candidates_and_missing_questions(tables):
+    a, g, ret = tables
+    d1 = mtl.build_mtl_data(a, g, ret, n_candidates=1)
     rqe_rows = d1.pairs[d1.pairs["augmented"] == 0]
     assert set(rqe_rows["entailed"].str.extract(r"_(\d+)$")[0].astype(int)) == {1}
+    # questions without retrieval results (a capped tiny profile) are left out, not an error
+    q = a["qid"].iloc[0]
+    d2 = mtl.build_mtl_data(a, g, ret[ret["qid"] != q], n_candidates=2)
+    assert len(d2.cand) == (a["qid"] != q).sum()
 
 
 # ---------------------------------------------------------------- encoder

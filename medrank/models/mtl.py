@@ -51,6 +51,7 @@ class MTLConfig:
     pair_hidden: tuple[int, ...] = (128, 32)
     dropout: float = 0.2
     alpha: float = 2.0  # weight of the pairwise loss
+    pair_scope: Literal["all", "valid_any", "valid_both"] = "all"  # training pairs: all, with >= 1 / 2 valid answers
     lr: float = 1e-3
     weight_decay: float = 1e-4
     max_epochs: int = 30
@@ -130,32 +131,36 @@ def _as_grid(flat: np.ndarray, n_rows: int, n_cols: int, hidden: int) -> np.ndar
 def build_mtl_data(
     answers: pd.DataFrame,
     grid: pd.DataFrame,
-    rqe: pd.DataFrame,
+    retrieved: pd.DataFrame,
     *,
     n_candidates: int,
-    retrieved: pd.DataFrame | None = None,
     bienc_cos: np.ndarray | None = None,
 ) -> MTLData:
-    """MTLData from the normalized answers and the embed stage's tables (extract.NLI_GRID, embeddings_rqe_schema).
+    """MTLData from the normalized answers, the embed stage's NLI grid rows (extract.NLI_GRID) and the retrieve
+    stage's table (retrieval.retrieved_schema: rank, rqe_score, passes_threshold, entailed_answer, rqe_cls).
 
-    Grids are (candidate sentences, selected entailed sentences, H). Only retrieved entailed answers of rank
-    <= n_candidates and augmentation pairs are used; a candidate without any entailed answer gets one empty
-    1×1 grid (entailed "none"), so every candidate can be scored.
+    Grids are (candidate sentences, selected entailed sentences, H). Entailed answers of rank <= n_candidates
+    (the top-1 fallback below T included, as the paper's §4.6) and augmentation pairs are used; a candidate
+    without any entailed answer gets one empty 1×1 grid (entailed "none"), so every candidate can be scored.
+    Answers of questions absent from `retrieved` (a capped tiny profile) are left out.
     """
     from medrank.features import answer_table, question_key
 
+    retrieved = retrieved[retrieved["rank"] <= n_candidates]
+    have = set(zip(retrieved["split"].astype(str), retrieved["qid"].astype(str)))
+    keep = np.array([(s, q) in have for s, q in zip(answers["split"].astype(str), answers["qid"].astype(str))], dtype=bool)
+    if not keep.all():
+        log.info("%d answers of %d questions without retrieval results left out", int((~keep).sum()),
+                 answers.loc[~keep, ["split", "qid"]].drop_duplicates().shape[0])  # fmt: skip
+        answers = answers[keep].reset_index(drop=True)
+        if bienc_cos is not None:
+            bienc_cos = np.asarray(bienc_cos)[keep]
     grid = grid[(grid["entailed_kind"] == "augment") | (grid["entailed_rank"] <= n_candidates)]
-    rqe = rqe[rqe["rank"] <= n_candidates]
-    entailed = rqe[["split", "qid", "rank", "rqe_score"]].copy()
-    if retrieved is not None:
-        entailed = entailed.merge(retrieved[["split", "qid", "rank", "entailed_answer"]], on=["split", "qid", "rank"], how="left")
-    else:
-        entailed["entailed_answer"] = ""
-    anli = grid[grid["entailed_kind"] == "rqe"][["split", "qid", "aid", "entailed_rank", "anli"]].rename(columns={"entailed_rank": "rank"})
-    cand = answer_table(answers, entailed=entailed, anli=anli, bienc_cos=bienc_cos, n_candidates=n_candidates)
+    anli = grid[["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]]
+    cand = answer_table(answers, entailed=retrieved, anli=anli, bienc_cos=bienc_cos, n_candidates=n_candidates)
     row_of = {k: i for i, k in enumerate(zip(cand["gid"], cand["aid"]))}
 
-    hidden = len(rqe["rqe_cls"].iloc[0]) if len(rqe) else 0
+    hidden = len(retrieved["rqe_cls"].iloc[0]) if len(retrieved) else 0
     g = grid.assign(gid=question_key(grid))
     cand_idx = np.array([row_of.get(k, -1) for k in zip(g["gid"], g["aid"])], dtype=np.int64)
     g = g[cand_idx >= 0].assign(cand=cand_idx[cand_idx >= 0]).reset_index(drop=True)
@@ -164,13 +169,16 @@ def build_mtl_data(
         if int(g["n_rows"].iat[k]) * int(g["n_cols"].iat[k]) > 0:
             grid_hidden = len(g["nli_cls"].iat[k]) // (int(g["n_rows"].iat[k]) * int(g["n_cols"].iat[k]))
             break
-    grid_hidden = grid_hidden or 1
+    grid_hidden = grid_hidden or max(hidden, 1)
     grids = [_as_grid(f, int(r), int(c), grid_hidden) for f, r, c in zip(g["nli_cls"], g["n_rows"], g["n_cols"])]
-    rqe_key = {(s, q, int(r)): (float(sc), v) for s, q, r, sc, v in zip(rqe["split"], rqe["qid"], rqe["rank"], rqe["rqe_score"], rqe["rqe_cls"])}
+    rqe_key = {
+        (str(s), str(q), int(r)): (float(sc), v)
+        for s, q, r, sc, v in zip(retrieved["split"], retrieved["qid"], retrieved["rank"], retrieved["rqe_score"], retrieved["rqe_cls"])
+    }
     zero = np.zeros(hidden, dtype=np.float32)
     rvec, rscore = [], []
     for s, q, kind, r in zip(g["split"], g["qid"], g["entailed_kind"], g["entailed_rank"]):
-        sc, v = rqe_key.get((s, q, int(r)), (0.0, zero)) if kind == "rqe" else (0.0, zero)
+        sc, v = rqe_key.get((str(s), str(q), int(r)), (0.0, zero)) if kind == "rqe" else (0.0, zero)
         rvec.append(np.asarray(v, dtype=np.float32))
         rscore.append(sc)
     pairs = pd.DataFrame(
@@ -600,11 +608,15 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _batch_loss(net: MTLNet, batcher: _Batcher, prep: _Prepared, rows: np.ndarray, alpha: float, n_q: int, dev: torch.device):
+def _batch_loss(net: MTLNet, batcher: _Batcher, prep: _Prepared, rows: np.ndarray, alpha: float, n_q: int, dev: torch.device, pair_scope: str = "all"):
     joint = batcher.joint(net, rows)
     fl = net.filter_logits(joint)
     y = torch.as_tensor(prep.labels[rows], dtype=torch.float32, device=dev)
     i, j, t = pair_index(prep.groups[rows], prep.ranks[rows])
+    if pair_scope != "all" and len(i):
+        lab = prep.labels[rows]
+        keep = (lab[i] + lab[j] >= 1) if pair_scope == "valid_any" else (lab[i] + lab[j] == 2)
+        i, j, t = i[keep], j[keep], t[keep]
     pl = net.pair_logits(joint, torch.as_tensor(i, device=dev), torch.as_tensor(j, device=dev))
     loss, lf, lp = mtl_loss(fl, y, pl, torch.as_tensor(t, device=dev), alpha, n_q)
     return loss, lf, lp, fl, y, pl, t
@@ -673,7 +685,7 @@ def fit_mtl(
             rows = np.concatenate([rows_fit[fit_by_q[q]] for q in qs])
             if len(rows) < 2:
                 continue  # BatchNorm needs two rows
-            loss, lf, lp, *_ = _batch_loss(net, batcher, prep, rows, cfg.alpha, len(qs), dev)
+            loss, lf, lp, *_ = _batch_loss(net, batcher, prep, rows, cfg.alpha, len(qs), dev, cfg.pair_scope)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -683,7 +695,7 @@ def fit_mtl(
             nb += len(qs)
         rec = {"epoch": epoch, "train_loss": tot / max(nb, 1), "train_filter_loss": tf / max(nb, 1), "train_pair_loss": tp / max(nb, 1)}
         if len(rows_inner):
-            rec.update(_inner_eval(net, batcher, prep, rows_inner, gid_of, cfg.alpha, dev))
+            rec.update(_inner_eval(net, batcher, prep, rows_inner, gid_of, cfg.alpha, dev, cfg.pair_scope))
         rec["seconds"] = round(time.perf_counter() - t0, 2)
         history.append(rec)
         log.info("epoch %d: %s", epoch, {k: round(v, 4) if isinstance(v, float) else v for k, v in rec.items()})
@@ -706,14 +718,14 @@ def fit_mtl(
 
 
 @torch.no_grad()
-def _inner_eval(net, batcher, prep, rows, gid_of, alpha, dev) -> dict:
+def _inner_eval(net, batcher, prep, rows, gid_of, alpha, dev, pair_scope="all") -> dict:
     net.eval()
     by_q = pd.Series(rows).groupby(gid_of[rows], sort=False).indices
     tot = tf = tp = 0.0
     correct = n = pc = pn = 0
     for q, idx in by_q.items():
         r = rows[idx]
-        loss, lf, lp, fl, y, pl, t = _batch_loss(net, batcher, prep, r, alpha, 1, dev)
+        loss, lf, lp, fl, y, pl, t = _batch_loss(net, batcher, prep, r, alpha, 1, dev, pair_scope)
         tot += float(loss)
         tf += float(lf)
         tp += float(lp)
@@ -734,27 +746,34 @@ def _inner_eval(net, batcher, prep, rows, gid_of, alpha, dev) -> dict:
 # ---------------------------------------------------------------- ensembling over entailed answers
 
 
-def _agg(values: pd.core.groupby.SeriesGroupBy, mode: str) -> pd.Series:
+def ensemble(filter_df: pd.DataFrame, pair_df: pd.DataFrame, mode: EnsembleMode = "sum") -> pd.DataFrame:
+    """Per candidate, combining its N entailed answers by `mode`:
+
+    prob = mode_e P_e(valid); pair_score = Σ_j mode_e P_e(i above j) (0 for a single candidate);
+    expected_score = p_i Σ_j [p_j P(i above j) + (1 - p_j)] with p = mean_e P_e(valid): the expected number of
+    answers i outranks when valid answers precede invalid ones. Rows in first-appearance order of (gid, aid).
+    """
     if mode not in ENSEMBLE_MODES:
         raise MedrankError(f"ensemble mode '{mode}': expected one of {', '.join(ENSEMBLE_MODES)}")
-    return getattr(values, mode)()
-
-
-def ensemble(filter_df: pd.DataFrame, pair_df: pd.DataFrame, mode: EnsembleMode = "sum") -> pd.DataFrame:
-    """Per candidate: `prob` = mode over its entailed answers of the filter probability, `pair_score` =
-    Σ_j mode_e P_e(i above j) (0 for a single candidate). Rows in first-appearance order of (gid, aid)."""
-    f = _agg(filter_df.groupby(["gid", "aid"], sort=False)["prob"], mode).rename("prob")
-    out = f.reset_index()
+    by_c = filter_df.groupby(["gid", "aid"], sort=False)
+    out = getattr(by_c["prob"], mode)().rename("prob").reset_index()
+    p_mean = by_c["prob"].mean()
+    out["prob_mean"] = p_mean.to_numpy()
+    out["n_entailed"] = by_c["entailed"].nunique().to_numpy()
+    out["pair_score"] = 0.0
+    out["expected_score"] = p_mean.to_numpy()  # a lone candidate: its own probability
     if len(pair_df):
-        pe = _agg(pair_df.groupby(["gid", "aid_i", "aid_j"], sort=False)["prob"], mode)
+        pe = getattr(pair_df.groupby(["gid", "aid_i", "aid_j"], sort=False)["prob"], mode)()
+        pm = pair_df.groupby(["gid", "aid_i", "aid_j"], sort=False)["prob"].mean().reset_index()
         s = pe.groupby(level=[0, 1], sort=False).sum()
-        s.index = s.index.set_names(["gid", "aid"])
-        out = out.merge(s.rename("pair_score").reset_index(), on=["gid", "aid"], how="left")
-    else:
-        out["pair_score"] = 0.0
-    out["pair_score"] = out["pair_score"].fillna(0.0).astype(float)
-    n_e = filter_df.groupby(["gid", "aid"], sort=False)["entailed"].nunique().rename("n_entailed").reset_index()
-    return out.merge(n_e, on=["gid", "aid"], how="left")
+        key = pd.MultiIndex.from_frame(out[["gid", "aid"]])
+        out["pair_score"] = s.reindex(key).fillna(0.0).to_numpy(dtype=float)
+        pi = p_mean.reindex(pd.MultiIndex.from_frame(pm[["gid", "aid_i"]])).to_numpy()
+        pj = p_mean.reindex(pd.MultiIndex.from_frame(pm[["gid", "aid_j"]])).to_numpy()
+        wins = pd.Series(pi * (pj * pm["prob"].to_numpy() + (1 - pj)), index=pd.MultiIndex.from_frame(pm[["gid", "aid_i"]]))
+        w = wins.groupby(level=[0, 1], sort=False).sum()
+        out["expected_score"] = w.reindex(key).fillna(0.0).to_numpy(dtype=float) + 1e-3 * p_mean.reindex(key).to_numpy()
+    return out
 
 
 # ---------------------------------------------------------------- decisions and the CV recipe
@@ -765,7 +784,7 @@ class Decision:
     """How per-candidate predictions become a submission: ensemble mode, ranking key, threshold rule."""
 
     ensemble: EnsembleMode = "sum"
-    rank_by: Literal["pairwise", "filter"] = "pairwise"
+    rank_by: Literal["pairwise", "expected", "filter"] = "pairwise"
     threshold: float | None = None  # None = chosen on out-of-fold predictions
     prior_shift: Literal["none", "em"] = "none"
     min_keep: int = 0
@@ -781,10 +800,10 @@ def decide(ens: pd.DataFrame, threshold: float, decision: Decision, train_prior:
         _, prob = em_prior_shift(prob, train_prior)
     gid = ens["gid"].to_numpy()
     labels = keep_labels(prob, threshold, gid, decision.min_keep)
-    key = ens["pair_score"].to_numpy(dtype=float) if decision.rank_by == "pairwise" else prob
+    key = {"pairwise": ens["pair_score"], "expected": ens["expected_score"], "filter": ens["prob"]}[decision.rank_by].to_numpy(dtype=float)
     # ties in the pairwise score (e.g. a single candidate) fall back to the filter probability
     key = key + 1e-6 * ens["prob"].to_numpy(dtype=float)
-    return ens.assign(prob_used=prob, label=labels, score=submission_score(labels, key, gid))
+    return ens.assign(prob_used=prob, label=labels, rank_key=key, score=submission_score(labels, key, gid))
 
 
 def threshold_grid(mode: str, max_entailed: int) -> np.ndarray:
@@ -892,7 +911,9 @@ PREDICTIONS_SCHEMA = pa.schema(
         ("aid", pa.string()),
         ("fold", pa.int16()),  # CV fold (oof), -1 otherwise
         ("prob", pa.float64()),  # ensembled filter probability (sum: on the 0..N scale)
+        ("prob_mean", pa.float64()),  # mean over the entailed answers (0..1 whatever the ensemble mode)
         ("pair_score", pa.float64()),  # Σ_j P(i above j), ensembled
+        ("rank_key", pa.float64()),  # the ranking key of the decision rule (pair_score | expected_score | prob)
         ("n_entailed", pa.int16()),
         ("threshold", pa.float64()),
         ("label", pa.int8()),  # kept (1) or filtered out (0)
@@ -908,6 +929,7 @@ def config_from_params(mp) -> tuple[MTLConfig, Decision]:
         filter_hidden=tuple(mp.filter_hidden), pair_hidden=tuple(mp.pair_hidden), dropout=mp.dropout, alpha=mp.alpha,
         lr=mp.lr, weight_decay=mp.weight_decay, max_epochs=mp.max_epochs, patience=mp.patience,
         questions_per_batch=mp.questions_per_batch, inner_val_frac=mp.inner_val_frac, augment=mp.augment,
+        pair_scope=mp.pair_scope,
     )  # fmt: skip
     return cfg, Decision(mp.ensemble, mp.rank_by, mp.threshold, mp.prior_shift, mp.min_keep)
 
@@ -932,7 +954,7 @@ def _variants(decision: Decision) -> dict[str, Decision]:
 
     out = {}
     for mode in ENSEMBLE_MODES:
-        for rank_by in ("pairwise", "filter"):
+        for rank_by in ("pairwise", "expected", "filter"):
             out[f"{mode}/{rank_by}"] = replace(decision, ensemble=mode, rank_by=rank_by)
     out["mean/pairwise/em"] = replace(decision, ensemble="mean", rank_by="pairwise", prior_shift="em")
     return out
@@ -947,7 +969,9 @@ def _rows(part: str, d: pd.DataFrame, threshold: float | np.ndarray, fold: np.nd
             "aid": d["aid"].to_numpy(),
             "fold": np.broadcast_to(np.asarray(fold, dtype=np.int16), (len(d),)),
             "prob": d["prob"].to_numpy(dtype=float),
+            "prob_mean": d["prob_mean"].to_numpy(dtype=float),
             "pair_score": d["pair_score"].to_numpy(dtype=float),
+            "rank_key": d["rank_key"].to_numpy(dtype=float),
             "n_entailed": d["n_entailed"].to_numpy(dtype=np.int16),
             "threshold": np.broadcast_to(np.asarray(threshold, dtype=float), (len(d),)),
             "label": d["label"].to_numpy(dtype=np.int8),
@@ -983,7 +1007,9 @@ def run_recipe(
     live=None,
 ) -> RecipeReport:
     """CV over train+val → thresholds and mean ± sd; train-only model → validation check; train+val model → test."""
-    labelled = list(train_gids) + list(val_gids)
+    # labelled questions in table order (the baseline's CV sees them in this order: same folds for one seed)
+    lab_set = set(train_gids) | set(val_gids)
+    labelled = [g for g in pd.unique(data.cand["gid"]) if g in lab_set]
     t0 = time.perf_counter()
     cv = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device)
     cv_seconds = time.perf_counter() - t0
@@ -1039,3 +1065,120 @@ def run_recipe(
         "questions": {"train": len(train_gids), "val": len(val_gids), "test": len(test_gids)},
     }
     return RecipeReport(final, pd.concat(parts, ignore_index=True), metrics, decision_json)
+
+
+# ---------------------------------------------------------------- final system: ensemble with the baseline, error analysis
+
+
+def _pct_rank(values: pd.Series, gid: pd.Series) -> np.ndarray:
+    """Within-question rank of `values` scaled to (0, 1] (1 = best), so two systems' keys can be averaged."""
+    r = values.groupby(gid.to_numpy(), sort=False).rank(method="average")
+    n = values.groupby(gid.to_numpy(), sort=False).transform("size")
+    return (r / n).to_numpy(dtype=float)
+
+
+def combine_systems(a: pd.DataFrame, b: pd.DataFrame, weight: float) -> pd.DataFrame:
+    """weight·a + (1-weight)·b of two systems' (part, gid, aid, fold, prob in [0,1], rank_key) rows; rank keys
+    are averaged as within-question percentile ranks."""
+    m = a.merge(b[["part", "gid", "aid", "prob", "rank_key"]], on=["part", "gid", "aid"], suffixes=("_a", "_b"), validate="one_to_one")
+    if len(m) != len(a) or len(m) != len(b):
+        raise MedrankError(f"systems to combine cover different answers ({len(a)} vs {len(b)} rows, {len(m)} shared)")
+    key = m["part"] + "\0" + m["gid"]
+    return pd.DataFrame(
+        {
+            "part": m["part"], "gid": m["gid"], "aid": m["aid"], "fold": m["fold"],
+            "prob": weight * m["prob_a"] + (1 - weight) * m["prob_b"],
+            "rank_key": weight * _pct_rank(m["rank_key_a"], key) + (1 - weight) * _pct_rank(m["rank_key_b"], key),
+        }
+    )  # fmt: skip
+
+
+def decide_system(pred: pd.DataFrame, cand: pd.DataFrame, train: Sequence[str], threshold: float | None = None) -> tuple[dict, pd.DataFrame]:
+    """Thresholds and labels for one system's rows (part oof / val / test; prob in [0,1], rank_key).
+
+    oof fold f: threshold from the other folds' rows; val: from the oof rows of the training questions;
+    test: from all oof rows (unless `threshold` is fixed). Returns (CV mean ± sd + thresholds, decided rows).
+    """
+    from medrank.models.baseline import keep_labels, select_threshold, submission_score, summarize
+
+    truth = cand[["gid", "aid", "label"]].rename(columns={"label": "label_true"})
+    pred = pred.merge(truth, on=["gid", "aid"], how="left")
+    oof = pred[pred["part"] == "oof"]
+
+    def _t(rows: pd.DataFrame) -> float:
+        return float(threshold) if threshold is not None else select_threshold(rows["label_true"].to_numpy(dtype=int), rows["prob"].to_numpy(dtype=float))
+
+    def _decide(rows: pd.DataFrame, t: float) -> pd.DataFrame:
+        gid = rows["gid"].to_numpy()
+        labels = keep_labels(rows["prob"].to_numpy(dtype=float), t, gid)
+        return rows.assign(threshold=t, label=labels, score=submission_score(labels, rows["rank_key"].to_numpy(dtype=float), gid))
+
+    out, per_fold, thresholds = [], [], []
+    for f in sorted(oof["fold"].unique()):
+        t = _t(oof[oof["fold"] != f])
+        d = _decide(oof[oof["fold"] == f], t)
+        per_fold.append(evaluate_decided(d, cand))
+        thresholds.append(t)
+        out.append(d)
+    out.append(_decide(pred[pred["part"] == "val"], _t(oof[oof["gid"].isin(set(train))])))
+    if (pred["part"] == "test").any():
+        out.append(_decide(pred[pred["part"] == "test"], _t(oof)))
+    summary = summarize(per_fold)
+    summary["thresholds"] = thresholds
+    return summary, pd.concat(out, ignore_index=True)
+
+
+def evaluate_decided(rows: pd.DataFrame, cand: pd.DataFrame) -> dict:
+    """Official Task 3 metrics of decided rows (gid, aid, label, score) against the candidate table's truth."""
+    from medrank.models.baseline import evaluate
+
+    truth = cand[cand["gid"].isin(set(rows["gid"]))]
+    return evaluate(rows[["gid", "aid", "label", "score"]], truth)
+
+
+def cv_summary_of(decided: pd.DataFrame, cand: pd.DataFrame) -> dict:
+    """CV mean ± sd of already-decided oof rows (one official score per fold)."""
+    from medrank.models.baseline import summarize
+
+    oof = decided[decided["part"] == "oof"]
+    return summarize([evaluate_decided(oof[oof["fold"] == f], cand) for f in sorted(oof["fold"].unique())])
+
+
+SENTENCE_BINS = ((0, 5), (6, 10), (11, 20), (21, 40), (41, 80), (81, None))
+
+
+def per_question_scores(decided: pd.DataFrame, cand: pd.DataFrame) -> pd.DataFrame:
+    """Official accuracy and Spearman (official + true; 0 with fewer than 2 kept correct answers, the paper's
+    convention) of each question, with its number of valid answers."""
+    from medrank.metrics import score_task3
+    from medrank.models.baseline import gold_of, ranked_rows
+
+    rows = []
+    for g, d in decided.groupby("gid", sort=False):
+        truth = cand[cand["gid"] == g]
+        sub = ranked_rows(d)[["gid", "aid", "label"]].rename(columns={"gid": "qid"})
+        m = score_task3(gold_of(truth), sub)
+        rows.append({"gid": g, "n_valid": int(truth["label"].sum()), "accuracy": m["accuracy"], "spearman": m["spearman"], "spearman_true": m["spearman_true"]})
+    return pd.DataFrame(rows)
+
+
+def error_analysis(decided: pd.DataFrame, cand: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The paper's error analysis (Figures 7-9) of decided rows on labelled questions:
+    filter recall of valid answers by CHiQA rank, accuracy by number of sentences, accuracy and Spearman by
+    number of valid answers per question. Each table has an `n` column (answers or questions per bin)."""
+    d = decided.merge(cand[["gid", "aid", "label", "chiqa_rank", "n_sentences"]].rename(columns={"label": "label_true"}), on=["gid", "aid"], how="left", suffixes=("_x", ""))
+    d = d.drop(columns=[c for c in d.columns if c.endswith("_x")])
+    valid = d[d["label_true"] == 1]
+    fig7 = valid.groupby("chiqa_rank").agg(recall=("label", "mean"), n=("label", "size")).reset_index()
+    fig7["chiqa_rank"] = fig7["chiqa_rank"].astype(int)
+    labels = [f"{lo}-{hi}" if hi is not None else f">{lo - 1}" for lo, hi in SENTENCE_BINS]
+    edges = [lo - 0.5 for lo, _ in SENTENCE_BINS] + [np.inf]
+    d["sentences"] = pd.cut(d["n_sentences"], edges, labels=labels, right=False)
+    d["correct"] = (d["label"] == d["label_true"]).astype(float)
+    fig8 = d.groupby("sentences", observed=False).agg(accuracy=("correct", "mean"), n=("correct", "size")).reset_index()
+    fig8 = fig8[fig8["n"] > 0]
+    fig8["sentences"] = [f"{s} ({n})" for s, n in zip(fig8["sentences"], fig8["n"])]
+    pq_ = per_question_scores(decided, cand)
+    fig9 = pq_.groupby("n_valid").agg(accuracy=("accuracy", "mean"), spearman=("spearman", "mean"), spearman_true=("spearman_true", "mean"),
+                                     n=("accuracy", "size")).reset_index()  # fmt: skip
+    return {"recall_by_chiqa_rank": fig7, "accuracy_by_sentences": fig8, "by_valid_answers": fig9}

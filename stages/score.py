@@ -1,0 +1,135 @@
+"""Stage `score`: the final Task 3 system, its submissions, the comparison table and the paper's error analysis.
+
+Candidates: the MTL (stage mtl) and its ensemble with the baseline (stage baseline's per-answer predictions:
+averaged probabilities and within-question ranks, threshold chosen on out-of-fold rows); `score.system: auto`
+picks the best mean CV accuracy over train+val (never the 25 validation questions). Writes
+submissions/task3_{val,test}.csv, metrics/task3_val.json (+ task3_val_mtl.json / task3_val_ensemble.json rows
+for the README table) and plots/error_analysis/{val,cv}/*.csv (Figures 7-9).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from medrank.runner import run
+
+log = logging.getLogger("stages.score")
+NORMALIZED = Path("data/interim/normalized")
+MTL_PREDICTIONS = Path("data/processed/mtl_predictions.parquet")
+CHIQA_VAL = Path("submissions/task3_val_chiqa.csv")
+BASELINE_VAL = Path("submissions/task3_val_baseline.csv")
+BASELINE_METRICS = Path("metrics/task3_val_baseline.json")
+BASELINE_PREDICTIONS = Path("data/processed/baseline/predictions.parquet")
+VAL_OUT, TEST_OUT = Path("submissions/task3_val.csv"), Path("submissions/task3_test.csv")
+METRICS = Path("metrics/task3_val.json")
+ROW_METRICS = {"mtl": Path("metrics/task3_val_mtl.json"), "ensemble": Path("metrics/task3_val_ensemble.json")}
+PLOTS = Path("plots/error_analysis")
+TRAIN_SPLITS = ("train_liveqa", "train_alexa")
+OFFICIAL = ("accuracy", "precision", "mrr", "spearman", "spearman_true")
+
+
+def _official(m: dict) -> dict:
+    return {k: round(float(m[k]), 4) for k in OFFICIAL}
+
+
+def _cv(m: dict) -> dict:
+    return {k: {"mean": round(float(m[k]["mean"]), 4), "sd": round(float(m[k]["sd"]), 4)} for k in OFFICIAL}
+
+
+def main() -> None:
+    import json
+
+    import pandas as pd
+
+    from medrank.errors import MedrankError
+    from medrank.features import answer_table
+    from medrank.io import read_parquet, write_json, write_text
+    from medrank.metrics import gold_from_answers, score_task3
+    from medrank.models import mtl
+    from medrank.models.baseline import ranked_rows
+    from medrank.params import load_params
+    from medrank.submission import write_task3_submission
+
+    p = load_params()
+    sp = p.score
+    t0 = time.perf_counter()
+    answers = read_parquet(NORMALIZED / "answers.parquet")
+    pred = read_parquet(MTL_PREDICTIONS)
+    answers = answers.merge(pred[["split", "qid"]].drop_duplicates(), on=["split", "qid"])  # tiny profiles: the MTL's questions
+    cand = answer_table(answers)
+    pred = pred.assign(gid=pred["split"].astype(str) + ":" + pred["qid"].astype(str))
+    split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
+    train = [g for g, s in split_of.items() if s in TRAIN_SPLITS]
+    gold_val = gold_from_answers(answers, "val")
+
+    def official_val(decided: pd.DataFrame) -> dict:
+        rows = ranked_rows(decided[decided["part"] == "val"])
+        return score_task3(gold_val, rows[["qid", "aid", "label"]])
+
+    # ---- candidates: the MTL as decided by its stage, the baseline (its stage's files), their ensemble
+    systems: dict[str, dict] = {}
+    decided: dict[str, pd.DataFrame] = {}
+    decided["mtl"] = pred
+    systems["mtl"] = {"val": _official(official_val(pred)), "cv": _cv(mtl.cv_summary_of(pred, cand))}
+    systems["chiqa"] = {"val": _official(score_task3(gold_val, CHIQA_VAL))}
+    base_cv = json.loads(BASELINE_METRICS.read_text(encoding="utf-8")).get("cv") if BASELINE_METRICS.exists() else None
+    systems["baseline"] = {"val": _official(score_task3(gold_val, BASELINE_VAL)), **({"cv": base_cv} if base_cv else {})}
+
+    base = read_parquet(BASELINE_PREDICTIONS)
+    base = base.assign(gid=base["split"].astype(str) + ":" + base["qid"].astype(str))
+    decided["baseline"] = base
+    mine = pred[["part", "gid", "aid", "fold", "prob_mean", "rank_key"]].rename(columns={"prob_mean": "prob"})
+    both = mtl.combine_systems(mine, base[["part", "gid", "aid", "prob", "rank_score"]].rename(columns={"rank_score": "rank_key"}), sp.mtl_weight)
+    cv, dec = mtl.decide_system(both, cand, train)
+    decided["ensemble"] = dec.merge(cand[["gid", "split", "qid"]].drop_duplicates(), on="gid", how="left")
+    systems["ensemble"] = {"val": _official(official_val(decided["ensemble"])), "cv": _cv(cv), "mtl_weight": sp.mtl_weight,
+                           "cv_thresholds": cv["thresholds"]}  # fmt: skip
+
+    # ---- the final system: best mean CV accuracy of the MTL and the ensemble (ties: the MTL)
+    if sp.system == "auto":
+        final = max(("mtl", "ensemble"), key=lambda s: systems[s]["cv"]["accuracy"]["mean"])
+    else:
+        final = sp.system
+    chosen = decided[final]
+    for part, path in (("val", VAL_OUT), ("test", TEST_OUT)):
+        rows = chosen[chosen["part"] == part]
+        if part == "test" and rows.empty:
+            raise MedrankError("no test predictions (did the mtl stage see the test split?)")
+        q_order = {g: i for i, g in enumerate(pd.unique(cand["gid"]))}
+        rows = rows.assign(_q=rows["gid"].map(q_order)).sort_values("_q", kind="stable")
+        write_task3_submission(path, rows[["qid", "aid", "label", "score"]])
+    final_val = score_task3(gold_val, VAL_OUT)  # the written file, scored officially
+
+    for name, path in ROW_METRICS.items():
+        if name in systems:
+            write_json(path, {**systems[name]["val"], "cv": systems[name].get("cv")})
+    write_json(
+        METRICS,
+        {
+            **_official(final_val),
+            "system": final,
+            "selection": "best mean accuracy in question-grouped CV over train+val" if sp.system == "auto" else f"fixed by score.system={sp.system}",
+            "n_predicted_positive": final_val["n_predicted_positive"],
+            "systems": systems,
+            "test_predicted_positive_rate": round(float(chosen.loc[chosen["part"] == "test", "label"].mean()), 4),
+            "seconds": round(time.perf_counter() - t0, 1),
+        },
+    )  # fmt: skip
+
+    # ---- error analysis (Figures 7-9) of the final system: validation, and all CV folds (233 questions)
+    for where, part in (("val", "val"), ("cv", "oof")):
+        rows = chosen[chosen["part"] == part]
+        for name, df in mtl.error_analysis(rows, cand).items():
+            out = df.copy()
+            for c in out.columns:
+                if out[c].dtype.kind == "f":
+                    out[c] = out[c].round(4)
+            write_text(PLOTS / where / f"{name}.csv", out.to_csv(index=False))
+    log.info("score: final system %s; val acc %.3f prec %.3f mrr %.3f spearman %.3f (%.0fs)", final, final_val["accuracy"],
+             final_val["precision"], final_val["mrr"], final_val["spearman"], time.perf_counter() - t0)  # fmt: skip
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,225 @@
+"""`medrank rank`: input validation, and the whole trained pipeline (normalize → retrieve → embed → MTL)
+on fixture input with tiny random models."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import REPO, error_lines, run_module
+from medrank.errors import MedrankError
+from medrank.pipeline import parse_rank_input
+
+FIXTURES = Path(__file__).parent / "fixtures" / "mtl"
+HIDDEN = 16
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------- input validation
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ("", "empty input"),
+        ("{", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"answers": []}', "'question' must be a non-empty string"),
+        ('{"question": "  ", "answers": []}', "'question' must be a non-empty string"),
+        ('{"question": "q"}', "'answers' must be a list"),
+        ('{"question": "q", "answers": {"text": "a"}}', "'answers' must be a list"),
+        ('{"question": "q", "answers": ["a"]}', r"answers\[0\]: expected an object"),
+        ('{"question": "q", "answers": [{"id": "x"}]}', r"answers\[0\]: 'text' must be a string"),
+        ('{"question": "q", "answers": [{"text": 5}]}', "'text' must be a string"),
+        ('{"question": "q", "answers": [{"text": "a", "id": true}]}', "'id' must be"),
+        ('{"question": "q", "answers": [{"text": "a", "id": "x"}, {"text": "b", "id": "x"}]}', r"answers\[1\]: duplicate id 'x'"),
+        ('{"question": "q", "answers": [{"text": "a", "url": 3}]}', "'url' must be a string"),
+        ('{"question": "q", "answers": [{"text": "a", "score": 1}]}', "unknown key"),
+        ('{"question": "q", "answers": [], "extra": 1}', "unknown key"),
+    ],
+)
+def test_malformed_input_is_one_clear_error(raw, message):
+    with pytest.raises(MedrankError, match=message):
+        parse_rank_input(raw, "in.json")
+
+
+def test_non_utf8_and_deep_nesting_are_clear_errors():
+    with pytest.raises(MedrankError, match="not UTF-8"):
+        parse_rank_input(b'{"question": "\xff"}', "in.json")
+    with pytest.raises(MedrankError, match="nested too deeply|not valid JSON"):
+        parse_rank_input("[" * 100000, "in.json")
+
+
+def test_ids_default_to_positions_and_are_strings():
+    inp = parse_rank_input((FIXTURES / "rank_input.json").read_text())
+    assert [a.id for a in inp.answers] == ["A1", "A2", "3", "4"]
+    assert inp.answers[2].url == "" and inp.answers[3].text == ""
+
+
+def test_cli_malformed_input_exits_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"question": "q", "answers": [{"text": 1}]}')
+    r = run_module("medrank.cli", "rank", str(bad), cwd=tmp_path)
+    assert r.returncode == 2
+    assert error_lines(r.stderr) == [f"error: {bad}: answers[0]: 'text' must be a string"]
+    r = run_module("medrank.cli", "rank", str(tmp_path / "missing.json"), cwd=tmp_path)
+    assert r.returncode == 2 and error_lines(r.stderr) == [f"error: {tmp_path / 'missing.json'}: input file not found"]
+
+
+def test_empty_answer_list_needs_no_model(tmp_path, monkeypatch, capsys):
+    from medrank.cli import main
+
+    (tmp_path / "in.json").write_text('{"question": "Is it inherited?", "answers": []}')
+    monkeypatch.chdir(tmp_path)  # no params, no models here
+    assert main(["rank", "in.json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out == {"question": "Is it inherited?", "n_answers": 0, "n_kept": 0, "answers": []}
+
+
+# ---------------------------------------------------------------- the trained pipeline, tiny models
+
+
+def _tiny_bert(path: Path) -> Path:
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    torch.manual_seed(0)
+    tok = BertTokenizerFast(vocab=str(FIXTURES / "vocab.txt"), do_lower_case=True)
+    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=64)  # fmt: skip
+    BertModel(cfg).save_pretrained(str(path), safe_serialization=True)
+    tok.save_pretrained(str(path))
+    return path
+
+
+def _fake_training_data(seed: int = 0):
+    """MTLData with HIDDEN-wide grids / RQE vectors, enough to fit the tiny MTL model's shapes."""
+    from medrank.models.mtl import MTLData
+
+    rng = np.random.default_rng(seed)
+    cand, pairs, grids, rqe = [], [], [], []
+    for q in range(12):
+        n = int(rng.integers(2, 5))
+        for c in range(n):
+            ci = len(cand)
+            cand.append(dict(gid=f"t:{q}", split="train_liveqa", qid=str(q), aid=f"{q}_{c}", source=str(rng.choice(["medlineplus", "mayoclinic"])),
+                             n_sentences=float(rng.integers(1, 9)), chiqa_rank=float(c + 1), answer_text="a", label=float(c == 0 or rng.random() < 0.3),
+                             reference_rank=float(c + 1), reference_score=3.0, bienc_cos=rng.random()))  # fmt: skip
+            for e in range(2):
+                grids.append(rng.normal(size=(int(rng.integers(1, 4)), int(rng.integers(1, 3)), HIDDEN)).astype(np.float16))
+                rqe.append(rng.normal(size=HIDDEN).astype(np.float32))
+                pairs.append(dict(cand=ci, entailed=f"rqe:{e}", augmented=0.0, entailed_log_sentences=1.0, rqe_score=rng.random(), anli=rng.random()))
+    return MTLData(pd.DataFrame(cand), pd.DataFrame(pairs), grids, np.stack(rqe))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A project folder with params.yaml, tiny NLI/RQE cross-encoders, a MedQuAD table and a trained MTL model."""
+    from medrank.encoders.cross_encoder import CrossEncoder
+    from medrank.models import mtl
+    from medrank.text.sentences import split_rule
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("rank")
+    bert = _tiny_bert(root / "bert")
+    CrossEncoder.from_base(str(bert), 3, 32, device="cpu", seed=1, label_names=["entailment", "neutral", "contradiction"],
+                           precision="fp32").save(root / "models" / "nli")  # fmt: skip
+    CrossEncoder.from_base(str(bert), 2, 32, device="cpu", seed=2, label_names=["not_entailment", "entailment"],
+                           precision="fp32").save(root / "models" / "rqe")  # fmt: skip
+    mq = pd.read_json(FIXTURES / "medquad.jsonl", lines=True)
+    mq["question_norm"] = mq["question"]
+    mq["answer_norm"] = mq["answer"]
+    mq["answer_sentences"] = [split_rule(a) if a else [] for a in mq["answer"]]
+    (root / "data" / "interim" / "normalized").mkdir(parents=True)
+    mq.to_parquet(root / "data" / "interim" / "normalized" / "medquad.parquet")
+
+    cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=4, filter_hidden=(8,), pair_hidden=(8,), max_epochs=2, inner_val_frac=0.0)
+    data = _fake_training_data()
+    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "bienc"], 2)(), seed=0)
+    decision = {"ensemble": "mean", "rank_by": "pairwise", "threshold": None, "prior_shift": "none", "min_keep": 0, "threshold_used": 0.5}
+    meta = {"decision": decision, "n_candidates": 2, "bienc_model": str(bert), "bienc_max_length": 32}
+    model.save(root / "models" / "mtl", extra_meta=meta)
+    (root / "params.yaml").write_text(
+        "device: cpu\nn_candidates: 2\nrqe_threshold: 0.5\n"
+        "normalize: {preferred_names: false}\n"
+        "retrieve: {normalized_dir: data/interim/normalized, rqe_model: models/rqe, bm25_top_k: 4}\n"
+        f"embed: {{nli_model: models/nli, bi_encoder: {bert}, max_sentences: 3, prefilter_top_k: 2}}\n"
+    )
+    torch.set_num_threads(n)
+    return root
+
+
+def _rank(workdir: Path, monkeypatch, capsys, *args: str) -> str:
+    from medrank.cli import main
+
+    monkeypatch.chdir(workdir)
+    assert main(["rank", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_rank_fixture_input_json(workdir, monkeypatch, capsys):
+    out = json.loads(_rank(workdir, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
+    assert out["n_answers"] == 4 and [a["id"] for a in out["answers"]].count("A1") == 1
+    assert sorted(a["id"] for a in out["answers"]) == ["3", "4", "A1", "A2"]
+    kept = [a for a in out["answers"] if a["kept"]]
+    assert out["n_kept"] == len(kept) and out["answers"][: len(kept)] == kept  # kept first
+    assert [a["rank"] for a in kept] == list(range(1, len(kept) + 1))
+    assert all(a["filter_score"] >= 0.5 for a in kept) and all(a["filter_score"] < 0.5 for a in out["answers"][len(kept) :])
+    assert [a["rank_score"] for a in kept] == sorted((a["rank_score"] for a in kept), reverse=True)
+    # deterministic: the same input gives the same output
+    again = json.loads(_rank(workdir, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
+    assert again == out
+    # without --all only the kept answers are printed
+    only = json.loads(_rank(workdir, monkeypatch, capsys, str(FIXTURES / "rank_input.json")))
+    assert only["answers"] == kept
+
+
+def test_rank_stdin_and_table(workdir, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", type("S", (), {"buffer": open(FIXTURES / "rank_input.json", "rb")})())
+    out = _rank(workdir, monkeypatch, capsys, "--format", "table", "--all")
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:3] == ["rank", "id", "filter"] and lines[-1].endswith("answers kept")
+    assert len(lines) == 1 + 4 + 1
+
+
+def test_one_megabyte_answer_does_not_crash(workdir, monkeypatch, capsys, tmp_path):
+    big = "Noonan syndrome is a genetic disorder caused by mutations. " * 18000  # ~1 MB
+    assert len(big.encode()) > 1_000_000
+    inp = {"question": "Is Noonan syndrome inherited?", "answers": [{"id": "big", "text": big}, {"id": "small", "text": "It is inherited."}]}
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(inp))
+    out = json.loads(_rank(workdir, monkeypatch, capsys, str(path), "--all"))
+    assert sorted(a["id"] for a in out["answers"]) == ["big", "small"]
+    assert all(np.isfinite(a["filter_score"]) for a in out["answers"])
+
+
+def test_missing_model_is_a_clear_error(workdir, monkeypatch, capsys):
+    from medrank.cli import main
+
+    monkeypatch.chdir(workdir)
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(FIXTURES / "rank_input.json"), "--model-dir", "models/none"])
+    assert e.value.code == 2
+    assert "no trained MTL model" in capsys.readouterr().err
+
+
+def test_rank_command_is_registered():
+    from medrank.cli import COMMANDS, build_parser
+
+    assert "rank" in COMMANDS
+    args = build_parser().parse_args(["rank", "x.json", "--format", "table"])
+    assert args.input == "x.json" and args.format == "table" and not args.all
+    assert REPO.exists()
