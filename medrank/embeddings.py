@@ -1,0 +1,90 @@
+"""Skip-gram word embeddings (gensim Word2Vec) for the CNN re-ranker: train, save, load."""
+
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from medrank.data.sentence_selection import tokenize
+from medrank.errors import MedrankError
+from medrank.io import atomic_path, write_json, write_text
+from medrank.text.sentences import split_rule
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WordVectors:
+    """Vocabulary (most frequent first) and its float32 vectors, row i for words[i]."""
+
+    words: list[str]
+    vectors: np.ndarray
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    def save(self, out_dir: str | Path, meta: dict | None = None) -> None:
+        out_dir = Path(out_dir)
+        with atomic_path(out_dir / "vectors.npy") as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, self.vectors.astype(np.float32))
+        write_text(out_dir / "vocab.txt", "\n".join(self.words) + "\n")
+        write_json(out_dir / "meta.json", {"n_words": len(self.words), "dim": self.dim, **(meta or {})})
+
+    @classmethod
+    def load(cls, out_dir: str | Path) -> "WordVectors":
+        out_dir = Path(out_dir)
+        if not (out_dir / "vectors.npy").exists():
+            raise MedrankError(f"{out_dir}: no word vectors (run the cnn_word2vec stage)")
+        words = (out_dir / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        vectors = np.load(out_dir / "vectors.npy")
+        if len(words) != len(vectors):
+            raise MedrankError(f"{out_dir}: vocab.txt has {len(words)} words but vectors.npy {len(vectors)} rows")
+        return cls(words, vectors)
+
+
+def corpus_sentences(texts: Iterable[str]) -> list[list[str]]:
+    """Token lists of every sentence of `texts` (kept in memory: gensim walks it once per epoch)."""
+    out = []
+    for text in texts:
+        for sent in split_rule(text):
+            toks = tokenize(sent)
+            if toks:
+                out.append(toks)
+    return out
+
+
+def _stable_hash(s: str) -> int:
+    # gensim seeds each word's initial vector with hashfxn(word + seed); Python's hash() is salted per
+    # process, so use a fixed hash for run-to-run identical vectors
+    return zlib.crc32(s.encode("utf-8"))
+
+
+def train_word2vec(
+    texts: Iterable[str], dim: int, window: int, min_count: int, epochs: int, seed: int, workers: int = 1
+) -> WordVectors:
+    """Skip-gram with negative sampling over the sentences of `texts` (one worker = reproducible)."""
+    from gensim.models import Word2Vec
+
+    corpus = corpus_sentences(texts)
+    model = Word2Vec(
+        sentences=corpus,
+        vector_size=dim,
+        window=window,
+        min_count=min_count,
+        sg=1,
+        negative=5,
+        epochs=epochs,
+        seed=seed,
+        workers=workers,
+        hashfxn=_stable_hash,
+    )
+    log.info("word2vec: %d words, %d tokens per epoch", len(model.wv), model.corpus_total_words)
+    return WordVectors(list(model.wv.index_to_key), np.asarray(model.wv.vectors, dtype=np.float32))

