@@ -179,6 +179,7 @@ def test_medquad_mining_shapes_pairs_like_mediqa():
         assert focus in focus_of.values()
         if y == 1:
             assert focus_of[faq] == focus
+        assert faq.lower() not in chq.lower()  # the CHQ says it in its own words: no copy shortcut
     # seeded
     assert medquad_rqe_pairs(mq, 40, np.random.default_rng(0))[0] == pairs
     with pytest.raises(MedrankError, match="two question types"):

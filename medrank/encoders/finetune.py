@@ -107,6 +107,27 @@ def cap_pairs(pairs: list[Pair], labels: np.ndarray, cap: int | None, rng: np.ra
 
 _TRAILING_SPACE_Q = re.compile(r"\s+\?$")
 
+# Consumer-style ways of asking each MedQuAD question type: the pseudo consumer question (CHQ) says what it
+# wants in its own words, so a positive FAQ never repeats the CHQ's text and the model must match intent.
+CONSUMER_ASKS: dict[str, tuple[str, ...]] = {
+    "information": ("I would like to learn more about {f}.", "Please send me information on {f}.", "Can you explain what {f} is?"),
+    "symptoms": ("How do I know if I have {f}?", "What signs should I look for with {f}?", "Does {f} cause pain or other problems I would notice?"),
+    "treatment": ("How can I treat {f}?", "Is there any cure or medicine for {f}?", "What can I do about my {f}, nothing has helped so far."),
+    "causes": ("Why do people get {f}?", "What leads to {f}?", "How did I get {f}?"),
+    "exams and tests": ("How is {f} detected?", "What tests do I need to find out if I have {f}?", "How do doctors confirm {f}?"),
+    "inheritance": ("Will my children get {f}?", "Does {f} run in families?", "Can {f} be passed on to my kids?"),
+    "frequency": ("How common is {f}?", "How many people have {f}?"),
+    "genetic changes": ("Which gene is involved in {f}?", "What mutation causes {f}?"),
+    "outlook": ("Will I recover from {f}?", "What is the life expectancy with {f}?", "Can someone live a normal life with {f}?"),
+    "prevention": ("How can I avoid getting {f}?", "Is there a way to stop {f} from happening?"),
+    "susceptibility": ("Am I at risk of {f}?", "Who usually gets {f}?"),
+    "complications": ("What problems can {f} lead to?", "Can {f} get worse and cause other problems?"),
+    "research": ("Are there any clinical trials for {f}?", "What is the latest research on {f}?"),
+    "stages": ("What stage is my {f}?", "How is {f} staged?"),
+    "considerations": ("What should I do if I have {f}?", "Any advice for living with {f}?"),
+}
+CONTEXTS = ("", "", "My mother was diagnosed with {f}. ", "I have had {f} for two years. ", "My doctor mentioned {f}. ")
+
 
 def _tidy(q: str) -> str:
     # MedQuAD templates end with " ?" and say "What is (are)"; consumer/FAQ questions do not
@@ -114,15 +135,16 @@ def _tidy(q: str) -> str:
 
 
 def medquad_rqe_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Generator) -> tuple[list[Pair], np.ndarray]:
-    """Question pairs mined from MedQuAD, shaped like MEDIQA validation pairs (CHQ: 'Focus. question(s)').
+    """Question pairs mined from MedQuAD, shaped like MEDIQA validation pairs (CHQ: 'Focus. what I want').
 
-    A pseudo consumer question asks one or two things about a focus. Positive FAQ: a question of the same
-    focus and one of the asked types (another phrasing when MedQuAD has one). Negatives, half each: same
-    focus but a type not asked (the hard case in MEDIQA validation), and a question about another focus.
+    A pseudo consumer question asks, in consumer words (CONSUMER_ASKS), one or two things about a focus.
+    Positive FAQ: a MedQuAD question of the same focus and an asked type. Negatives, half each: same focus
+    but a type not asked (the hard case in MEDIQA validation), and a question about another focus.
     """
     if n_pairs <= 0:
         return [], np.zeros(0, dtype=np.int64)
     df = medquad[["focus", "question_type", "question"]].dropna().copy()
+    df = df[df["question_type"].isin(list(CONSUMER_ASKS))]
     df["focus_key"] = df["focus"].str.lower().str.strip()
     df["question"] = df["question"].map(_tidy)
     df = df.drop_duplicates(["focus_key", "question_type", "question"])
@@ -133,36 +155,33 @@ def medquad_rqe_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Genera
         raise MedrankError("medquad table: no focus with two question types to mine RQE pairs from")
     all_q = df["question"].to_numpy()
     all_focus = df["focus_key"].to_numpy()
+    pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
     pairs: list[Pair] = []
     labels: list[int] = []
     n_pos = n_pairs // 2
     while len(pairs) < n_pairs:
-        g = by_focus[multi[rng.integers(len(multi))]]
+        g = by_focus[multi[int(rng.integers(len(multi)))]]
         types = sorted(g["question_type"].unique())
         n_ask = 1 if len(types) < 3 or rng.random() < 0.6 else 2
         asked = [types[i] for i in rng.choice(len(types), size=n_ask, replace=False)]
-        asked_q = [g[g["question_type"] == t]["question"].iloc[rng.integers((g["question_type"] == t).sum())] for t in asked]
         focus = str(g["focus"].iloc[0])
-        chq = f"{focus}. " + " ".join(asked_q)
+        f = focus if rng.random() < 0.5 else focus.lower()
+        chq = f"{focus}. " + pick(CONTEXTS).format(f=f) + " ".join(pick(CONSUMER_ASKS[t]).format(f=f) for t in asked)
         if len(labels) < n_pos:
-            t = asked[rng.integers(len(asked))]
-            cands = g[g["question_type"] == t]["question"].tolist()
-            other = [q for q in cands if q not in asked_q]
-            faq = (other or cands)[rng.integers(len(other or cands))]
-            pairs.append((chq, faq))
-            labels.append(1)
+            faq = pick(g[g["question_type"] == pick(asked)]["question"].tolist())
+            label = 1
         elif rng.random() < 0.5:
             rest = g[~g["question_type"].isin(asked)]["question"].tolist()
             if not rest:
                 continue
-            pairs.append((chq, rest[rng.integers(len(rest))]))
-            labels.append(0)
+            faq, label = pick(rest), 0
         else:
-            j = rng.integers(len(all_q))
+            j = int(rng.integers(len(all_q)))
             if all_focus[j] == g["focus_key"].iloc[0]:
                 continue
-            pairs.append((chq, str(all_q[j])))
-            labels.append(0)
+            faq, label = str(all_q[j]), 0
+        pairs.append((chq, faq))
+        labels.append(label)
     order = rng.permutation(len(pairs))
     return [pairs[i] for i in order], np.asarray(labels, dtype=np.int64)[order]
 
