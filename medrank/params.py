@@ -100,6 +100,7 @@ class EmbedParams(_Section):
     max_sentences: int = Field(default=5, ge=1)  # leading sentences per answer, each side
     prefilter_top_k: int | None = Field(default=2, ge=1)  # E-sentences per A-sentence (bi-encoder cosine); None = full grid
     augment_top: int = Field(default=3, ge=0)  # train: best-ranked candidates used as entailed answers of lower ones; 0 = off
+    eval_every: int | None = Field(default=100, ge=1)  # optimizer steps between curve points (val eval); None = per epoch
     batch_size: int = Field(default=64, ge=1)
     bi_batch_size: int = Field(default=128, ge=1)
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"

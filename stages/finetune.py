@@ -51,18 +51,21 @@ def main() -> None:
     with Live(dir=f"plots/finetune_{task}", dvcyaml=None, save_dvc_exp=False) as live:
         live.log_params(tp.model_dump())
 
-        def log_epoch(epoch: int, m: dict) -> None:
-            live.log_metric("train/loss", m["train_loss"])
-            live.log_metric("val/loss", m["eval_loss"])
-            live.log_metric("val/accuracy", m["eval_accuracy"])
-            live.log_metric("val/macro_f1", m["eval_macro_f1"])
+        def log_step(step: int, m: dict) -> None:
+            # x = optimizer step: train loss (mean since the last point) and validation metrics
+            live.step = step
+            for key, name in (("train_loss", "train/loss"), ("eval_loss", "val/loss"),
+                              ("eval_accuracy", "val/accuracy"), ("eval_macro_f1", "val/macro_f1")):  # fmt: skip
+                if key in m:
+                    live.log_metric(name, m[key])
             live.next_step()
 
         t0 = time.perf_counter()
         history = model.fit(
             pairs, labels, epochs=tp.epochs, lr=tp.lr, batch_size=tp.batch_size, warmup_ratio=tp.warmup_ratio,
             weight_decay=tp.weight_decay, eval_pairs=data.eval_pairs, eval_labels=data.eval_labels,
-            callback=log_epoch, seed=p.seed, precision=tp.train_precision, threads=tp.threads,
+            seed=p.seed, precision=tp.train_precision, threads=tp.threads,
+            eval_every=tp.eval_every, step_callback=log_step,
         )  # fmt: skip
         train_seconds = time.perf_counter() - t0
 

@@ -222,12 +222,18 @@ def test_fit_lowers_loss_and_save_load_round_trips(tiny_base, fixture_pairs, tmp
 def test_training_is_deterministic(tiny_base, fixture_pairs):
     pairs, labels = fixture_pairs
     runs = []
-    for _ in range(2):
+    steps: list[int] = []
+    for eval_every in (None, 2):  # evaluating mid-epoch must not change the trained weights
         ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=5, precision="fp32")
-        h = ce.fit(pairs[:24], labels[:24], epochs=1, lr=1e-3, batch_size=8, seed=5, precision="fp32", threads=1, show_progress=False)
+        h = ce.fit(
+            pairs[:24], labels[:24], epochs=1, lr=1e-3, batch_size=8, seed=5, precision="fp32", threads=1,
+            show_progress=False, eval_pairs=pairs[24:30], eval_labels=labels[24:30], eval_every=eval_every,
+            step_callback=lambda step, m: steps.append(step) or m["eval_accuracy"],
+        )  # fmt: skip
         runs.append((h[0]["train_loss"], ce.predict(pairs, show_progress=False)))
     assert runs[0][0] == runs[1][0]
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    assert steps == [3, 2, 3]  # epoch end only; then every 2 steps + epoch end
 
 
 def test_predict_preserves_order_despite_sorting_and_dedup(tiny_base, fixture_pairs):
@@ -289,3 +295,15 @@ def test_pick_threads_keeps_the_faster_count(monkeypatch):
         assert base.pick_threads(step_cost({1: 1.0, 2: 0.95})) == 1  # not a clear win
     finally:
         torch.set_num_threads(n0)
+
+
+def test_hub_id_offline_is_one_line(monkeypatch):
+    import huggingface_hub
+
+    def offline(*_a, **_kw):
+        raise OSError("offline")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(MedrankError, match="hub is unreachable") as e:
+        resolve_model_path("sentence-transformers/all-MiniLM-L6-v2")
+    assert "\n" not in str(e.value)

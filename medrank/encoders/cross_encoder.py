@@ -43,7 +43,7 @@ META_FILE = "medrank_encoder.json"
 PAD_MULTIPLE = 16
 SMALL_CALL = 64  # unique pairs below which predict skips the precision probe
 Pair = tuple[str, str]
-EpochCallback = Callable[[int, dict[str, float]], None]
+EpochCallback = Callable[[int, dict[str, float]], None]  # (epoch, metrics); also (optimizer step, metrics)
 
 
 @contextlib.contextmanager
@@ -410,10 +410,15 @@ class CrossEncoder:
         precision: str = "auto",
         threads: int | None = None,
         show_progress: bool = True,
+        eval_every: int | None = None,
+        step_callback: EpochCallback | None = None,
     ) -> list[dict[str, float]]:
         """Fine-tune on labelled pairs (AdamW, linear warmup/decay); per-epoch metrics → `callback(epoch, m)`.
 
         `threads` (CPU): torch threads; None = time 1 vs all cores on a real training step and keep the faster.
+        `step_callback(step, m)` gets the mean train loss since its last call (+ eval metrics) every `eval_every`
+        optimizer steps and at each epoch end, for training curves finer than epochs. Evaluating does not touch
+        the RNG streams, so the trained weights do not depend on `eval_every`.
         """
         pairs = _check_pairs(pairs, "pairs")
         y = self._label_ids(labels)
@@ -451,9 +456,24 @@ class CrossEncoder:
         self._fingerprint = None
         self._int8_model = None
         self.precision_report = None  # weights change: re-probe at next predict
+        global_step = 0
+        since: list[float] = []  # train losses since the last step_callback
+
+        def report(step: int, eval_metrics: dict[str, float] | None) -> float:
+            t = time.perf_counter()
+            m = {"train_loss": float(np.mean(since))} if since else {}
+            if eval_metrics is None and eval_pairs is not None:
+                eval_metrics = self.evaluate(eval_pairs, y_eval, precision=self.train_precision)
+            m.update(eval_metrics or {})
+            since.clear()
+            if step_callback is not None:
+                step_callback(step, m)
+            return time.perf_counter() - t
+
         for epoch in range(1, epochs + 1):
             self.model.train()
             t0 = time.perf_counter()
+            eval_seconds = 0.0
             losses: list[float] = []
             batches = bucketed_shuffle_batches(lengths, batch_size, rng)
             with tqdm(total=len(pairs), unit="pair", desc=f"epoch {epoch}/{epochs}", disable=not show_progress, leave=False) as bar:
@@ -470,10 +490,15 @@ class CrossEncoder:
                     sched.step()
                     opt.zero_grad(set_to_none=True)
                     losses.append(float(loss.detach()))
+                    since.append(losses[-1])
+                    global_step += 1
                     bar.update(len(idx))
                     bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
+                    if step_callback is not None and eval_every and global_step % eval_every == 0 and idx is not batches[-1]:
+                        eval_seconds += report(global_step, None)
+                        self.model.train()
             self.model.eval()
-            dt = time.perf_counter() - t0
+            dt = time.perf_counter() - t0 - eval_seconds
             m: dict[str, float] = {
                 "epoch": epoch,
                 "train_loss": float(np.mean(losses)),
@@ -484,6 +509,8 @@ class CrossEncoder:
                 # evaluate at the training precision: no re-probe per epoch, curves comparable across epochs
                 m.update(self.evaluate(eval_pairs, y_eval, show_progress=show_progress, precision=self.train_precision))
             history.append(m)
+            if step_callback is not None:
+                report(global_step, {k: v for k, v in m.items() if k.startswith("eval_")})
             log.info("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4g}" for k, v in m.items() if k != "epoch"))
             if callback is not None:
                 callback(epoch, m)
