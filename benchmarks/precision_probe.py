@@ -66,7 +66,8 @@ def main() -> None:
         probs = ce.predict(pairs, batch_size=a.batch_size, show_progress=False, precision=p)
         rate = ce.last_predict_stats["pairs_per_s"]
         diff = float(np.abs(probs - ref).max())
-        print(f"{'medrank ' + p:<22} {rate:8.1f} pairs/s  {rate / base_rate:4.2f}x  max|Δp| vs fp32 {diff:.4f}")
+        agree = float((probs.argmax(1) == ref.argmax(1)).mean())
+        print(f"{'medrank ' + p:<22} {rate:8.1f} pairs/s  {rate / base_rate:5.2f}x  max|Δp| vs fp32 {diff:.4f}  same label {agree:.1%}")
     ce.precision_report = None
     ce.resolve_precision(pairs[:16])
     print("probe picks:", ce.precision_report.as_dict())
