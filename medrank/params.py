@@ -69,6 +69,8 @@ class FinetuneTaskParams(_Section):
     predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     eval_batch_size: int = Field(default=64, ge=1)
     threads: int | None = Field(default=None, ge=1)  # CPU threads; None = probe 1 vs all cores, keep the faster
+    eval_every: int | None = Field(default=100, ge=1)  # optimizer steps between curve points (val eval); None = per epoch
+    max_eval_pairs: int | None = Field(default=None, ge=1)  # first N validation/test pairs (smoke profiles); None = all
 
 
 class FinetuneParams(_Section):
@@ -100,7 +102,6 @@ class EmbedParams(_Section):
     max_sentences: int = Field(default=5, ge=1)  # leading sentences per answer, each side
     prefilter_top_k: int | None = Field(default=2, ge=1)  # E-sentences per A-sentence (bi-encoder cosine); None = full grid
     augment_top: int = Field(default=3, ge=0)  # train: best-ranked candidates used as entailed answers of lower ones; 0 = off
-    eval_every: int | None = Field(default=100, ge=1)  # optimizer steps between curve points (val eval); None = per epoch
     batch_size: int = Field(default=64, ge=1)
     bi_batch_size: int = Field(default=128, ge=1)
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"

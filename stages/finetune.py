@@ -41,7 +41,7 @@ def main() -> None:
     clean_dir = Path(p.clean.out_dir)
     rng = np.random.default_rng(p.seed)
 
-    data = load_task(task, clean_dir, tp.dataset)
+    data = load_task(task, clean_dir, tp.dataset).capped(tp.max_eval_pairs)
     pairs, labels, n_mined = training_set(task, data, tp, clean_dir, rng)
     model = CrossEncoder.from_base(
         tp.base_model, len(data.label_names), tp.max_length, device=p.device, seed=p.seed,

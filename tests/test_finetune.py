@@ -192,6 +192,9 @@ def test_task_tables_validate():
     assert len(t.train_pairs) == 32 and len(t.eval_ids) == 8 and len(t.test_ids) == 8 and t.test_labels is None
     n = nli_task(nli_table(df))
     assert set(n.train_labels) <= {0, 1, 2} and n.test_labels is not None
+    c = n.capped(3)
+    assert len(c.eval_pairs) == len(c.eval_ids) == len(c.test_labels) == 3 and len(c.train_pairs) == 32
+    assert c.eval_ids == n.eval_ids[:3] and n.capped(None) is n
     with pytest.raises(MedrankError, match="no rows for dataset 'mednli'"):
         nli_task(nli_table(df), "mednli")
     bad = nli_table(df).assign(label="maybe")

@@ -271,7 +271,7 @@ def probe_precision(
     return report
 
 
-def pick_threads(step: Callable[[], Any], requested: int | None = None, rounds: int = 2) -> int:
+def pick_threads(step: Callable[[], Any], requested: int | None = None, rounds: int = 1) -> int:
     """Set and return torch's CPU thread count: `requested`, else the faster of 1 and all cores for `step`.
 
     On shared machines OpenMP teams stall when a core is taken by another process (measured here under load

@@ -41,6 +41,16 @@ class TaskData:
     test_ids: list[str] = field(default_factory=list)
     test_labels: np.ndarray | None = None  # public labelled test sets only (SICK); never MEDIQA
 
+    def capped(self, n: int | None) -> "TaskData":
+        """The first `n` validation and test pairs (smoke profiles); None = all."""
+        if n is None:
+            return self
+        cut = lambda x: x[:n] if x is not None else None  # noqa: E731
+        return TaskData(
+            self.label_names, self.train_pairs, self.train_labels, cut(self.eval_pairs), cut(self.eval_labels),
+            cut(self.eval_ids), cut(self.test_pairs), cut(self.test_ids), cut(self.test_labels),
+        )  # fmt: skip
+
 
 def _pairs(df: pd.DataFrame, a: str, b: str) -> list[Pair]:
     return list(zip(df[a].astype(str), df[b].astype(str)))
