@@ -9,6 +9,7 @@ The TF-IDF vocabulary is fitted on MedQuAD answers only (`fit_tfidf`), never on 
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -149,6 +150,30 @@ def fit_tfidf(corpus: Sequence[str], max_features: int, min_df: int = 2) -> Tfid
     return vec
 
 
+@dataclass
+class _RowMemo:
+    index: dict[str, int] = field(default_factory=dict)
+    matrix: sp.csr_matrix | None = None
+
+
+_BOW_MEMO: "weakref.WeakKeyDictionary[TfidfVectorizer, _RowMemo]" = weakref.WeakKeyDictionary()
+
+
+def tfidf_rows(tfidf: TfidfVectorizer, texts: Sequence[str]) -> sp.csr_matrix:
+    """`tfidf.transform(texts)`, memoised per vectorizer and text: CV refits the builder many times on the
+    same answers, and tokenising them again dominated its run time."""
+    memo = _BOW_MEMO.setdefault(tfidf, _RowMemo())
+    new = [t for t in dict.fromkeys(texts) if t not in memo.index]
+    if new:
+        rows = tfidf.transform(new).tocsr()
+        memo.matrix = rows if memo.matrix is None else sp.vstack([memo.matrix, rows], format="csr")
+        start = len(memo.index)
+        memo.index.update({t: start + i for i, t in enumerate(new)})
+    if not len(texts):
+        return sp.csr_matrix((0, len(tfidf.vocabulary_)), dtype=np.float32)
+    return memo.matrix[[memo.index[t] for t in texts]]
+
+
 # ---------------------------------------------------------------- question-relative values
 
 
@@ -256,8 +281,8 @@ class FeatureBuilder:
             cols = np.array([idx.get(s, other) for s in table["source"]], dtype=np.int64)
             blocks.append(sp.csr_matrix((np.ones(len(table)), (np.arange(len(table)), cols)), shape=(len(table), other + 1)))
         if "bow" in self.groups:
-            blocks.append(self.tfidf.transform(table["answer_text"].tolist()))
-            blocks.append(self.tfidf.transform(table["entailed_text"].tolist()))
+            blocks.append(tfidf_rows(self.tfidf, table["answer_text"].tolist()))
+            blocks.append(tfidf_rows(self.tfidf, table["entailed_text"].tolist()))
         return sp.hstack(blocks, format="csr", dtype=np.float64)
 
     def fit_transform(self, table: pd.DataFrame) -> sp.csr_matrix:

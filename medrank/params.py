@@ -163,7 +163,7 @@ class BaselineParams(_Section):
     ablations: list[list[FeatureGroup]] = Field(default_factory=list)  # Table 1 rows, each named "g1+g2+..."
     bow_max_features: int = Field(default=5000, ge=1)  # TF-IDF vocabulary (fitted on MedQuAD answers)
     lr_c: float = Field(default=1.0, gt=0)
-    svm_c: float = Field(default=0.01, gt=0)
+    svm_c: float = Field(default=0.001, gt=0)
     rank_target: Literal["reference_rank", "reference_score"] = "reference_rank"
     threshold: float | None = Field(default=None, gt=0, lt=1)  # None = chosen by question-grouped CV
     prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target

@@ -14,6 +14,7 @@ from medrank.features import (
     chiqa_rank,
     fit_tfidf,
     relative_to_question,
+    tfidf_rows,
     required_columns,
 )
 
@@ -181,3 +182,12 @@ def test_relative_to_question():
 def test_bow_needs_a_vectorizer():
     with pytest.raises(MedrankError, match="needs a TF-IDF vectorizer"):
         FeatureBuilder(("bow",))
+
+
+def test_tfidf_rows_memo_equals_transform(medquad):
+    tfidf = fit_tfidf(medquad, max_features=100, min_df=1)
+    a = ["asthma triggers", "glaucoma eye pressure", "asthma triggers", ""]
+    b = ["insulin diabetes", "asthma triggers"]
+    for texts in (a, b, a + b):
+        np.testing.assert_array_equal(tfidf_rows(tfidf, texts).toarray(), tfidf.transform(texts).toarray())
+    assert tfidf_rows(tfidf, []).shape == (0, len(tfidf.vocabulary_))

@@ -52,7 +52,7 @@ class BaselineConfig:
     groups: tuple[str, ...]
     n_candidates: int = 3
     lr_c: float = 1.0
-    svm_c: float = 0.1
+    svm_c: float = 0.001
     ranker: Literal["svm", "lr"] = "svm"  # order kept answers by rank-SVM score or by filter probability
     rank_target: Literal["reference_rank", "reference_score"] = "reference_rank"
     threshold: float | None = None  # None = chosen by inner question-grouped CV on the training rows
