@@ -42,6 +42,7 @@ def main(params_path: str = "params.yaml") -> None:
 
     answers = read_parquet(NORMALIZED / "answers.parquet")
     bienc = None
+    Path(mp.bienc_cache_dir).mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even when unused
     if "bienc" in mp.feature_groups:
         from medrank.features import bienc_cosines
 

@@ -55,14 +55,15 @@ def main() -> None:
     p = load_params()
     sp = p.score
     t0 = time.perf_counter()
-    answers = read_parquet(NORMALIZED / "answers.parquet")
+    all_answers = read_parquet(NORMALIZED / "answers.parquet")
     pred = read_parquet(MTL_PREDICTIONS)
-    answers = answers.merge(pred[["split", "qid"]].drop_duplicates(), on=["split", "qid"])  # tiny profiles: the MTL's questions
+    # CV rows: the answers the MTL saw (capped profiles see fewer); validation: always the full official gold
+    answers = all_answers.merge(pred[["split", "qid", "aid"]].drop_duplicates(), on=["split", "qid", "aid"])
     cand = answer_table(answers)
     pred = pred.assign(gid=pred["split"].astype(str) + ":" + pred["qid"].astype(str))
     split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
     train = [g for g, s in split_of.items() if s in TRAIN_SPLITS]
-    gold_val = gold_from_answers(answers, "val")
+    gold_val = gold_from_answers(all_answers, "val")
 
     def official_val(decided: pd.DataFrame) -> dict:
         rows = ranked_rows(decided[decided["part"] == "val"])

@@ -143,6 +143,10 @@ def test_n_candidates_and_missing_questions(tables):
     q = a["qid"].iloc[0]
     d2 = mtl.build_mtl_data(a, g, ret[ret["qid"] != q], n_candidates=2)
     assert len(d2.cand) == (a["qid"] != q).sum()
+    # answers the (capped) embed stage did not reach are left out too
+    split, aid = a["split"].iloc[1], a["aid"].iloc[1]
+    d3 = mtl.build_mtl_data(a, g[(g["aid"] != aid) | (g["split"] != split)], ret, n_candidates=2)
+    assert len(d3.cand) == len(a) - 1 and (split, aid) not in set(zip(d3.cand["split"], d3.cand["aid"]))
 
 
 # ---------------------------------------------------------------- encoder
@@ -370,8 +374,9 @@ def test_combine_systems_averages_probabilities_and_within_question_ranks():
     assert c.loc["x", "prob"] == pytest.approx(0.7) and c.loc["z", "prob"] == pytest.approx(0.2)
     # ranks scaled to (0, 1]: x = (1 + 2/3) / 2, y = (2/3 + 1) / 2, z = (1/3 + 1/3) / 2
     assert c.loc["x", "rank_key"] == pytest.approx(5 / 6) and c.loc["z", "rank_key"] == pytest.approx(1 / 3)
-    with pytest.raises(MedrankError, match="different answers"):
+    with pytest.raises(MedrankError, match="no prediction of the other system"):
         mtl.combine_systems(a, b.iloc[:2], 0.5)
+    assert len(mtl.combine_systems(a.iloc[:2], b, 0.5)) == 2  # the other system may cover more answers
 
 
 def test_decide_system_thresholds_from_other_folds_only():

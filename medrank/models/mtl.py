@@ -157,6 +157,16 @@ def build_mtl_data(
         if bienc_cos is not None:
             bienc_cos = np.asarray(bienc_cos)[keep]
     grid = grid[(grid["entailed_kind"] == "augment") | (grid["entailed_rank"] <= n_candidates)]
+    # a capped profile (embed.max_answers_per_question) embeds only some answers of a question: keep those
+    in_grid = set(zip(grid["split"].astype(str), grid["qid"].astype(str), grid["aid"].astype(str)))
+    q_in_grid = {(s, q) for s, q, _ in in_grid}
+    keep = np.array([(s, q, a) in in_grid or (s, q) not in q_in_grid
+                     for s, q, a in zip(answers["split"].astype(str), answers["qid"].astype(str), answers["aid"].astype(str))], dtype=bool)  # fmt: skip
+    if not keep.all():
+        log.info("%d answers without NLI grids (capped embed stage) left out", int((~keep).sum()))
+        answers = answers[keep].reset_index(drop=True)
+        if bienc_cos is not None:
+            bienc_cos = np.asarray(bienc_cos)[keep]
     anli = grid[["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]]
     cand = answer_table(answers, entailed=retrieved, anli=anli, bienc_cos=bienc_cos, n_candidates=n_candidates)
     row_of = {k: i for i, k in enumerate(zip(cand["gid"], cand["aid"]))}
@@ -1079,11 +1089,11 @@ def _pct_rank(values: pd.Series, gid: pd.Series) -> np.ndarray:
 
 
 def combine_systems(a: pd.DataFrame, b: pd.DataFrame, weight: float) -> pd.DataFrame:
-    """weight·a + (1-weight)·b of two systems' (part, gid, aid, fold, prob in [0,1], rank_key) rows; rank keys
-    are averaged as within-question percentile ranks."""
+    """weight·a + (1-weight)·b of two systems' (part, gid, aid, fold, prob in [0,1], rank_key) rows, on a's rows
+    (b may cover more, e.g. a capped profile); rank keys are averaged as within-question percentile ranks."""
     m = a.merge(b[["part", "gid", "aid", "prob", "rank_key"]], on=["part", "gid", "aid"], suffixes=("_a", "_b"), validate="one_to_one")
-    if len(m) != len(a) or len(m) != len(b):
-        raise MedrankError(f"systems to combine cover different answers ({len(a)} vs {len(b)} rows, {len(m)} shared)")
+    if len(m) != len(a):
+        raise MedrankError(f"systems to combine: {len(a) - len(m)} of {len(a)} rows have no prediction of the other system")
     key = m["part"] + "\0" + m["gid"]
     return pd.DataFrame(
         {
