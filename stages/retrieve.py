@@ -89,7 +89,7 @@ def main(params_path: str = "params.yaml") -> None:
         "rqe_model_fingerprint": model.fingerprint,
         "precision": precision,
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
-        "threads": threads,
+        "threads": model.threads or threads,
         "extract": stats.as_dict(),
         "seconds": {"bm25": round(t_bm25, 2), "total": round(time.perf_counter() - t0, 2)},
     }
