@@ -23,7 +23,7 @@ from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
-GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc")
+GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn")
 # answer-table columns each group reads (rqe_i / anli_i for i = 1..n_candidates are added per builder)
 _GROUP_COLUMNS = {
     "metadata": ["source", "n_sentences", "chiqa_rank"],
@@ -32,7 +32,10 @@ _GROUP_COLUMNS = {
     "rqe_emb": [],
     "anli": [],
     "bienc": ["bienc_cos"],
+    "cnn": ["cnn_score"],
 }
+# groups with one score per answer, each expanded into the score and its position among the question's answers
+_ANSWER_SCORES = {"bienc": "bienc_cos", "cnn": "cnn_score"}
 
 
 # ---------------------------------------------------------------- answer table
@@ -54,6 +57,7 @@ def answer_table(
     entailed: pd.DataFrame | None = None,
     anli: pd.DataFrame | None = None,
     bienc_cos: np.ndarray | None = None,
+    cnn_score: np.ndarray | None = None,
     n_candidates: int = 3,
 ) -> pd.DataFrame:
     """One row per candidate answer (input order kept) with the raw inputs of every available group.
@@ -113,11 +117,35 @@ def answer_table(
             raise MedrankError(f"NLI grid lacks {len(lacking)} (answer, entailed answer) pairs (e.g. {lacking[0]}): re-run the embed stage")
         for i in ranks:
             t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["gid"], t["aid"])]
-    if bienc_cos is not None:
-        if len(bienc_cos) != len(t):
-            raise MedrankError(f"bi-encoder cosines: {len(bienc_cos)} values for {len(t)} answers")
-        t["bienc_cos"] = np.asarray(bienc_cos, dtype=float)
+    for col, values in (("bienc_cos", bienc_cos), ("cnn_score", cnn_score)):
+        if values is not None:
+            if len(values) != len(t):
+                raise MedrankError(f"{col}: {len(values)} values for {len(t)} answers")
+            t[col] = np.asarray(values, dtype=float)
     return t
+
+
+def cap_questions(answers: pd.DataFrame, per_split: int | None) -> pd.DataFrame:
+    """Answers of the first `per_split` questions of each split by (split, qid): the tiny profiles' cap
+    (the retrieve stage keeps the same questions); None = all."""
+    if not per_split:
+        return answers
+    keep = answers.drop_duplicates(["split", "qid"]).sort_values(["split", "qid"], kind="stable")
+    keep = keep.groupby("split", sort=True).head(per_split)[["split", "qid"]]
+    return answers.merge(keep, on=["split", "qid"])
+
+
+def answer_scores(answers: pd.DataFrame, scores: pd.DataFrame, column: str, source: str) -> np.ndarray:
+    """`scores[column]` (a per-answer table keyed by split, qid, aid) aligned to the rows of `answers`."""
+    key = ["split", "qid", "aid"]
+    if scores.duplicated(key).any():
+        raise MedrankError(f"{source}: duplicate (split, qid, aid) rows")
+    merged = answers[key].astype(str).merge(scores[key + [column]].astype({k: str for k in key}), on=key, how="left")
+    lacking = merged[column].isna()
+    if lacking.any():
+        first = merged.loc[lacking, key].iloc[0]
+        raise MedrankError(f"{source}: no {column} for {int(lacking.sum())} answers (e.g. {first['split']}/{first['aid']}): re-run its stage")
+    return merged[column].to_numpy(dtype=float)
 
 
 def required_columns(groups: Sequence[str], n_candidates: int) -> list[str]:
@@ -247,11 +275,12 @@ class FeatureBuilder:
             for i in range(1, self.n_candidates + 1):
                 cols.append(table[f"anli_{i}"].to_numpy(dtype=float))
                 names.append(f"anli_{i}")
-        if "bienc" in self.groups:
-            cos = table["bienc_cos"].to_numpy(dtype=float)
-            rel = relative_to_question(cos, gid)
-            cols += [cos, rel["minus_max"], rel["minus_mean"], rel["rank_frac"]]
-            names += ["bienc_cos", "bienc_cos_minus_max", "bienc_cos_minus_mean", "bienc_rank_frac"]
+        for group, col in _ANSWER_SCORES.items():
+            if group in self.groups:
+                score = table[col].to_numpy(dtype=float)
+                rel = relative_to_question(score, gid)
+                cols += [score, rel["minus_max"], rel["minus_mean"], rel["rank_frac"]]
+                names += [col, f"{col}_minus_max", f"{col}_minus_mean", f"{group}_rank_frac"]
         if not cols:
             return np.zeros((len(table), 0)), names
         return np.column_stack(cols), names
@@ -311,8 +340,9 @@ def bienc_cosines(
     max_length: int = 256,
     batch_size: int = 32,
     device: str = "auto",
-) -> np.ndarray:
-    """cosine(question_i, answer_i) of mean-pooled, L2-normalised bi-encoder vectors (zero-shot MiniLM).
+) -> tuple[np.ndarray, dict]:
+    """cosine(question_i, answer_i) of mean-pooled, L2-normalised bi-encoder vectors (zero-shot MiniLM), and
+    the encoding stats (texts, unique, cached, computed, texts/s).
 
     Vectors come from medrank.encoders.extract (content-addressed cache under `cache_root`: a re-run
     encodes only texts it has not seen). Answers are truncated to `max_length` tokens.
@@ -325,4 +355,4 @@ def bienc_cosines(
     emb, stats = cached_sentence_embeddings(bi, list(questions) + list(answers), cache_root, "fp32", batch_size)
     log.info("bi-encoder vectors: %s", stats.as_dict())
     q, a = emb[: len(questions)], emb[len(questions) :]
-    return np.einsum("ij,ij->i", q, a).astype(float)
+    return np.einsum("ij,ij->i", q, a).astype(float), stats.as_dict()

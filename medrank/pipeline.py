@@ -162,7 +162,7 @@ class RankPipeline:
         bi = SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None
         bienc = None
         if "bienc" in model.builder.groups:
-            bienc = SentenceEncoder(meta.get("bienc_model", p.mtl.bienc_model), device=p.device, max_length=int(meta.get("bienc_max_length", p.mtl.bienc_max_length)))
+            bienc = SentenceEncoder(meta.get("bienc_model", p.bienc.model), device=p.device, max_length=int(meta.get("bienc_max_length", p.bienc.max_length)))
         return cls(
             normalize=lambda t: normalizer(t).text, split_sentences=splitter, docs=docs, question_col=qcol,
             rqe=rqe, nli=nli, bi=bi, model=model, decision=meta["decision"],

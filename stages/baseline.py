@@ -18,6 +18,8 @@ from medrank.runner import run
 log = logging.getLogger("stages.baseline")
 RETRIEVED = Path("data/processed/retrieved.parquet")
 NLI_GRID = Path("data/processed/embeddings/nli_grid.parquet")
+BIENC = Path("data/processed/bienc.parquet")
+CNN_SCORES = Path("data/processed/cnn_mediqa_scores.parquet")
 VAL_SUBMISSION = "submissions/task3_val_baseline.csv"
 TEST_SUBMISSION = "submissions/task3_test_baseline.csv"
 VAL_METRICS = "metrics/task3_val_baseline.json"
@@ -36,7 +38,7 @@ def _cv(m: dict) -> dict:
 
 
 def main() -> None:
-    from medrank.features import answer_table, bienc_cosines, fit_tfidf
+    from medrank.features import answer_scores, answer_table, cap_questions, fit_tfidf
     import pandas as pd
 
     from medrank.io import read_parquet, write_json, write_parquet
@@ -52,21 +54,16 @@ def main() -> None:
     rows = {"+".join(groups): tuple(groups) for groups in bp.ablations}
     used = set(bp.features).union(*rows.values())
 
-    answers = read_parquet(Path(bp.normalized_dir) / "answers.parquet")
-    if bp.max_questions_per_split:  # the same questions as retrieve's cap: first by (split, qid)
-        keep = answers.drop_duplicates(["split", "qid"]).sort_values(["split", "qid"], kind="stable")
-        keep = keep.groupby("split", sort=True).head(bp.max_questions_per_split)[["split", "qid"]]
-        answers = answers.merge(keep, on=["split", "qid"])
+    answers = cap_questions(read_parquet(Path(bp.normalized_dir) / "answers.parquet"), bp.max_questions_per_split)
     inputs: dict = {}
     if used & {"bow", "rqe", "rqe_emb", "anli"}:
         inputs["entailed"] = read_parquet(RETRIEVED)
     if "anli" in used:
         inputs["anli"] = read_parquet(NLI_GRID, columns=["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"])
     if "bienc" in used:
-        inputs["bienc_cos"] = bienc_cosines(
-            answers["question_norm"].tolist(), answers["answer_norm"].tolist(), bp.bienc_model, cache_root=bp.bienc_cache_dir,
-            max_length=bp.bienc_max_length, batch_size=bp.bienc_batch_size, device=p.device,
-        )  # fmt: skip
+        inputs["bienc_cos"] = answer_scores(answers, read_parquet(BIENC), "bienc_cos", str(BIENC))
+    if "cnn" in used:
+        inputs["cnn_score"] = answer_scores(answers, read_parquet(CNN_SCORES), "cnn_score", str(CNN_SCORES))
     table = answer_table(answers, n_candidates=p.n_candidates, **inputs)
     tfidf = None
     if "bow" in used:

@@ -17,6 +17,7 @@ log = logging.getLogger("stages.mtl")
 NORMALIZED = Path("data/interim/normalized")
 RETRIEVED = Path("data/processed/retrieved.parquet")
 EMBEDDINGS = Path("data/processed/embeddings")
+BIENC = Path("data/processed/bienc.parquet")
 MODEL_DIR = Path("models/mtl")
 PREDICTIONS = Path("data/processed/mtl_predictions.parquet")
 METRICS = Path("metrics/mtl.json")
@@ -42,14 +43,10 @@ def main(params_path: str = "params.yaml") -> None:
 
     answers = read_parquet(NORMALIZED / "answers.parquet")
     bienc = None
-    Path(mp.bienc_cache_dir).mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even when unused
     if "bienc" in mp.feature_groups:
-        from medrank.features import bienc_cosines
+        from medrank.features import answer_scores
 
-        bienc = bienc_cosines(
-            answers["question_norm"].tolist(), answers["answer_norm"].tolist(), mp.bienc_model,
-            cache_root=mp.bienc_cache_dir, max_length=mp.bienc_max_length, device=p.device,
-        )  # fmt: skip
+        bienc = answer_scores(answers, read_parquet(BIENC), "bienc_cos", str(BIENC))
     data = mtl.build_mtl_data(
         answers, read_parquet(EMBEDDINGS / "nli_grid.parquet"), read_parquet(RETRIEVED), n_candidates=p.n_candidates, bienc_cos=bienc
     )
@@ -73,7 +70,7 @@ def main(params_path: str = "params.yaml") -> None:
         data, train_gids, val_gids, test_gids, cfg, decision, make_builder,
         k=mp.cv_folds, seed=p.seed, device=device, live=Live(dir=str(LIVE_DIR), dvcyaml=None, save_dvc_exp=False),
     )  # fmt: skip
-    extra = {"decision": report.decision_json, "n_candidates": p.n_candidates, "bienc_model": mp.bienc_model, "bienc_max_length": mp.bienc_max_length}
+    extra = {"decision": report.decision_json, "n_candidates": p.n_candidates, "bienc_model": p.bienc.model, "bienc_max_length": p.bienc.max_length}
     report.final_model.save(MODEL_DIR, extra_meta=extra)
     write_parquet(report.predictions, PREDICTIONS, mtl.PREDICTIONS_SCHEMA)
     metrics = {**report.metrics, "seconds_total": round(time.perf_counter() - t_start, 1), "device": str(device),

@@ -10,7 +10,9 @@ import pytest
 from medrank.errors import MedrankError
 from medrank.features import (
     FeatureBuilder,
+    answer_scores,
     answer_table,
+    cap_questions,
     chiqa_rank,
     fit_tfidf,
     relative_to_question,
@@ -60,10 +62,10 @@ def _anli(answers: pd.DataFrame, retrieved: pd.DataFrame) -> pd.DataFrame:
 def table(answers) -> pd.DataFrame:
     ret = _retrieved(answers)
     cos = np.linspace(0.1, 0.9, len(answers))
-    return answer_table(answers, entailed=ret, anli=_anli(answers, ret), bienc_cos=cos, n_candidates=N)
+    return answer_table(answers, entailed=ret, anli=_anli(answers, ret), bienc_cos=cos, cnn_score=cos[::-1], n_candidates=N)
 
 
-ALL = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc")
+ALL = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn")
 
 
 def test_answer_table_keys_and_chiqa_rank(answers, table):
@@ -106,7 +108,7 @@ def test_missing_inputs_are_errors_not_zeros(answers):
 
 @pytest.mark.parametrize(
     "groups, n_dense",
-    [(("metadata",), 4), (("rqe",), N), (("anli",), N), (("bienc",), 4), (("rqe_emb",), N * 4), (ALL, 4 + N + N * 4 + N + 4)],
+    [(("metadata",), 4), (("rqe",), N), (("anli",), N), (("bienc",), 4), (("rqe_emb",), N * 4), (("cnn",), 4), (ALL, 4 + N + N * 4 + N + 4 + 4)],
 )
 def test_builder_shapes(table, medquad, groups, n_dense):
     tfidf = fit_tfidf(medquad, max_features=50, min_df=1)
@@ -191,3 +193,20 @@ def test_tfidf_rows_memo_equals_transform(medquad):
     for texts in (a, b, a + b):
         np.testing.assert_array_equal(tfidf_rows(tfidf, texts).toarray(), tfidf.transform(texts).toarray())
     assert tfidf_rows(tfidf, []).shape == (0, len(tfidf.vocabulary_))
+
+
+def test_answer_scores_align_to_answer_order_and_name_gaps(answers):
+    keyed = answers[["split", "qid", "aid"]].assign(cnn_score=np.arange(len(answers), dtype=float))
+    shuffled = keyed.sample(frac=1.0, random_state=0)
+    np.testing.assert_array_equal(answer_scores(answers, shuffled, "cnn_score", "scores.parquet"), np.arange(len(answers)))
+    with pytest.raises(MedrankError, match=r"scores.parquet: no cnn_score for 1 answers"):
+        answer_scores(answers, shuffled.iloc[1:], "cnn_score", "scores.parquet")
+    with pytest.raises(MedrankError, match="duplicate"):
+        answer_scores(answers, pd.concat([keyed, keyed.iloc[:1]]), "cnn_score", "scores.parquet")
+
+
+def test_cap_questions_keeps_first_questions_per_split(answers):
+    capped = cap_questions(answers, 1)
+    firsts = answers.sort_values(["split", "qid"]).drop_duplicates("split")[["split", "qid"]]
+    assert set(map(tuple, capped[["split", "qid"]].drop_duplicates().to_numpy())) == set(map(tuple, firsts.to_numpy()))
+    assert cap_questions(answers, None) is answers

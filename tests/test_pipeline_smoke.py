@@ -42,7 +42,11 @@ def tiny_repo(tmp_path_factory) -> Path:
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for f in ["dvc.lock"]:
         (work / f).unlink(missing_ok=True)
+    # a real checkout has commits: dvclive (training stages) records the baseline revision and fails on an empty repo
+    git = ["git", "-c", "user.name=medrank-smoke", "-c", "user.email=smoke@medrank.invalid", "-c", "commit.gpgsign=false"]
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=work, check=True)
+    subprocess.run([*git, "commit", "-qm", "smoke"], cwd=work, check=True)
     return work
 
 
