@@ -44,7 +44,7 @@ def _score(args: argparse.Namespace) -> None:
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-dir", default="metrics", help="folder of committed metrics JSON files")
-    p.add_argument("--readme", default=None, help="rewrite the results block of this README instead of printing")
+    p.add_argument("--readme", default=None, help="rewrite the results and DAG blocks of this README instead of printing")
     p.add_argument("--check", action="store_true", help="with --readme: exit 1 if the block is out of date")
 
 
@@ -55,7 +55,7 @@ def _report(args: argparse.Namespace) -> None:
         print(render_results(args.metrics_dir), end="")
     elif args.check:
         if not readme_is_current(args.readme, args.metrics_dir):
-            raise MedrankError(f"{args.readme}: results block differs from {args.metrics_dir}/ (run `medrank report --readme {args.readme}`)")
+            raise MedrankError(f"{args.readme}: results or DAG block differs from {args.metrics_dir}/ or dvc.yaml (run `medrank report --readme {args.readme}`)")
     else:
         update_readme(args.readme, args.metrics_dir)
 

@@ -1,4 +1,4 @@
-"""README results block rendered from the committed metrics files (never typed by hand)."""
+"""README blocks rendered from the repo itself (never typed by hand): results from metrics/*.json, the DAG from dvc."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from medrank.errors import MedrankError
 from medrank.io import write_text
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+DAG_START, DAG_END = "<!-- dag:start -->", "<!-- dag:end -->"
 TASK3_COLUMNS = [("accuracy", "Accuracy"), ("precision", "Precision"), ("mrr", "MRR"), ("spearman", "Spearman (official)"), ("spearman_true", "Spearman (true)")]
 
 
@@ -32,35 +33,132 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def _pm(d: dict | None) -> str:
+    """A CV cell: mean ± sd."""
+    return "—" if not d else f"{d['mean']:.3f} ± {d['sd']:.3f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+
+
+def _task3(metrics: dict[str, dict]) -> list[str]:
+    """Validation systems side by side (+ question-grouped CV over train+val where the stage ran it)."""
+    systems = {f.removeprefix("task3_val_"): m for f, m in metrics.items() if f.startswith("task3_val_")}
+    if "cnn_mediqa" in metrics and "val" in metrics["cnn_mediqa"]:
+        systems["cnn (Severyn & Moschitti)"] = metrics["cnn_mediqa"]["val"]
+    if not systems:
+        return []
+    final = metrics.get("task3_val", {})
+    cv_of = {name: r.get("cv") for name, r in final.get("systems", {}).items()}
+    rows = []
+    for name, m in systems.items():
+        cv = m.get("cv") or cv_of.get(name) or {}
+        label = f"**{name}** (final: `submissions/task3_{{val,test}}.csv`)" if name == final.get("system") else name
+        rows.append([label] + [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS] + [_pm(cv.get("accuracy")), _pm(cv.get("spearman_true"))])
+    head = ["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "CV Spearman (true)"]
+    out = ["**MEDIQA Task 3, validation** (25 questions: swings ±0.1; selection uses the question-grouped 5-fold CV over train+val, mean ± sd)", ""]
+    out += _table(head, rows)
+    if final:
+        out += [f"Final system: `{final.get('system')}`, chosen by {final.get('selection', 'the score stage')}.", ""]
+    return out
+
+
+def _baseline(m: dict) -> list[str]:
+    out = []
+    t1 = m.get("table1_ablation") or {}
+    if t1:
+        rows = [[name.replace("+", " + "), _pm(r["cv"]["accuracy"]), _pm(r["cv"]["precision"]), _pm(r["cv"]["spearman_true"]),
+                 _fmt(r["val"]["accuracy"]), _fmt(r["val"]["precision"]), _fmt(r["val"]["spearman"])] for name, r in t1.items()]  # fmt: skip
+        out += ["**Baseline feature ablation** (paper Tables 1-2: LR filter + rank SVM)", ""]
+        out += _table(["features", "CV accuracy", "CV precision", "CV Spearman (true)", "val accuracy", "val precision", "val Spearman"], rows)
+    t4 = m.get("table4_ranking") or {}
+    if t4:
+        rows = [[name.replace("+", " + ")] + [x for k in ("lr_filter_score", "rank_svm") for x in (_pm(r[k]["cv_spearman_true"]), _fmt(r[k]["val_spearman"]))]
+                for name, r in t4.items()]  # fmt: skip
+        out += ["**Ranking: LR filter score vs rank SVM** (paper Table 4)", ""]
+        out += _table(["features", "LR: CV Spearman (true)", "LR: val Spearman", "rank SVM: CV Spearman (true)", "rank SVM: val Spearman"], rows)
+    return out
+
+
+def _retrieve(m: dict) -> list[str]:
+    cov = (m.get("coverage") or {}).get("all")
+    if not cov:
+        return []
+    rows = [[t, f"{c['covered']} / {c['questions']}", _fmt(c["fraction"])] for t, c in cov.items()]
+    out = [f"**Questions with an entailed MedQuAD question** (paper Table 3; RQE over the BM25 top {m.get('bm25_top_k')})", ""]
+    return out + _table(["threshold", "questions", "fraction"], rows)
+
+
+def _finetune(metrics: dict[str, dict]) -> list[str]:
+    rows = []
+    for task, name in (("rqe", "RQE (MEDIQA Task 2 validation)"), ("nli", "NLI (SICK dev)")):
+        m = metrics.get(f"finetune_{task}")
+        if m:
+            v = m.get("val", {})
+            rows.append([name, _fmt(v.get("accuracy")), _fmt(v.get("macro_f1")), str(m.get("n_train_pairs")), str(m.get("train_precision")), _fmt(m.get("train_seconds"))])
+    if not rows:
+        return []
+    return ["**Fine-tuned cross-encoders** (MiniLM-L6)", ""] + _table(["model", "accuracy", "macro F1", "train pairs", "train precision", "train seconds"], rows)
+
+
+def _cnn(m: dict) -> list[str]:
+    out = []
+    for part, title in (("dev", "all SQuAD dev questions"), ("dev_sample", "sample of SQuAD dev questions (every system)")):
+        d = m.get(part)
+        if not d:
+            continue
+        systems = [k for k, v in d.items() if isinstance(v, dict)]
+        rows = [[s, _fmt(d[s].get("mrr")), _fmt(d[s].get("map")), _fmt(d[s].get("precision@1"))] for s in systems]
+        out += [f"**Answer-sentence selection, {title}** ({d.get('n_questions')} questions; ranx)", ""]
+        out += _table(["system", "MRR", "MAP", "P@1"], rows)
+    return out
+
+
 def render_results(metrics_dir: str | Path = "metrics") -> str:
-    """Markdown tables: Task 3 validation systems side by side, then every other metrics file."""
+    """Markdown: the headline tables (Task 3 validation, ablations, retrieval, cross-encoders, CNN), then
+    every metrics file in full inside a collapsed block."""
     metrics_dir = Path(metrics_dir)
-    lines = []
-    task3 = sorted(metrics_dir.glob("task3_val_*.json"))
-    if task3:
-        lines += ["**MEDIQA Task 3, validation (25 questions; swings ±0.1, see cross-validation rows where present)**", ""]
-        lines += ["| system | " + " | ".join(h for _, h in TASK3_COLUMNS) + " |", "|---" * (len(TASK3_COLUMNS) + 1) + "|"]
-        for f in task3:
-            m = _load(f)
-            lines.append(f"| {f.stem.removeprefix('task3_val_')} | " + " | ".join(_fmt(m.get(k)) for k, _ in TASK3_COLUMNS) + " |")
-        lines.append("")
-    for f in sorted(set(metrics_dir.glob("*.json")) - set(task3)):
-        flat = _flat(_load(f))
+    metrics = {f.stem: _load(f) for f in sorted(metrics_dir.glob("*.json"))}
+    lines = _task3(metrics)
+    lines += _baseline(metrics.get("baseline", {}))
+    lines += _retrieve(metrics.get("retrieve", {}))
+    lines += _finetune(metrics)
+    lines += _cnn(metrics.get("cnn_squad", {}))
+    for name, m in metrics.items():
+        flat = _flat(m)
         if not flat:
             continue
-        lines += [f"<details><summary><code>{f.name}</code></summary>", "", "| key | value |", "|---|---|"]
+        lines += [f"<details><summary><code>{name}.json</code></summary>", "", "| key | value |", "|---|---|"]
         lines += [f"| {k} | {_fmt(v)} |" for k, v in sorted(flat.items())]
         lines += ["", "</details>", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
+def render_dag(repo: str | Path = ".") -> str:
+    """`dvc dag --md` of the repo (the mermaid graph README shows)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "dvc", "dag", "--md"], cwd=repo, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise MedrankError(f"dvc dag --md failed in {repo}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    return r.stdout.rstrip() + "\n"
+
+
+def _replace_block(text: str, start: str, end: str, body: str, where: Path) -> str:
+    if start not in text or end not in text:
+        raise MedrankError(f"{where}: missing the {start} / {end} markers")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}{end}{tail}"
+
+
 def _with_results(readme: Path, metrics_dir: str | Path) -> tuple[str, str]:
     text = readme.read_text(encoding="utf-8")
-    if START not in text or END not in text:
-        raise MedrankError(f"{readme}: missing the {START} / {END} markers")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return text, f"{head}{START}\n{render_results(metrics_dir)}{END}{tail}"
+    new = _replace_block(text, START, END, render_results(metrics_dir), readme)
+    new = _replace_block(new, DAG_START, DAG_END, render_dag(readme.parent), readme)
+    return text, new
 
 
 def readme_is_current(readme: str | Path = "README.md", metrics_dir: str | Path = "metrics") -> bool:
@@ -69,7 +167,7 @@ def readme_is_current(readme: str | Path = "README.md", metrics_dir: str | Path 
 
 
 def update_readme(readme: str | Path = "README.md", metrics_dir: str | Path = "metrics") -> bool:
-    """Replace the results block in README; return True if it changed."""
+    """Replace the results block (from metrics) and the DAG block (`dvc dag --md`) in README; True if it changed."""
     text, new = _with_results(Path(readme), metrics_dir)
     if new != text:
         write_text(readme, new)

@@ -26,15 +26,7 @@ VAL_METRICS = "metrics/task3_val_baseline.json"
 METRICS = "metrics/baseline.json"
 PREDICTIONS = Path("data/processed/baseline/predictions.parquet")
 TRAIN_SPLITS = ("train_liveqa", "train_alexa")
-OFFICIAL = ("accuracy", "precision", "mrr", "spearman", "spearman_true")
 
-
-def _official(m: dict) -> dict:
-    return {k: round(float(m[k]), 4) for k in OFFICIAL}
-
-
-def _cv(m: dict) -> dict:
-    return {k: {"mean": round(m[k]["mean"], 4), "sd": round(m[k]["sd"], 4)} for k in OFFICIAL}
 
 
 def main() -> None:
@@ -44,7 +36,7 @@ def main() -> None:
     from medrank.io import read_parquet, write_json, write_parquet
     from medrank.metrics import gold_from_answers, score_task3
     from medrank.models.baseline import PREDICTIONS as PRED_SCHEMA
-    from medrank.models.baseline import BaselineConfig, cross_validate, fit_baseline, holdout, source_transfer
+    from medrank.models.baseline import BaselineConfig, cross_validate, fit_baseline, holdout, rounded_scores, rounded_summary, source_transfer
     from medrank.params import load_params
     from medrank.submission import write_task3_submission
 
@@ -88,11 +80,11 @@ def main() -> None:
         cfg = config(groups)
         cv = cross_validate(labelled, cfg, tfidf, bp.cv_folds, p.seed, lr_rank)
         ho = holdout(train, val, cfg, tfidf, lr_rank)
-        table1[name] = {"groups": list(groups), "cv": _cv(cv["base"]), "val": _official(ho["base"]), "val_threshold": ho["base"]["threshold"]}
+        table1[name] = {"groups": list(groups), "cv": rounded_summary(cv["base"]), "val": rounded_scores(ho["base"]), "val_threshold": ho["base"]["threshold"]}
         table4[name] = {
-            ranker: {"cv_spearman": _cv(cv[key])["spearman"], "cv_spearman_true": _cv(cv[key])["spearman_true"],
-                     "cv_mrr": _cv(cv[key])["mrr"], "val_spearman": _official(ho[key])["spearman"],
-                     "val_spearman_true": _official(ho[key])["spearman_true"], "val_mrr": _official(ho[key])["mrr"]}
+            ranker: {"cv_spearman": rounded_summary(cv[key])["spearman"], "cv_spearman_true": rounded_summary(cv[key])["spearman_true"],
+                     "cv_mrr": rounded_summary(cv[key])["mrr"], "val_spearman": rounded_scores(ho[key])["spearman"],
+                     "val_spearman_true": rounded_scores(ho[key])["spearman_true"], "val_mrr": rounded_scores(ho[key])["mrr"]}
             for ranker, key in (("lr_filter_score", "lr_rank"), ("rank_svm", "base"))
         }  # fmt: skip
         log.info("%-40s cv acc %.3f±%.3f prec %.3f | val acc %.3f prec %.3f spearman %.3f (%.0fs)", name,
@@ -130,11 +122,11 @@ def main() -> None:
     write_json(
         VAL_METRICS,
         {
-            **_official(val_scores),
+            **rounded_scores(val_scores),
             "n_predicted_positive": val_scores["n_predicted_positive"],
             "threshold": model.threshold,
             "features": list(bp.features),
-            "cv": _cv(cv["base"]),
+            "cv": rounded_summary(cv["base"]),
             "cv_folds": bp.cv_folds,
             "cv_questions": int(labelled["gid"].nunique()),
             "test_model": {"trained_on": sorted(labelled["split"].unique()), "threshold": final.threshold,
@@ -149,16 +141,16 @@ def main() -> None:
             "model": {
                 "features": list(bp.features),
                 "n_features": len(model.builder.feature_names),
-                "cv": _cv(cv["base"]),
+                "cv": rounded_summary(cv["base"]),
                 "cv_thresholds": cv["base"]["thresholds"],
-                "cv_variants": {k: _cv(cv[k]) for k in variants},
+                "cv_variants": {k: rounded_summary(cv[k]) for k in variants},
                 "source_transfer": {
                     split: {"positive_rate": round(r["positive_rate"], 4), "train_positive_rate": round(r["train_positive_rate"], 4),
                             "em_estimated_rate": round(r["prior_shift_em"]["target_prior"], 4),
-                            "none": _official(r["prior_shift_none"]), "em": _official(r["prior_shift_em"])}
+                            "none": rounded_scores(r["prior_shift_none"]), "em": rounded_scores(r["prior_shift_em"])}
                     for split, r in transfer.items()
                 },
-                "val": _official(val_scores),
+                "val": rounded_scores(val_scores),
             },
             "seconds": round(time.perf_counter() - t0, 1),
         },

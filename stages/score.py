@@ -27,15 +27,7 @@ METRICS = Path("metrics/task3_val.json")
 ROW_METRICS = {"mtl": Path("metrics/task3_val_mtl.json"), "ensemble": Path("metrics/task3_val_ensemble.json")}
 PLOTS = Path("plots/error_analysis")
 TRAIN_SPLITS = ("train_liveqa", "train_alexa")
-OFFICIAL = ("accuracy", "precision", "mrr", "spearman", "spearman_true")
 
-
-def _official(m: dict) -> dict:
-    return {k: round(float(m[k]), 4) for k in OFFICIAL}
-
-
-def _cv(m: dict) -> dict:
-    return {k: {"mean": round(float(m[k]["mean"]), 4), "sd": round(float(m[k]["sd"]), 4)} for k in OFFICIAL}
 
 
 def main() -> None:
@@ -48,7 +40,7 @@ def main() -> None:
     from medrank.io import read_parquet, write_json, write_text
     from medrank.metrics import gold_from_answers, score_task3
     from medrank.models import mtl
-    from medrank.models.baseline import ranked_rows
+    from medrank.models.baseline import ranked_rows, rounded_scores, rounded_summary
     from medrank.params import load_params
     from medrank.submission import write_task3_submission
 
@@ -73,10 +65,10 @@ def main() -> None:
     systems: dict[str, dict] = {}
     decided: dict[str, pd.DataFrame] = {}
     decided["mtl"] = pred
-    systems["mtl"] = {"val": _official(official_val(pred)), "cv": _cv(mtl.cv_summary_of(pred, cand))}
-    systems["chiqa"] = {"val": _official(score_task3(gold_val, CHIQA_VAL))}
+    systems["mtl"] = {"val": rounded_scores(official_val(pred)), "cv": rounded_summary(mtl.cv_summary_of(pred, cand))}
+    systems["chiqa"] = {"val": rounded_scores(score_task3(gold_val, CHIQA_VAL))}
     base_cv = json.loads(BASELINE_METRICS.read_text(encoding="utf-8")).get("cv") if BASELINE_METRICS.exists() else None
-    systems["baseline"] = {"val": _official(score_task3(gold_val, BASELINE_VAL)), **({"cv": base_cv} if base_cv else {})}
+    systems["baseline"] = {"val": rounded_scores(score_task3(gold_val, BASELINE_VAL)), **({"cv": base_cv} if base_cv else {})}
 
     base = read_parquet(BASELINE_PREDICTIONS)
     base = base.assign(gid=base["split"].astype(str) + ":" + base["qid"].astype(str))
@@ -85,7 +77,7 @@ def main() -> None:
     both = mtl.combine_systems(mine, base[["part", "gid", "aid", "prob", "rank_score"]].rename(columns={"rank_score": "rank_key"}), sp.mtl_weight)
     cv, dec = mtl.decide_system(both, cand, train)
     decided["ensemble"] = dec.merge(cand[["gid", "split", "qid"]].drop_duplicates(), on="gid", how="left")
-    systems["ensemble"] = {"val": _official(official_val(decided["ensemble"])), "cv": _cv(cv), "mtl_weight": sp.mtl_weight,
+    systems["ensemble"] = {"val": rounded_scores(official_val(decided["ensemble"])), "cv": rounded_summary(cv), "mtl_weight": sp.mtl_weight,
                            "cv_thresholds": cv["thresholds"]}  # fmt: skip
 
     # ---- the final system: best mean CV accuracy of the MTL and the ensemble (ties: the MTL)
@@ -109,7 +101,7 @@ def main() -> None:
     write_json(
         METRICS,
         {
-            **_official(final_val),
+            **rounded_scores(final_val),
             "system": final,
             "selection": "best mean accuracy in question-grouped CV over train+val" if sp.system == "auto" else f"fixed by score.system={sp.system}",
             "n_predicted_positive": final_val["n_predicted_positive"],

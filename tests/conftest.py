@@ -10,6 +10,17 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 @pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (the 2 cores are shared; tiny models gain nothing from more)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def shared_data() -> Path:
     """The byte-exact mirror beside the repo (CI has it); tests needing real files skip without it."""
     if not SHARED_DATA.is_dir():

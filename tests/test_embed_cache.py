@@ -43,13 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # other engineers share the 2 cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
 
 
 def _load_jsonl(name: str) -> pd.DataFrame:

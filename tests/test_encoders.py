@@ -27,13 +27,7 @@ from medrank.errors import MedrankError
 FIXTURES = Path(__file__).parent / "fixtures" / "finetune"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # other engineers share the 2 cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
 
 
 def make_tiny_bert(path: Path, seed: int = 0) -> Path:

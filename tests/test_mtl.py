@@ -13,13 +13,7 @@ from medrank.models import mtl
 H = 8  # hidden size of the fake NLI / RQE vectors
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # other engineers share the 2 cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
 
 
 SPLITS = {"train_liveqa": 10, "train_alexa": 10, "val": 6, "test": 4}

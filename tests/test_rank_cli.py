@@ -20,12 +20,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "mtl"
 HIDDEN = 16
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
 
 
 # ---------------------------------------------------------------- input validation

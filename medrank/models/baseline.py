@@ -308,6 +308,16 @@ def summarize(per_fold: list[dict]) -> dict:
     return out
 
 
+def rounded_scores(m: dict) -> dict:
+    """The official metrics (+ true Spearman) of one scoring, rounded for a diff-friendly metrics file."""
+    return {k: round(float(m[k]), 4) for k in METRICS}
+
+
+def rounded_summary(m: dict) -> dict:
+    """`summarize` output rounded the same way."""
+    return {k: {"mean": round(float(m[k]["mean"]), 4), "sd": round(float(m[k]["sd"]), 4)} for k in METRICS}
+
+
 def with_variant(model: FittedBaseline, variant: dict) -> FittedBaseline:
     """The same fitted model with prediction-time overrides: prior_shift, min_keep, threshold, ranker='lr'."""
     over = {k: v for k, v in variant.items() if k in ("prior_shift", "min_keep")}
