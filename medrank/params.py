@@ -7,7 +7,7 @@ out-of-range value) stops with one line naming the key. Stages then read only th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -175,7 +175,8 @@ class ScoreParams(_Section):
     """Final system (stage score): which predictions become the submissions."""
 
     system: Literal["auto", "mtl", "baseline", "ensemble"] = "auto"  # auto = best mean CV accuracy
-    mtl_weight: float = Field(default=0.5, ge=0.0, le=1.0)  # ensemble: weight of MTL vs baseline
+    # ensemble: weights of the MTL vs the baseline to try; the best mean CV accuracy wins (one value = fixed)
+    mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.25, 0.5, 0.75], min_length=1)
 
 
 FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn"]
