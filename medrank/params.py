@@ -198,7 +198,7 @@ class BaselineParams(_Section):
 
     normalized_dir: str = "data/interim/normalized"
     max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles: first questions by (split, qid)
-    features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bow", "rqe", "anli", "bienc"], min_length=1)
+    features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bow", "rqe", "anli", "bienc", "cnn"], min_length=1)
     ablations: list[list[FeatureGroup]] = Field(default_factory=list)  # Table 1 rows, each named "g1+g2+..."
     bow_max_features: int = Field(default=5000, ge=1)  # TF-IDF vocabulary (fitted on MedQuAD answers)
     lr_c: float = Field(default=1.0, gt=0)
