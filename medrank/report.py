@@ -115,9 +115,12 @@ def _cnn(m: dict) -> list[str]:
     return out
 
 
+DETAILS = ("data", "normalize")  # metrics files shown in full (collapsed); the rest: `dvc metrics show`
+
+
 def render_results(metrics_dir: str | Path = "metrics") -> str:
-    """Markdown: the headline tables (Task 3 validation, ablations, retrieval, cross-encoders, CNN), then
-    every metrics file in full inside a collapsed block."""
+    """Markdown: the headline tables (Task 3 validation, ablations, retrieval, cross-encoders, CNN), then the
+    data and normalization metrics in full inside collapsed blocks."""
     metrics_dir = Path(metrics_dir)
     metrics = {f.stem: _load(f) for f in sorted(metrics_dir.glob("*.json"))}
     lines = _task3(metrics)
@@ -125,7 +128,10 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     lines += _retrieve(metrics.get("retrieve", {}))
     lines += _finetune(metrics)
     lines += _cnn(metrics.get("cnn_squad", {}))
+    lines += ["Every metrics file in full: `dvc metrics show`; the data counts and normalization statistics:", ""]
     for name, m in metrics.items():
+        if name not in DETAILS:
+            continue
         flat = _flat(m)
         if not flat:
             continue

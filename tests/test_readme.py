@@ -13,7 +13,9 @@ def test_readme_results_block_matches_metrics():
 def test_render_results_tables(tmp_path):
     (tmp_path / "task3_val_x.json").write_text('{"accuracy": 0.5, "precision": 0.25, "mrr": 1.0, "spearman": 0.1, "spearman_true": null}')
     (tmp_path / "data.json").write_text('{"answers": {"val": 234}}')
+    (tmp_path / "embed.json").write_text('{"seconds": 12.5}')
     out = render_results(tmp_path)
+    assert "seconds" not in out  # only data/normalize are shown in full
     assert "| x | 0.500 | 0.250 | 1.000 | 0.100 | — | — | — |" in out
     assert "| answers.val | 234 |" in out
 
