@@ -168,6 +168,7 @@ class MtlParams(_Section):
     prior_shift: Literal["none", "em"] = "none"
     min_keep: int = Field(default=0, ge=0)
     cv_folds: int = Field(default=5, ge=2)
+    n_seeds: int = Field(default=1, ge=1)  # networks per fit (different seeds), predictions averaged
     threads: int | None = Field(default=None, ge=1)  # CPU threads for training; None = torch's default
 
 

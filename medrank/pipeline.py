@@ -125,7 +125,7 @@ class RankPipeline:
     rqe: Any  # medrank.encoders.cross_encoder.CrossEncoder
     nli: Any
     bi: Any | None  # medrank.encoders.extract.SentenceEncoder (prefilter) or None
-    model: Any  # medrank.models.mtl.FittedMTL
+    model: Any  # medrank.models.mtl.MTLBag
     decision: dict
     n_candidates: int
     rqe_threshold: float | None
@@ -142,13 +142,13 @@ class RankPipeline:
         from medrank.encoders.cross_encoder import CrossEncoder
         from medrank.encoders.extract import SentenceEncoder
         from medrank.io import read_parquet
-        from medrank.models.mtl import FittedMTL
+        from medrank.models.mtl import MTLBag
         from medrank.params import load_params
         from medrank.retrieval import medquad_documents
         from medrank.text.normalize import make_pipeline
 
         p = load_params(params_path)
-        model, meta = FittedMTL.load(model_dir)
+        model, meta = MTLBag.load(model_dir)
         if "decision" not in meta:
             raise MedrankError(f"{model_dir}/mtl.json: no decision rule (retrain with the mtl stage)")
         normalizer, splitter, _ = make_pipeline(p.normalize)  # coreference is optional and slow: not used here

@@ -320,6 +320,25 @@ def test_save_load_round_trip(data, tmp_path):
         mtl.FittedMTL.load(tmp_path / "missing")
 
 
+def test_seed_bag_averages_its_members_and_round_trips(data, tmp_path):
+    cfg = tiny_config(max_epochs=2, n_seeds=2)
+    bag = mtl.fit_mtl_bag(data, gids_of(data, "train"), cfg, mtl.builder_factory(["metadata"], 2), seed=4)
+    assert len(bag.members) == 2 and len(bag.best_epoch) == 2
+    val = gids_of(data, "val")
+    (fa, pa_), (fb, pb) = (m.predict(data, val) for m in bag.members)
+    assert not np.allclose(fa["prob"], fb["prob"])  # different seeds, different networks
+    f, p = bag.predict(data, val)
+    np.testing.assert_allclose(f["prob"], (fa["prob"] + fb["prob"]) / 2)
+    np.testing.assert_allclose(p["prob"], (pa_["prob"] + pb["prob"]) / 2)
+    bag.save(tmp_path / "bag", extra_meta={"decision": {"ensemble": "mean"}})
+    loaded, meta = mtl.MTLBag.load(tmp_path / "bag")
+    assert meta["n_members"] == 2 and meta["decision"] == {"ensemble": "mean"}
+    np.testing.assert_allclose(loaded.predict(data, val)[0]["prob"], f["prob"], atol=1e-6)
+    # a single-network folder (FittedMTL.save) loads as a bag of one
+    bag.members[0].save(tmp_path / "one")
+    assert len(mtl.MTLBag.load(tmp_path / "one")[0].members) == 1
+
+
 def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
     from medrank.io import write_parquet
 

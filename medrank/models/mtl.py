@@ -62,6 +62,7 @@ class MTLConfig:
     inner_val_frac: float = 0.15  # training questions held out for early stopping
     augment: bool = True  # use the augmentation pairs (higher-ranked candidates as entailed answers)
     max_cells_per_chunk: int = 40000  # padded grid cells encoded at once (memory bound)
+    n_seeds: int = 1  # networks trained with different seeds (init, inner split, batch order); predictions averaged
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -551,6 +552,55 @@ class FittedMTL:
         return fitted, meta
 
 
+@dataclass
+class MTLBag:
+    """Networks of one recipe trained with different seeds; predictions are their mean (variance reduction)."""
+
+    members: list[FittedMTL]
+
+    @property
+    def builder(self):
+        return self.members[0].builder
+
+    @property
+    def best_epoch(self) -> list[int]:
+        return [m.best_epoch for m in self.members]
+
+    @property
+    def history(self) -> list[dict]:
+        """The first member's curves (what dvclive plots)."""
+        return self.members[0].history
+
+    def predict(self, data: MTLData, gids: Sequence[str] | None = None, device: str | torch.device = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
+        """FittedMTL.predict of every member, probabilities averaged (members return rows in the same order)."""
+        outs = [m.predict(data, gids, device) for m in self.members]
+        f_df, p_df = outs[0][0].copy(), outs[0][1].copy()
+        if len(outs) > 1:
+            f_df["prob"] = np.mean([o[0]["prob"].to_numpy() for o in outs], axis=0)
+            p_df["prob"] = np.mean([o[1]["prob"].to_numpy() for o in outs], axis=0)
+        return f_df, p_df
+
+    def save(self, out_dir: str | Path, extra_meta: dict | None = None) -> None:
+        """The first member as FittedMTL.save (with n_members), the others in member1/, member2/, ..."""
+        out_dir = Path(out_dir)
+        self.members[0].save(out_dir, {**(extra_meta or {}), "n_members": len(self.members)})
+        for i, m in enumerate(self.members[1:], start=1):
+            m.save(out_dir / f"member{i}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> tuple["MTLBag", dict]:
+        """(bag, the first member's mtl.json) from a folder written by `save` (or by FittedMTL.save: one member)."""
+        first, meta = FittedMTL.load(path)
+        members = [first] + [FittedMTL.load(Path(path) / f"member{i}")[0] for i in range(1, int(meta.get("n_members", 1)))]
+        return cls(members), meta
+
+
+def fit_mtl_bag(data: MTLData, train_gids: Sequence[str], cfg: MTLConfig, make_builder: Callable[[], object], *, seed: int = 13,
+                device: str | torch.device = "cpu") -> MTLBag:  # fmt: skip
+    """`cfg.n_seeds` networks (fit_mtl with seeds seed, seed + 1000, ...), each with a fresh feature builder."""
+    return MTLBag([fit_mtl(data, train_gids, cfg, make_builder(), seed=seed + 1000 * i, device=device) for i in range(cfg.n_seeds)])
+
+
 def builder_to_json(builder) -> dict:
     """FeatureBuilder state as plain JSON (TF-IDF as vocabulary + idf), no pickles in the model folder."""
     d = {
@@ -853,7 +903,7 @@ class CVResult:
     filter_df: pd.DataFrame
     pair_df: pd.DataFrame
     folds: dict[str, int]  # gid -> fold
-    best_epochs: list[int]
+    best_epochs: list[list[int]]  # per fold, one per bag member
     seconds: list[float]
     histories: list[list[dict]]
 
@@ -880,14 +930,14 @@ def cross_validate_mtl(
         t0 = time.perf_counter()
         train = [g for g in gids if fold[g] != f]
         test = [g for g in gids if fold[g] == f]
-        model = fit_mtl(data, train, cfg, make_builder(), seed=seed + f, device=device)
+        model = fit_mtl_bag(data, train, cfg, make_builder, seed=seed + f, device=device)
         fd, pdf = model.predict(data, test, device=device)
         f_parts.append(fd.assign(fold=f))
         p_parts.append(pdf.assign(fold=f))
         best.append(model.best_epoch)
         secs.append(round(time.perf_counter() - t0, 1))
         hists.append(model.history)
-        log.info("CV fold %d/%d: best epoch %d, %.0fs", f + 1, k, model.best_epoch, secs[-1])
+        log.info("CV fold %d/%d: best epoch(s) %s, %.0fs", f + 1, k, model.best_epoch, secs[-1])
     return CVResult(pd.concat(f_parts, ignore_index=True), pd.concat(p_parts, ignore_index=True), fold, best, secs, hists)
 
 
@@ -940,7 +990,7 @@ def config_from_params(mp) -> tuple[MTLConfig, Decision]:
         filter_hidden=tuple(mp.filter_hidden), pair_hidden=tuple(mp.pair_hidden), dropout=mp.dropout, alpha=mp.alpha,
         lr=mp.lr, weight_decay=mp.weight_decay, max_epochs=mp.max_epochs, patience=mp.patience,
         questions_per_batch=mp.questions_per_batch, inner_val_frac=mp.inner_val_frac, augment=mp.augment,
-        pair_scope=mp.pair_scope,
+        pair_scope=mp.pair_scope, n_seeds=mp.n_seeds,
     )  # fmt: skip
     return cfg, Decision(mp.ensemble, mp.rank_by, mp.threshold, mp.prior_shift, mp.min_keep)
 
@@ -954,7 +1004,7 @@ def builder_factory(groups: Sequence[str], n_candidates: int, tfidf=None) -> Cal
 
 @dataclass
 class RecipeReport:
-    final_model: FittedMTL
+    final_model: MTLBag
     predictions: pd.DataFrame
     metrics: dict
     decision_json: dict
@@ -1040,7 +1090,7 @@ def run_recipe(
     prior_all = float(oof["label_true"].mean())
 
     t1 = time.perf_counter()
-    val_model = fit_mtl(data, train_gids, cfg, make_builder(), seed=seed + 101, device=device)
+    val_model = fit_mtl_bag(data, train_gids, cfg, make_builder, seed=seed + 101, device=device)
     val_seconds = time.perf_counter() - t1
     ens_val = with_truth(ensemble(*val_model.predict(data, val_gids, device=device), decision.ensemble), data.cand)
     ens_val = ens_val.rename(columns={"label": "label_true"})
@@ -1048,7 +1098,7 @@ def run_recipe(
     val_metrics = evaluate_rows(dec_val)
 
     t2 = time.perf_counter()
-    final = fit_mtl(data, labelled, cfg, make_builder(), seed=seed + 202, device=device)
+    final = fit_mtl_bag(data, labelled, cfg, make_builder, seed=seed + 202, device=device)
     final_seconds = time.perf_counter() - t2
     parts = [_rows("oof", oof, oof["fold"].map(dict(enumerate(cv_summary["thresholds"]))).to_numpy(), oof["fold"].to_numpy()), _rows("val", dec_val, t_val)]
     if test_gids:
