@@ -41,14 +41,16 @@ def main(params_path: str = "params.yaml") -> None:
         torch.set_num_threads(mp.threads)
     device = resolve_device(p.device)
 
-    answers = read_parquet(NORMALIZED / "answers.parquet")
+    retrieved = read_parquet(RETRIEVED)
+    # a capped profile retrieves for fewer questions (the same ones the bienc stage keeps): their answers only
+    answers = read_parquet(NORMALIZED / "answers.parquet").merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
     bienc = None
     if "bienc" in mp.feature_groups:
         from medrank.features import answer_scores
 
         bienc = answer_scores(answers, read_parquet(BIENC), "bienc_cos", str(BIENC))
     data = mtl.build_mtl_data(
-        answers, read_parquet(EMBEDDINGS / "nli_grid.parquet"), read_parquet(RETRIEVED), n_candidates=p.n_candidates, bienc_cos=bienc
+        answers, read_parquet(EMBEDDINGS / "nli_grid.parquet"), retrieved, n_candidates=p.n_candidates, bienc_cos=bienc
     )
     tfidf = None
     if "bow" in mp.feature_groups:
