@@ -32,7 +32,7 @@ EVAL = REPO.parent / "shared" / "data" / "mediqa2019" / "Eval_Scripts"
 OFFICIAL_SCRIPT = EVAL / "mediqa2019_evaluator_allTasks_final.py"
 QA_GOLD = EVAL / "data" / "QA_validationSet_ground_truth.txt"
 RQE_GOLD = EVAL / "data" / "RQE_validationSet_ground_truth.txt"
-CLEAN_ANSWERS = REPO / "data" / "interim" / "clean" / "answers.parquet"
+VAL_XML = REPO.parent / "shared" / "data" / "mediqa2019" / "MEDIQA_Task3_QA" / "MEDIQA2019-Task3-QA-ValidationSet.xml"
 
 needs_official = pytest.mark.skipif(
     not (OFFICIAL_SCRIPT.exists() and QA_GOLD.exists() and RQE_GOLD.exists()),
@@ -335,10 +335,11 @@ def test_gold_from_answers_written_like_the_official_file(tmp_path):
     assert read_task3_gold(out).equals(g)
 
 
-@pytest.mark.skipif(not (CLEAN_ANSWERS.exists() and QA_GOLD.exists()), reason="cleaned answers table or official gold absent")
-def test_gold_from_clean_val_equals_official_gold():
-    answers = pd.read_parquet(CLEAN_ANSWERS)
-    ours = gold_from_answers(answers, split="val")
+@pytest.mark.skipif(not (VAL_XML.exists() and QA_GOLD.exists()), reason="validation XML or official gold absent")
+def test_gold_from_parsed_val_equals_official_gold():
+    from medrank.data.mediqa import read_task3
+
+    ours = gold_from_answers(read_task3(VAL_XML, "val"), split="val")
     official_gold = read_task3_gold(QA_GOLD)
     assert list(ours.itertuples(index=False, name=None)) == list(official_gold.itertuples(index=False, name=None))
 
