@@ -99,7 +99,9 @@ class FinetuneTaskParams(_Section):
     train_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = start-up probe picks the faster
     predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     eval_batch_size: int = Field(default=64, ge=1)
-    threads: int | None = Field(default=None, ge=1)  # CPU threads; None = probe 1 vs all cores, keep the faster
+    # CPU threads for training; None = every core (the weights depend on the count: fixed = reproducible);
+    # "probe" = time 1 vs all cores on a real step (faster on busy shared cores, weights then depend on load)
+    threads: Annotated[int, Field(ge=1)] | Literal["probe"] | None = None
     eval_every: int | None = Field(default=100, ge=1)  # optimizer steps between curve points (val eval); None = per epoch
     max_eval_pairs: int | None = Field(default=None, ge=1)  # first N validation/test pairs (smoke profiles); None = all
 

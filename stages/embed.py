@@ -31,8 +31,8 @@ def main(params_path: str = "params.yaml") -> None:
         embeddings_rqe_schema,
         nli_grids,
         precision_check,
-        set_threads,
     )
+    from medrank.encoders.base import set_threads
     from medrank.io import read_parquet, write_json, write_parquet
     from medrank.params import load_params
 

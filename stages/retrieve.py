@@ -21,7 +21,8 @@ METRICS = Path("metrics/retrieve.json")
 
 def main(params_path: str = "params.yaml") -> None:
     from medrank.encoders.cross_encoder import CrossEncoder
-    from medrank.encoders.extract import cached_extract, choose_precision, label_index, open_cache, set_threads
+    from medrank.encoders.base import set_threads
+    from medrank.encoders.extract import cached_extract, choose_precision, label_index, open_cache
     from medrank.errors import MedrankError
     from medrank.io import read_parquet, write_json, write_parquet
     from medrank.params import load_params

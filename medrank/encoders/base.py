@@ -271,6 +271,14 @@ def probe_precision(
     return report
 
 
+def set_threads(n: int | None = None) -> int:
+    """Use `n` threads, else every core this process may run on (torch's default counts physical cores of the host)."""
+    if not n:
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, int(n)))
+    return torch.get_num_threads()
+
+
 def pick_threads(step: Callable[[], Any], requested: int | None = None, rounds: int = 1) -> int:
     """Set and return torch's CPU thread count: `requested`, else the faster of 1 and all cores for `step`.
 

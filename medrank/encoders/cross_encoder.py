@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from medrank.encoders.base import (
     PrecisionReport,
     model_fingerprint,
     pick_threads,
+    set_threads,
     probe_precision,
     read_json,
     resolve_device,
@@ -248,8 +249,6 @@ class CrossEncoder:
                     return self._probs(m(**batch).logits)
 
         self.model.eval()
-        if self.device.type == "cpu" and self.threads is None and forward is not None:
-            self.threads = pick_threads(lambda: forward("fp32"))
         self.precision_report = probe_precision(self.device, self.requested_precision, forward=forward)
         if self.precision_report.choice != "int8":
             self._int8_model = None  # free the probe's quantized copy
@@ -408,14 +407,15 @@ class CrossEncoder:
         seed: int = 13,
         max_grad_norm: float = 1.0,
         precision: str = "auto",
-        threads: int | None = None,
+        threads: int | Literal["probe"] | None = None,
         show_progress: bool = True,
         eval_every: int | None = None,
         step_callback: EpochCallback | None = None,
     ) -> list[dict[str, float]]:
         """Fine-tune on labelled pairs (AdamW, linear warmup/decay); per-epoch metrics → `callback(epoch, m)`.
 
-        `threads` (CPU): torch threads; None = time 1 vs all cores on a real training step and keep the faster.
+        `threads` (CPU): torch threads; None = every core this process may use; "probe" = time 1 vs all cores on a
+        real training step and keep the faster (helps on busy shared cores, but the weights then depend on load).
         `step_callback(step, m)` gets the mean train loss since its last call (+ eval metrics) every `eval_every`
         optimizer steps and at each epoch end, for training curves finer than epochs. Evaluating does not touch
         the RNG streams, so the trained weights do not depend on `eval_every`.
@@ -432,7 +432,8 @@ class CrossEncoder:
         enc = self._encode(pairs)
         lengths = [len(x) for x in enc["input_ids"]]
         if self.device.type == "cpu":
-            self.threads = pick_threads(self._train_step_probe(enc, y, batch_size, "fp32"), threads)
+            # a fixed count by default: float sums, and so the trained weights, depend on the thread count
+            self.threads = pick_threads(self._train_step_probe(enc, y, batch_size, "fp32")) if threads == "probe" else set_threads(threads)
         self.train_precision = self._train_precision(precision, enc, y, batch_size)
         log.info("training on %d pairs, %d epochs, batch %d, lr %g, precision %s", len(pairs), epochs, batch_size, lr, self.train_precision)
 

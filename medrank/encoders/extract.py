@@ -19,7 +19,7 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-from medrank.encoders.base import cpu_flags, model_fingerprint, pick_threads, resolve_device, resolve_model_path
+from medrank.encoders.base import cpu_flags, model_fingerprint, resolve_device, resolve_model_path
 from medrank.encoders.batching import dedup, length_sorted_batches
 from medrank.encoders.cache import PairCache, existing_precisions, namespace_name, pair_key
 from medrank.encoders.cross_encoder import CrossEncoder
@@ -69,14 +69,6 @@ def embeddings_rqe_schema(hidden: int) -> pa.Schema:
     )
 
 
-def set_threads(n: int | None = None) -> int:
-    """Use every core this process may run on (torch's default counts physical cores of the host)."""
-    if not n:
-        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    torch.set_num_threads(max(1, int(n)))
-    return torch.get_num_threads()
-
-
 # ---------------------------------------------------------------------- pure batch function
 def extract_pairs(encoder: CrossEncoder, pairs: Sequence[Pair], precision: str, batch_size: int = 64) -> dict[str, np.ndarray]:
     """Probabilities (n, num_labels) float32 and pooled [CLS] vectors (n, H) float16 for a batch of pairs."""
@@ -105,10 +97,7 @@ class ExtractStats:
 def choose_precision(
     encoder: CrossEncoder | "SentenceEncoder", requested: str, cache_root: str | os.PathLike, kind: str, sample_pairs: Sequence[Pair]
 ) -> str:
-    """'auto' reuses the precision of an existing cache for this model (no recompute), else probes.
-
-    On CPU the thread count (1 vs all cores) is timed on the sample too: on busy shared cores one thread wins.
-    """
+    """'auto' reuses the precision of an existing cache for this model (no recompute), else probes."""
     chosen = requested
     if requested == "auto":
         have = [p for p in existing_precisions(cache_root, kind, encoder.fingerprint, encoder.max_length)
@@ -117,9 +106,6 @@ def choose_precision(
             return encoder.resolve_precision(list(sample_pairs)[:256]) if isinstance(encoder, CrossEncoder) else "fp32"
         chosen = have[0]
         log.info("%s: reusing the cached precision %s (no probe)", kind, chosen)
-    if isinstance(encoder, CrossEncoder) and encoder.device.type == "cpu" and encoder.threads is None and sample_pairs:
-        sample = list(sample_pairs)[:16]
-        encoder.threads = pick_threads(lambda: extract_pairs(encoder, sample, chosen))
     return chosen
 
 
