@@ -144,10 +144,13 @@ class EmbedParams(_Section):
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 
+FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn"]
+
+
 class MtlParams(_Section):
     """Multi-task filter + pairwise re-ranker (stage mtl): architecture, training, CV, decision rule."""
 
-    feature_groups: list[Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc"]] = Field(default_factory=lambda: ["metadata", "bienc"])
+    feature_groups: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc"])
     tfidf_max_features: int = Field(default=2000, ge=1)  # bow group: vocabulary fitted on MedQuAD answers
     proj_channels: int = Field(default=64, ge=1)  # the paper's 1x1 conv width (768 there)
     conv_channels: list[int] = Field(default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4)  # paper: 512 512 256 256
@@ -182,7 +185,6 @@ class ScoreParams(_Section):
     mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.25, 0.5, 0.75], min_length=1)
 
 
-FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn"]
 
 
 class BiencParams(_Section):

@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 MAX_ANSWERS = 1000  # more candidates than any MEDIQA question by far; bounds the pairwise work (n²)
 MODEL_DIR = "models/mtl"
+CNN_DIR = "models/cnn"  # stage cnn_train; read when the MTL uses the cnn feature group
 _QID = "q"
 _SPLIT = "input"
 
@@ -135,9 +136,11 @@ class RankPipeline:
     precision: str = "fp32"
     batch_size: int = 64
     bienc: Any | None = None  # SentenceEncoder for the question-answer cosine feature, when the model uses it
+    cnn: Any | None = None  # medrank.models.cnn.CnnRanker for the cnn_score feature, when the model uses it
+    cnn_aggregation: str = "max"
 
     @classmethod
-    def from_params(cls, params_path: str | Path = "params.yaml", model_dir: str | Path = MODEL_DIR) -> "RankPipeline":
+    def from_params(cls, params_path: str | Path = "params.yaml", model_dir: str | Path = MODEL_DIR, cnn_dir: str | Path = CNN_DIR) -> "RankPipeline":
         """Components named by params.yaml (normalize, retrieve, embed sections) and the trained MTL model."""
         from medrank.encoders.cross_encoder import CrossEncoder
         from medrank.encoders.extract import SentenceEncoder
@@ -163,12 +166,20 @@ class RankPipeline:
         bienc = None
         if "bienc" in model.builder.groups:
             bienc = SentenceEncoder(meta.get("bienc_model", p.bienc.model), device=p.device, max_length=int(meta.get("bienc_max_length", p.bienc.max_length)))
+        cnn = None
+        if "cnn" in model.builder.groups:
+            from medrank.models.cnn import CnnRanker
+
+            if not Path(cnn_dir).is_dir():
+                raise MedrankError(f"{cnn_dir}: the model uses the cnn feature group but the CNN is missing (run `dvc repro cnn_train`)")
+            cnn = CnnRanker.load(cnn_dir)
         return cls(
             normalize=lambda t: normalizer(t).text, split_sentences=splitter, docs=docs, question_col=qcol,
             rqe=rqe, nli=nli, bi=bi, model=model, decision=meta["decision"],
             n_candidates=int(meta.get("n_candidates", p.n_candidates)), rqe_threshold=p.rqe_threshold,
             bm25_top_k=rp.bm25_top_k, max_sentences=ep.max_sentences, prefilter_top_k=ep.prefilter_top_k,
             precision=precision, batch_size=ep.batch_size, bienc=bienc,
+            cnn=cnn, cnn_aggregation=str(meta.get("cnn_aggregation", p.cnn.mediqa_aggregation)),
         )  # fmt: skip
 
     # ------------------------------------------------------------ steps
@@ -252,11 +263,16 @@ class RankPipeline:
         answers = self._answers_table(inp, question_norm)
         retrieved = self._retrieve(question_norm)
         grid = self._grids(answers, retrieved)
-        cos = None
+        scores = {}
         if self.bienc is not None:  # as medrank.features.bienc_cosines: unit vectors, fp32
             q = self.bienc.encode([question_norm])
-            cos = (self.bienc.encode(answers["answer_norm"].tolist()) @ q[0]).astype(float)
-        data = build_mtl_data(answers, grid, retrieved, n_candidates=self.n_candidates, bienc_cos=cos)
+            scores["bienc_cos"] = (self.bienc.encode(answers["answer_norm"].tolist()) @ q[0]).astype(float)
+        if self.cnn is not None:  # as stage cnn_mediqa: question vs the cleaned answer's sentences
+            from medrank.models.cnn import answer_scores
+            from medrank.text.sentences import split_rule
+
+            scores["cnn_score"] = answer_scores(self.cnn, answers, self.cnn_aggregation, split_rule)["cnn_score"].to_numpy()
+        data = build_mtl_data(answers, grid, retrieved, n_candidates=self.n_candidates, scores=scores)
         f, p = self.model.predict(data)
         ens = ensemble(f, p, self.decision["ensemble"])
         dec = Decision(**{k: self.decision[k] for k in ("ensemble", "rank_by", "threshold", "prior_shift", "min_keep")})

@@ -17,7 +17,7 @@ log = logging.getLogger("stages.mtl")
 NORMALIZED = Path("data/interim/normalized")
 RETRIEVED = Path("data/processed/retrieved.parquet")
 EMBEDDINGS = Path("data/processed/embeddings")
-BIENC = Path("data/processed/bienc.parquet")
+SCORE_FILES = {"bienc": ("bienc_cos", Path("data/processed/bienc.parquet")), "cnn": ("cnn_score", Path("data/processed/cnn_mediqa_scores.parquet"))}
 MODEL_DIR = Path("models/mtl")
 PREDICTIONS = Path("data/processed/mtl_predictions.parquet")
 METRICS = Path("metrics/mtl.json")
@@ -44,14 +44,12 @@ def main(params_path: str = "params.yaml") -> None:
     retrieved = read_parquet(RETRIEVED)
     # a capped profile retrieves for fewer questions (the same ones the bienc stage keeps): their answers only
     answers = read_parquet(NORMALIZED / "answers.parquet").merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
-    bienc = None
-    if "bienc" in mp.feature_groups:
-        from medrank.features import answer_scores
+    from medrank.features import answer_scores
 
-        bienc = answer_scores(answers, read_parquet(BIENC), "bienc_cos", str(BIENC))
-    data = mtl.build_mtl_data(
-        answers, read_parquet(EMBEDDINGS / "nli_grid.parquet"), retrieved, n_candidates=p.n_candidates, bienc_cos=bienc
-    )
+    # per-answer scores of other stages for the bienc / cnn groups
+    scores = {col: answer_scores(answers, read_parquet(path), col, str(path))
+              for group, (col, path) in SCORE_FILES.items() if group in mp.feature_groups}  # fmt: skip
+    data = mtl.build_mtl_data(answers, read_parquet(EMBEDDINGS / "nli_grid.parquet"), retrieved, n_candidates=p.n_candidates, scores=scores)
     tfidf = None
     if "bow" in mp.feature_groups:
         from medrank.features import fit_tfidf
@@ -72,7 +70,8 @@ def main(params_path: str = "params.yaml") -> None:
         data, train_gids, val_gids, test_gids, cfg, decision, make_builder,
         k=mp.cv_folds, seed=p.seed, device=device, live=Live(dir=str(LIVE_DIR), dvcyaml=None, save_dvc_exp=False),
     )  # fmt: skip
-    extra = {"decision": report.decision_json, "n_candidates": p.n_candidates, "bienc_model": p.bienc.model, "bienc_max_length": p.bienc.max_length}
+    extra = {"decision": report.decision_json, "n_candidates": p.n_candidates, "bienc_model": p.bienc.model, "bienc_max_length": p.bienc.max_length,
+             "cnn_aggregation": p.cnn.mediqa_aggregation}  # fmt: skip
     report.final_model.save(MODEL_DIR, extra_meta=extra)
     write_parquet(report.predictions, PREDICTIONS, mtl.PREDICTIONS_SCHEMA)
     metrics = {**report.metrics, "seconds_total": round(time.perf_counter() - t_start, 1), "device": str(device),

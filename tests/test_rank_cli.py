@@ -218,3 +218,36 @@ def test_rank_command_is_registered():
     args = build_parser().parse_args(["rank", "x.json", "--format", "table"])
     assert args.input == "x.json" and args.format == "table" and not args.all
     assert REPO.exists()
+
+
+def test_rank_with_the_cnn_feature_group(workdir, monkeypatch, capsys, tmp_path):
+    """An MTL trained with the cnn group: `medrank rank` loads models/cnn and scores the answers with it;
+    without models/cnn it stops with one clear line."""
+    import shutil
+
+    from medrank.embeddings import WordVectors
+    from medrank.models import mtl
+    from medrank.models.cnn import CnnRanker
+    from medrank.data import sentence_selection as ss
+
+    root = tmp_path / "proj"
+    shutil.copytree(workdir, root, ignore=shutil.ignore_patterns("mtl"))
+    data = _fake_training_data(seed=1)
+    data.cand["cnn_score"] = np.random.default_rng(1).random(len(data.cand))
+    cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=4, filter_hidden=(8,), pair_hidden=(8,), max_epochs=1, inner_val_frac=0.0)
+    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "cnn"], 2)(), seed=0)
+    meta = json.loads((workdir / "models" / "mtl" / "mtl.json").read_text())
+    model.save(root / "models" / "mtl", extra_meta={k: meta[k] for k in ("decision", "n_candidates")} | {"cnn_aggregation": "mean"})
+    monkeypatch.chdir(root)
+    from medrank.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(FIXTURES / "rank_input.json")])
+    assert e.value.code == 2
+    assert error_lines(capsys.readouterr().err) == ["error: models/cnn: the model uses the cnn feature group but the CNN is missing (run `dvc repro cnn_train`)"]
+
+    words = ["noonan", "syndrome", "inherited", "genetic", "is", "it"]
+    vectors = WordVectors(words, np.random.default_rng(0).normal(size=(len(words), 8)).astype(np.float32))
+    CnnRanker.create(vectors, ss.Idf({"noonan": 1}, n_docs=10), {"dropout": 0.0, "n_filters": 4, "hidden_size": 4, "conv_width": 3}, seed=0).save(root / "models" / "cnn")
+    out = json.loads(_rank(root, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
+    assert sorted(a["id"] for a in out["answers"]) == ["3", "4", "A1", "A2"]

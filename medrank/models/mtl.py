@@ -136,7 +136,7 @@ def build_mtl_data(
     retrieved: pd.DataFrame,
     *,
     n_candidates: int,
-    bienc_cos: np.ndarray | None = None,
+    scores: dict[str, np.ndarray] | None = None,
 ) -> MTLData:
     """MTLData from the normalized answers, the embed stage's NLI grid rows (extract.NLI_GRID) and the retrieve
     stage's table (retrieval.retrieved_schema: rank, rqe_score, passes_threshold, entailed_answer, rqe_cls).
@@ -144,10 +144,12 @@ def build_mtl_data(
     Grids are (candidate sentences, selected entailed sentences, H). Entailed answers of rank <= n_candidates
     (the top-1 fallback below T included, as the paper's §4.6) and augmentation pairs are used; a candidate
     without any entailed answer gets one empty 1×1 grid (entailed "none"), so every candidate can be scored.
-    Answers of questions absent from `retrieved` (a capped tiny profile) are left out.
+    Answers of questions absent from `retrieved` (a capped tiny profile) are left out. `scores`: per-answer
+    columns aligned with `answers` (bienc_cos, cnn_score), passed on to features.answer_table.
     """
     from medrank.features import answer_table, question_key
 
+    scores = dict(scores or {})
     retrieved = retrieved[retrieved["rank"] <= n_candidates]
     have = set(zip(retrieved["split"].astype(str), retrieved["qid"].astype(str)))
     keep = np.array([(s, q) in have for s, q in zip(answers["split"].astype(str), answers["qid"].astype(str))], dtype=bool)
@@ -155,8 +157,7 @@ def build_mtl_data(
         log.info("%d answers of %d questions without retrieval results left out", int((~keep).sum()),
                  answers.loc[~keep, ["split", "qid"]].drop_duplicates().shape[0])  # fmt: skip
         answers = answers[keep].reset_index(drop=True)
-        if bienc_cos is not None:
-            bienc_cos = np.asarray(bienc_cos)[keep]
+        scores = {k: np.asarray(v)[keep] for k, v in scores.items()}
     grid = grid[(grid["entailed_kind"] == "augment") | (grid["entailed_rank"] <= n_candidates)]
     # a capped profile (embed.max_answers_per_question) embeds only some answers of a question: keep those
     in_grid = set(zip(grid["split"].astype(str), grid["qid"].astype(str), grid["aid"].astype(str)))
@@ -166,10 +167,9 @@ def build_mtl_data(
     if not keep.all():
         log.info("%d answers without NLI grids (capped embed stage) left out", int((~keep).sum()))
         answers = answers[keep].reset_index(drop=True)
-        if bienc_cos is not None:
-            bienc_cos = np.asarray(bienc_cos)[keep]
+        scores = {k: np.asarray(v)[keep] for k, v in scores.items()}
     anli = grid[["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]]
-    cand = answer_table(answers, entailed=retrieved, anli=anli, bienc_cos=bienc_cos, n_candidates=n_candidates)
+    cand = answer_table(answers, entailed=retrieved, anli=anli, n_candidates=n_candidates, **scores)
     row_of = {k: i for i, k in enumerate(zip(cand["gid"], cand["aid"]))}
 
     hidden = len(retrieved["rqe_cls"].iloc[0]) if len(retrieved) else 0
