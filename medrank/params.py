@@ -185,8 +185,6 @@ class ScoreParams(_Section):
     mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.25, 0.5, 0.75], min_length=1)
 
 
-
-
 class BiencParams(_Section):
     """Zero-shot bi-encoder cosine(question, answer) for every MEDIQA answer (stage bienc; baseline/mtl group bienc)."""
 
