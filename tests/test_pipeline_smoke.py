@@ -62,6 +62,11 @@ def test_dvc_repro_tiny_profile(tiny_repo):
             path = next(iter(m)) if isinstance(m, dict) else m
             if "${" not in path:
                 assert json.loads((tiny_repo / path).read_text()) is not None, path
+    # the tiny MTL is a 2-member bag that reads the CNN stage's answer scores (optional cnn group)
+    from medrank.models.mtl import MTLBag
+
+    bag, meta = MTLBag.load(tiny_repo / "models/mtl")
+    assert len(bag.members) == 2 and "cnn" in bag.builder.groups and meta["cnn_aggregation"] in ("max", "mean")
     # a second repro has nothing to do
     again = _dvc("repro", cwd=tiny_repo)
     assert again.returncode == 0
