@@ -76,7 +76,8 @@ def _baseline(m: dict) -> list[str]:
     if t4:
         rows = [[name.replace("+", " + ")] + [x for k in ("lr_filter_score", "rank_svm") for x in (_pm(r[k]["cv_spearman_true"]), _fmt(r[k]["val_spearman"]))]
                 for name, r in t4.items()]  # fmt: skip
-        out += ["**Ranking: LR filter score vs rank SVM** (paper Table 4)", ""]
+        out += ["**Ranking: LR filter score vs rank SVM** (paper Table 4; Spearman covers the answers each row's own filter "
+                "keeps, so compare the two rankers within a row, not rows with each other)", ""]
         out += _table(["features", "LR: CV Spearman (true)", "LR: val Spearman", "rank SVM: CV Spearman (true)", "rank SVM: val Spearman"], rows)
     return out
 
