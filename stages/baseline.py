@@ -28,7 +28,6 @@ PREDICTIONS = Path("data/processed/baseline/predictions.parquet")
 TRAIN_SPLITS = ("train_liveqa", "train_alexa")
 
 
-
 def main() -> None:
     from medrank.features import answer_scores, answer_table, cap_questions, fit_tfidf
     import pandas as pd

@@ -29,14 +29,13 @@ PLOTS = Path("plots/error_analysis")
 TRAIN_SPLITS = ("train_liveqa", "train_alexa")
 
 
-
 def main() -> None:
     import json
 
     import pandas as pd
 
     from medrank.errors import MedrankError
-    from medrank.features import answer_table
+    from medrank.features import answer_table, question_key
     from medrank.io import read_parquet, write_json, write_text
     from medrank.metrics import gold_from_answers, score_task3
     from medrank.models import mtl
@@ -52,7 +51,7 @@ def main() -> None:
     # CV rows: the answers the MTL saw (capped profiles see fewer); validation: always the full official gold
     answers = all_answers.merge(pred[["split", "qid", "aid"]].drop_duplicates(), on=["split", "qid", "aid"])
     cand = answer_table(answers)
-    pred = pred.assign(gid=pred["split"].astype(str) + ":" + pred["qid"].astype(str))
+    pred = pred.assign(gid=question_key(pred))
     split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
     train = [g for g, s in split_of.items() if s in TRAIN_SPLITS]
     gold_val = gold_from_answers(all_answers, "val")
@@ -71,7 +70,7 @@ def main() -> None:
     systems["baseline"] = {"val": rounded_scores(score_task3(gold_val, BASELINE_VAL)), **({"cv": base_cv} if base_cv else {})}
 
     base = read_parquet(BASELINE_PREDICTIONS)
-    base = base.assign(gid=base["split"].astype(str) + ":" + base["qid"].astype(str))
+    base = base.assign(gid=question_key(base))
     decided["baseline"] = base
     mine = pred[["part", "gid", "aid", "fold", "prob_mean", "rank_key"]].rename(columns={"prob_mean": "prob"})
     theirs = base[["part", "gid", "aid", "prob", "rank_score"]].rename(columns={"rank_score": "rank_key"})
