@@ -7,10 +7,10 @@ out-of-range value) stops with one line naming the key. Stages then read only th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from medrank.errors import MedrankError
 
@@ -164,6 +164,7 @@ class MtlParams(_Section):
     weight_decay: float = Field(default=1e-4, ge=0.0)
     max_epochs: int = Field(default=30, ge=1)
     patience: int = Field(default=5, ge=1)
+    fixed_epochs: int | None = Field(default=None, ge=1)  # None = early stopping on the inner split; N = N epochs, no inner split
     questions_per_batch: int = Field(default=8, ge=1)
     inner_val_frac: float = Field(default=0.15, ge=0.0, lt=1.0)  # training questions held out for early stopping
     augment: bool = True  # train on the embed stage's augmentation pairs
@@ -175,6 +176,32 @@ class MtlParams(_Section):
     cv_folds: int = Field(default=5, ge=2)
     n_seeds: int = Field(default=1, ge=1)  # networks per fit (different seeds), predictions averaged
     threads: int | None = Field(default=None, ge=1)  # CPU threads for training; None = torch's default
+    nli_grid: bool = True  # False: no conv encoder over the NLI grid (an ablation row)
+    # CV rows beside the default: each `{name: ..., key: value, ...}` overrides keys above (what each part adds)
+    ablations: list[dict[str, Any]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_ablations(self) -> "MtlParams":
+        self.ablation_rows()
+        return self
+
+    def ablation_rows(self) -> dict[str, tuple[dict[str, Any], "MtlParams"]]:
+        """name -> (its overrides, these params with them), each row validated like the section itself."""
+        out: dict[str, tuple[dict[str, Any], MtlParams]] = {}
+        for i, row in enumerate(self.ablations):
+            name = row.get("name")
+            if not isinstance(name, str) or not name or name in out:
+                raise ValueError(f"ablations[{i}]: needs a unique non-empty name, got {name!r}")
+            over = {k: v for k, v in row.items() if k != "name"}
+            fixed = sorted(set(over) & {"ablations", "cv_folds", "threads"})
+            if fixed:
+                raise ValueError(f"ablations[{i}] ({name}): {fixed[0]} cannot vary between rows")
+            try:
+                out[name] = (over, MtlParams.model_validate({**self.model_dump(exclude={"ablations"}), **over}))
+            except ValidationError as e:
+                first = e.errors()[0]
+                raise ValueError(f"ablations[{i}] ({name}).{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+        return out
 
 
 class ScoreParams(_Section):

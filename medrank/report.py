@@ -61,6 +61,12 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
     out += _table(head, rows)
     if final:
         out += [f"Final system: `{final.get('system')}`, chosen by {final.get('selection', 'the score stage')}.", ""]
+    by_weight = (final.get("systems", {}).get("ensemble") or {}).get("cv_by_mtl_weight")
+    if by_weight:
+        rows = [[w] + [_pm(cv.get(k)) for k in ("accuracy", "precision", "mrr", "spearman_true")] for w, cv in by_weight.items()]
+        out += ["**What the MTL adds to the ensemble** (MTL weight vs the baseline's; 0 = the baseline alone, 1 = the MTL alone, both "
+                "thresholded on out-of-fold rows as the ensemble is; question-grouped 5-fold CV over train+val)", ""]
+        out += _table(["MTL weight", "CV accuracy", "CV precision", "CV MRR", "CV Spearman (true)"], rows)
     return out
 
 
@@ -80,6 +86,19 @@ def _baseline(m: dict) -> list[str]:
                 "keeps, so compare the two rankers within a row, not rows with each other)", ""]
         out += _table(["features", "LR: CV Spearman (true)", "LR: val Spearman", "rank SVM: CV Spearman (true)", "rank SVM: val Spearman"], rows)
     return out
+
+
+def _mtl(m: dict) -> list[str]:
+    """The MTL's CV beside its ablation rows (each row: its overrides of params.yaml `mtl`)."""
+    if not m.get("ablations") or not m.get("cv"):
+        return []
+    rows = []
+    for name, cv in {"default (params.yaml `mtl`)": m["cv"], **m["ablations"]}.items():
+        change = ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in (cv.get("overrides") or {}).items()) or "—"
+        rows.append([name, change] + [_pm(cv.get(k)) for k in ("accuracy", "precision", "mrr", "spearman_true")])
+    out = ["**Multi-task model: what each part adds** (question-grouped 5-fold CV over train+val, the same folds for every row; "
+           "CV MRR is low because some training questions have no valid answer: their MRR is 0 whatever the ranking)", ""]
+    return out + _table(["row", "change from the default", "CV accuracy", "CV precision", "CV MRR", "CV Spearman (true)"], rows)
 
 
 def _retrieve(m: dict) -> list[str]:
@@ -126,6 +145,7 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     metrics = {f.stem: _load(f) for f in sorted(metrics_dir.glob("*.json"))}
     lines = _task3(metrics)
     lines += _baseline(metrics.get("baseline", {}))
+    lines += _mtl(metrics.get("mtl", {}))
     lines += _retrieve(metrics.get("retrieve", {}))
     lines += _finetune(metrics)
     lines += _cnn(metrics.get("cnn_squad", {}))

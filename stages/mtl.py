@@ -44,19 +44,25 @@ def main(params_path: str = "params.yaml") -> None:
     retrieved = read_parquet(RETRIEVED)
     # a capped profile retrieves for fewer questions (the same ones the bienc stage keeps): their answers only
     answers = read_parquet(NORMALIZED / "answers.parquet").merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
-    from medrank.features import answer_scores
+    from medrank.features import answer_scores, fit_tfidf
 
-    # per-answer scores of other stages for the bienc / cnn groups
+    ablations = mp.ablation_rows()
+    rows = {name: r for name, (_, r) in ablations.items()}
+    groups = set(mp.feature_groups).union(*(r.feature_groups for r in rows.values()))
+    # per-answer scores of other stages for the bienc / cnn groups (of the default or any ablation row)
     scores = {col: answer_scores(answers, read_parquet(path), col, str(path))
-              for group, (col, path) in SCORE_FILES.items() if group in mp.feature_groups}  # fmt: skip
+              for group, (col, path) in SCORE_FILES.items() if group in groups}  # fmt: skip
     data = mtl.build_mtl_data(answers, read_parquet(EMBEDDINGS / "nli_grid.parquet"), retrieved, n_candidates=p.n_candidates, scores=scores)
-    tfidf = None
-    if "bow" in mp.feature_groups:
-        from medrank.features import fit_tfidf
+    tfidf = {}  # vocabulary size -> vectorizer fitted on MedQuAD answers (bow group)
+    for r in [mp, *rows.values()]:
+        if "bow" in r.feature_groups and r.tfidf_max_features not in tfidf:
+            corpus = read_parquet(NORMALIZED / "medquad.parquet", columns=["answer_norm"])["answer_norm"].dropna().tolist()
+            tfidf[r.tfidf_max_features] = fit_tfidf(corpus, r.tfidf_max_features)
 
-        tfidf = fit_tfidf(read_parquet(NORMALIZED / "medquad.parquet", columns=["answer_norm"])["answer_norm"].dropna().tolist(), mp.tfidf_max_features)
-    cfg, decision = mtl.config_from_params(mp)
-    make_builder = mtl.builder_factory(mp.feature_groups, p.n_candidates, tfidf)
+    def recipe(r):
+        return (*mtl.config_from_params(r), mtl.builder_factory(r.feature_groups, p.n_candidates, tfidf.get(r.tfidf_max_features)))
+
+    cfg, decision, make_builder = recipe(mp)
 
     # question order as in the answers table: the same question-grouped folds as the baseline's CV (same seed)
     split_of = data.cand.drop_duplicates("gid").set_index("gid")["split"]
@@ -69,11 +75,14 @@ def main(params_path: str = "params.yaml") -> None:
     report = mtl.run_recipe(
         data, train_gids, val_gids, test_gids, cfg, decision, make_builder,
         k=mp.cv_folds, seed=p.seed, device=device, live=Live(dir=str(LIVE_DIR), dvcyaml=None, save_dvc_exp=False),
+        ablations={name: recipe(r) for name, r in rows.items()},
     )  # fmt: skip
     extra = {"decision": report.decision_json, "n_candidates": p.n_candidates, "bienc_model": p.bienc.model, "bienc_max_length": p.bienc.max_length,
              "cnn_aggregation": p.cnn.mediqa_aggregation}  # fmt: skip
     report.final_model.save(MODEL_DIR, extra_meta=extra)
     write_parquet(report.predictions, PREDICTIONS, mtl.PREDICTIONS_SCHEMA)
+    for name, row in report.metrics["ablations"].items():
+        row["overrides"] = ablations[name][0]
     metrics = {**report.metrics, "seconds_total": round(time.perf_counter() - t_start, 1), "device": str(device),
                "threads": torch.get_num_threads()}  # fmt: skip
     write_json(METRICS, _rounded(metrics))

@@ -200,6 +200,15 @@ def test_quadrant_pool_averages_each_quadrant():
 # ---------------------------------------------------------------- heads and loss
 
 
+def test_net_without_nli_grid_has_no_encoder():
+    cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=3, filter_hidden=(8,), pair_hidden=(8,), nli_grid=False)
+    net = mtl.MTLNet(cfg, hidden_size=6, rqe_size=5, meta_dim=2, pair_dim=4).eval()
+    assert net.encoder is None and net.joint_dim == 3 + 2 + 4
+    cells, h, w = torch.zeros(4, 6), torch.tensor([2, 1]), torch.tensor([1, 2])
+    joint = net.joint(cells, h, w, torch.randn(2, 5), torch.randn(2, 2), torch.randn(2, 4))
+    assert joint.shape == (2, 9)
+
+
 def test_pair_head_is_antisymmetric():
     torch.manual_seed(0)
     net = mtl.MTLNet(tiny_config(), H, H, 3, len(mtl.PAIR_FEATURES)).eval()
@@ -303,6 +312,17 @@ def test_training_is_seeded(data):
     assert np.allclose(fa["prob"], fb["prob"]) and np.allclose(pa_["prob"], pb["prob"])
 
 
+def test_fixed_epochs_train_that_many_epochs_on_every_question(data):
+    train = gids_of(data, "train")
+    model = mtl.fit_mtl(data, train, tiny_config(max_epochs=9, patience=1, fixed_epochs=3), mtl.builder_factory(["metadata"], 2)(), seed=2)
+    # no inner split: no validation loss, no early stop, the last epoch's weights
+    assert [h["epoch"] for h in model.history] == [1, 2, 3] and model.best_epoch == 3
+    assert not any("val_loss" in h for h in model.history)
+    # the feature scaling saw every training question (an inner split would have held some out)
+    cand = data.cand[data.cand["gid"].isin(set(train))]
+    assert np.allclose(model.builder.mean_, mtl.builder_factory(["metadata"], 2)().fit(cand).mean_)
+
+
 def test_test_rows_cannot_be_trained_on(data):
     with pytest.raises(MedrankError, match="without a label"):
         mtl.fit_mtl(data, gids_of(data, "test"), tiny_config(max_epochs=1), mtl.builder_factory(["metadata"], 2)())
@@ -342,9 +362,10 @@ def test_seed_bag_averages_its_members_and_round_trips(data, tmp_path):
 def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
     from medrank.io import write_parquet
 
+    no_grid = (tiny_config(max_epochs=3, nli_grid=False), mtl.Decision(ensemble="sum"), mtl.builder_factory(["metadata", "rqe"], 2))
     report = mtl.run_recipe(
         data, gids_of(data, "train"), gids_of(data, "val"), gids_of(data, "test"), tiny_config(max_epochs=3),
-        mtl.Decision(ensemble="mean"), mtl.builder_factory(["metadata"], 2), k=2, seed=1,
+        mtl.Decision(ensemble="mean"), mtl.builder_factory(["metadata"], 2), k=2, seed=1, ablations={"no_grid": no_grid},
     )  # fmt: skip
     write_parquet(report.predictions, tmp_path / "p.parquet", mtl.PREDICTIONS_SCHEMA)
     pred = report.predictions
@@ -355,6 +376,9 @@ def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
     assert set(m["cv"]) >= {"accuracy", "precision", "mrr", "spearman", "spearman_true", "thresholds"}
     assert len(m["cv"]["thresholds"]) == 2 and 0 < m["decision"]["threshold_final_model"] < 1
     assert "sum/pairwise" in m["cv_variants"] and 0 <= m["val"]["accuracy"] <= 1
+    # an ablation row: its own CV on the same folds, with its own thresholds (on the summed scale here)
+    row = m["ablations"]["no_grid"]
+    assert 0 <= row["accuracy"]["mean"] <= 1 and len(row["thresholds"]) == 2 and row["accuracy"] != m["cv"]["accuracy"]
     # kept answers come first within each question in the test part
     for _, g in pred[pred["part"] == "test"].groupby("qid"):
         labels = g.sort_values("score", ascending=False)["label"].tolist()

@@ -44,6 +44,10 @@ def test_tiny_profile_keys_exist_in_params():
         ("rqe_threshold: 1.5\n", "rqe_threshold"),
         ("acquire: [1, 2\n", "not valid YAML"),
         ("- a\n- b\n", "mapping"),
+        ("mtl:\n  ablations: [{name: x, alpah: 1}]\n", "ablations[0] (x).alpah: Extra inputs"),
+        ("mtl:\n  ablations: [{name: x, alpha: -1}]\n", "ablations[0] (x).alpha"),
+        ("mtl:\n  ablations: [{name: x, cv_folds: 3}]\n", "cv_folds cannot vary"),
+        ("mtl:\n  ablations: [{alpha: 1}]\n", "ablations[0]: needs a unique non-empty name"),
     ],
 )
 def test_invalid_params_name_the_key(tmp_path, text, expected):
@@ -51,6 +55,12 @@ def test_invalid_params_name_the_key(tmp_path, text, expected):
         load_params(write(tmp_path, text))
     msg = str(e.value)
     assert expected in msg and "\n" not in msg
+
+
+def test_mtl_ablation_rows_override_the_section():
+    rows = load_params(REPO / "params.yaml").mtl.model_copy(update={"ablations": [{"name": "g", "nli_grid": False, "alpha": 0.5}]}).ablation_rows()
+    over, row = rows["g"]
+    assert over == {"nli_grid": False, "alpha": 0.5} and row.nli_grid is False and row.alpha == 0.5 and row.ablations == []
 
 
 def test_stage_exits_2_with_one_line_on_bad_params(tmp_path):

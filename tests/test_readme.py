@@ -25,7 +25,9 @@ def test_render_results_headline_tables(tmp_path):
     cvs = {k: cv for k in ("accuracy", "precision", "mrr", "spearman", "spearman_true")}
     val = {"accuracy": 0.79, "precision": 0.78, "mrr": 0.93, "spearman": 0.3, "spearman_true": 0.27}
     (tmp_path / "task3_val_mtl.json").write_text(json.dumps(val))
-    (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": cvs, "val": val}}}))
+    ens = {"cv": cvs, "val": val, "cv_by_mtl_weight": {"0.0": cvs, "0.5": {**cvs, "accuracy": {"mean": 0.9, "sd": 0.01}}}}
+    (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": cvs, "val": val}, "ensemble": ens}}))
+    (tmp_path / "mtl.json").write_text(json.dumps({"cv": cvs, "ablations": {"no_grid": {**cvs, "overrides": {"nli_grid": False}}}}))
     (tmp_path / "baseline.json").write_text(json.dumps({
         "table1_ablation": {"metadata+bienc": {"cv": cvs, "val": val}},
         "table4_ranking": {"metadata+bienc": {k: {"cv_spearman_true": cv, "val_spearman": 0.1} for k in ("lr_filter_score", "rank_svm")}},
@@ -38,3 +40,6 @@ def test_render_results_headline_tables(tmp_path):
     assert "| metadata + bienc | 0.800 ± 0.020 | 0.100 | 0.800 ± 0.020 | 0.100 |" in out
     assert "| T=0.5 | 3 / 4 | 0.750 |" in out
     assert "| cnn | 0.900 | 0.800 | 0.700 |" in out
+    assert "| 0.5 | 0.900 ± 0.010 | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.800 ± 0.020 |" in out
+    assert "| default (params.yaml `mtl`) | — | 0.800 ± 0.020 |" in out
+    assert "| no_grid | `nli_grid: false` | 0.800 ± 0.020 |" in out

@@ -63,6 +63,8 @@ class MTLConfig:
     augment: bool = True  # use the augmentation pairs (higher-ranked candidates as entailed answers)
     max_cells_per_chunk: int = 40000  # padded grid cells encoded at once (memory bound)
     n_seeds: int = 1  # networks trained with different seeds (init, inner split, batch order); predictions averaged
+    fixed_epochs: int | None = None  # None = early stopping on the inner split; N = exactly N epochs on all training questions
+    nli_grid: bool = True  # False: no conv encoder, the joint embedding lacks the NLI grid (an ablation)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -332,14 +334,15 @@ class MTLNet(nn.Module):
 
     def __init__(self, cfg: MTLConfig, hidden_size: int, rqe_size: int, meta_dim: int, pair_dim: int) -> None:
         super().__init__()
-        self.encoder = GridEncoder(hidden_size, cfg.proj_channels, cfg.conv_channels)
+        self.hidden_size = hidden_size
+        self.encoder = GridEncoder(hidden_size, cfg.proj_channels, cfg.conv_channels) if cfg.nli_grid else None
         self.rqe_proj = nn.Linear(rqe_size, cfg.rqe_dim) if cfg.rqe_dim > 0 and rqe_size > 0 else None
-        self.joint_dim = self.encoder.out_dim + (cfg.rqe_dim if self.rqe_proj is not None else 0) + meta_dim + pair_dim
+        self.joint_dim = (self.encoder.out_dim if self.encoder is not None else 0) + (cfg.rqe_dim if self.rqe_proj is not None else 0) + meta_dim + pair_dim
         self.filter_head = _mlp(self.joint_dim, cfg.filter_hidden, cfg.dropout)
         self.pair_head = _mlp(2 * self.joint_dim, cfg.pair_hidden, cfg.dropout)
 
     def joint(self, cells, h, w, rqe, meta, pf) -> torch.Tensor:
-        parts = [self.encoder(cells, h, w)]
+        parts = [self.encoder(cells, h, w)] if self.encoder is not None else []
         if self.rqe_proj is not None:
             parts.append(self.rqe_proj(rqe))
         parts += [meta, pf]
@@ -528,9 +531,8 @@ class FittedMTL:
 
     @property
     def dims(self) -> dict:
-        enc = self.net.encoder
         return {
-            "hidden_size": enc.proj.in_features,
+            "hidden_size": self.net.hidden_size,
             "rqe_size": self.net.rqe_proj.in_features if self.net.rqe_proj is not None else 0,
             "meta_dim": len(self.builder.feature_names),
             "pair_dim": len(PAIR_FEATURES),
@@ -706,11 +708,12 @@ def fit_mtl(
     """Train on the questions `train_gids`; early stopping on an inner split of them (inner-val loss).
 
     `builder` is an unfitted medrank.features.FeatureBuilder (fitted here on the training candidates).
-    With `epochs` set, no inner split: train exactly that many epochs on all of `train_gids`.
+    With `epochs` (or cfg.fixed_epochs) set, no inner split: train exactly that many epochs on all of `train_gids`.
     """
     dev = torch.device(device) if not isinstance(device, torch.device) else device
     set_seed(seed)
     train_gids = list(train_gids)
+    epochs = epochs if epochs is not None else cfg.fixed_epochs
     if epochs is None:
         fit_gids, inner_gids = _split_inner(train_gids, cfg.inner_val_frac, seed)
     else:
@@ -990,7 +993,7 @@ def config_from_params(mp) -> tuple[MTLConfig, Decision]:
         filter_hidden=tuple(mp.filter_hidden), pair_hidden=tuple(mp.pair_hidden), dropout=mp.dropout, alpha=mp.alpha,
         lr=mp.lr, weight_decay=mp.weight_decay, max_epochs=mp.max_epochs, patience=mp.patience,
         questions_per_batch=mp.questions_per_batch, inner_val_frac=mp.inner_val_frac, augment=mp.augment,
-        pair_scope=mp.pair_scope, n_seeds=mp.n_seeds,
+        pair_scope=mp.pair_scope, n_seeds=mp.n_seeds, fixed_epochs=mp.fixed_epochs, nli_grid=mp.nli_grid,
     )  # fmt: skip
     return cfg, Decision(mp.ensemble, mp.rank_by, mp.threshold, mp.prior_shift, mp.min_keep)
 
@@ -1066,8 +1069,10 @@ def run_recipe(
     seed: int,
     device: str | torch.device = "cpu",
     live=None,
+    ablations: dict[str, tuple[MTLConfig, Decision, Callable[[], object]]] | None = None,
 ) -> RecipeReport:
-    """CV over train+val → thresholds and mean ± sd; train-only model → validation check; train+val model → test."""
+    """CV over train+val → thresholds and mean ± sd; train-only model → validation check; train+val model → test.
+    `ablations`: rows (config, decision, feature builder) that get the same CV only (ablation_cv)."""
     # labelled questions in table order (the baseline's CV sees them in this order: same folds for one seed)
     lab_set = set(train_gids) | set(val_gids)
     labelled = [g for g in pd.unique(data.cand["gid"]) if g in lab_set]
@@ -1078,6 +1083,7 @@ def run_recipe(
     for name, dv in _variants(decision).items():
         variants[name], _ = cv_metrics(cv, data.cand, dv)
     cv_summary, oof = cv_metrics(cv, data.cand, decision)
+    ablation = ablation_cv(data, labelled, ablations or {}, k=k, seed=seed, device=device)
 
     def _threshold(rows: pd.DataFrame) -> float:
         if decision.threshold is not None:
@@ -1118,6 +1124,7 @@ def run_recipe(
         "decision": {**asdict(decision), "threshold_val_model": t_val, "threshold_final_model": t_final},
         "cv": cv_summary,
         "cv_variants": variants,
+        "ablations": ablation,
         "val": {m: val_metrics[m] for m in ("accuracy", "precision", "mrr", "spearman", "spearman_true")},
         "val_counts": {m: val_metrics[m] for m in ("n_questions", "n_gold_rows", "n_predicted_positive", "n_correct_positive", "n_spearman_questions")},
         "best_epochs": {"cv_folds": cv.best_epochs, "val_model": val_model.best_epoch, "final_model": final.best_epoch},
@@ -1126,6 +1133,27 @@ def run_recipe(
         "questions": {"train": len(train_gids), "val": len(val_gids), "test": len(test_gids)},
     }
     return RecipeReport(final, pd.concat(parts, ignore_index=True), metrics, decision_json)
+
+
+def ablation_cv(
+    data: MTLData,
+    labelled: Sequence[str],
+    rows: dict[str, tuple[MTLConfig, Decision, Callable[[], object]]],
+    *,
+    k: int,
+    seed: int,
+    device: str | torch.device = "cpu",
+) -> dict[str, dict]:
+    """CV mean ± sd of each ablation row (its config, decision rule and feature builder), on the folds of the
+    stage's own CV (same questions, same seed), so rows compare with the default and with each other."""
+    out = {}
+    for name, (cfg, decision, make_builder) in rows.items():
+        t0 = time.perf_counter()
+        cv = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device)
+        summary, _ = cv_metrics(cv, data.cand, decision)
+        out[name] = {**summary, "seconds": round(time.perf_counter() - t0, 1)}
+        log.info("ablation %s: CV accuracy %.3f ± %.3f", name, summary["accuracy"]["mean"], summary["accuracy"]["sd"])
+    return out
 
 
 # ---------------------------------------------------------------- final system: ensemble with the baseline, error analysis
