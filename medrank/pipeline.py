@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 MAX_ANSWERS = 1000  # more candidates than any MEDIQA question by far; bounds the pairwise work (n²)
 MODEL_DIR = "models/mtl"
 CNN_DIR = "models/cnn"  # stage cnn_train; read when the MTL uses the cnn feature group
+QA_DIR = "models/qa"  # stage qa; read when the MTL uses the qa feature group
 _QID = "q"
 _SPLIT = "input"
 
@@ -138,9 +139,11 @@ class RankPipeline:
     bienc: Any | None = None  # SentenceEncoder for the question-answer cosine feature, when the model uses it
     cnn: Any | None = None  # medrank.models.cnn.CnnRanker for the cnn_score feature, when the model uses it
     cnn_aggregation: str = "max"
+    qa: Any | None = None  # CrossEncoder (stage qa) for the qa_score feature, when the model uses it
 
     @classmethod
-    def from_params(cls, params_path: str | Path = "params.yaml", model_dir: str | Path = MODEL_DIR, cnn_dir: str | Path = CNN_DIR) -> "RankPipeline":
+    def from_params(cls, params_path: str | Path = "params.yaml", model_dir: str | Path = MODEL_DIR, cnn_dir: str | Path = CNN_DIR,
+                    qa_dir: str | Path = QA_DIR) -> "RankPipeline":  # fmt: skip
         """Components named by params.yaml (normalize, retrieve, embed sections) and the trained MTL model."""
         from medrank.encoders.cross_encoder import CrossEncoder
         from medrank.encoders.extract import SentenceEncoder
@@ -173,13 +176,18 @@ class RankPipeline:
             if not Path(cnn_dir).is_dir():
                 raise MedrankError(f"{cnn_dir}: the model uses the cnn feature group but the CNN is missing (run `dvc repro cnn_train`)")
             cnn = CnnRanker.load(cnn_dir)
+        qa = None
+        if "qa" in model.builder.groups:
+            if not Path(qa_dir).is_dir():
+                raise MedrankError(f"{qa_dir}: the model uses the qa feature group but the QA cross-encoder is missing (run `dvc repro qa`)")
+            qa = CrossEncoder.load(qa_dir, device=p.device, precision=precision)
         return cls(
             normalize=lambda t: normalizer(t).text, split_sentences=splitter, docs=docs, question_col=qcol,
             rqe=rqe, nli=nli, bi=bi, model=model, decision=meta["decision"],
             n_candidates=int(meta.get("n_candidates", p.n_candidates)), rqe_threshold=p.rqe_threshold,
             bm25_top_k=rp.bm25_top_k, max_sentences=ep.max_sentences, prefilter_top_k=ep.prefilter_top_k,
             precision=precision, batch_size=ep.batch_size, bienc=bienc,
-            cnn=cnn, cnn_aggregation=str(meta.get("cnn_aggregation", p.cnn.mediqa_aggregation)),
+            cnn=cnn, cnn_aggregation=str(meta.get("cnn_aggregation", p.cnn.mediqa_aggregation)), qa=qa,
         )  # fmt: skip
 
     # ------------------------------------------------------------ steps
@@ -272,6 +280,9 @@ class RankPipeline:
             from medrank.text.sentences import split_rule
 
             scores["cnn_score"] = answer_scores(self.cnn, answers, self.cnn_aggregation, split_rule)["cnn_score"].to_numpy()
+        if self.qa is not None:  # as stage qa: (normalized question, normalized answer), P(answered)
+            pairs = [(question_norm, a) for a in answers["answer_norm"].fillna("").astype(str)]
+            scores["qa_score"] = self.qa.predict(pairs, batch_size=self.batch_size, show_progress=False)[:, 1].astype(float)
         data = build_mtl_data(answers, grid, retrieved, n_candidates=self.n_candidates, scores=scores)
         f, p = self.model.predict(data)
         ens = ensemble(f, p, self.decision["ensemble"])

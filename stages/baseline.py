@@ -20,6 +20,7 @@ RETRIEVED = Path("data/processed/retrieved.parquet")
 NLI_GRID = Path("data/processed/embeddings/nli_grid.parquet")
 BIENC = Path("data/processed/bienc.parquet")
 CNN_SCORES = Path("data/processed/cnn_mediqa_scores.parquet")
+QA_SCORES = Path("data/processed/qa_scores.parquet")
 VAL_SUBMISSION = "submissions/task3_val_baseline.csv"
 TEST_SUBMISSION = "submissions/task3_test_baseline.csv"
 VAL_METRICS = "metrics/task3_val_baseline.json"
@@ -55,6 +56,8 @@ def main() -> None:
         inputs["bienc_cos"] = answer_scores(answers, read_parquet(BIENC), "bienc_cos", str(BIENC))
     if "cnn" in used:
         inputs["cnn_score"] = answer_scores(answers, read_parquet(CNN_SCORES), "cnn_score", str(CNN_SCORES))
+    if "qa" in used:
+        inputs["qa_score"] = answer_scores(answers, read_parquet(QA_SCORES), "qa_score", str(QA_SCORES))
     table = answer_table(answers, n_candidates=p.n_candidates, **inputs)
     tfidf = None
     if "bow" in used:

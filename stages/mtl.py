@@ -17,7 +17,11 @@ log = logging.getLogger("stages.mtl")
 NORMALIZED = Path("data/interim/normalized")
 RETRIEVED = Path("data/processed/retrieved.parquet")
 EMBEDDINGS = Path("data/processed/embeddings")
-SCORE_FILES = {"bienc": ("bienc_cos", Path("data/processed/bienc.parquet")), "cnn": ("cnn_score", Path("data/processed/cnn_mediqa_scores.parquet"))}
+SCORE_FILES = {
+    "bienc": ("bienc_cos", Path("data/processed/bienc.parquet")),
+    "cnn": ("cnn_score", Path("data/processed/cnn_mediqa_scores.parquet")),
+    "qa": ("qa_score", Path("data/processed/qa_scores.parquet")),
+}
 MODEL_DIR = Path("models/mtl")
 PREDICTIONS = Path("data/processed/mtl_predictions.parquet")
 METRICS = Path("metrics/mtl.json")

@@ -251,3 +251,32 @@ def test_rank_with_the_cnn_feature_group(workdir, monkeypatch, capsys, tmp_path)
     CnnRanker.create(vectors, ss.Idf({"noonan": 1}, n_docs=10), {"dropout": 0.0, "n_filters": 4, "hidden_size": 4, "conv_width": 3}, seed=0).save(root / "models" / "cnn")
     out = json.loads(_rank(root, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
     assert sorted(a["id"] for a in out["answers"]) == ["3", "4", "A1", "A2"]
+
+
+def test_rank_with_the_qa_group_loads_the_qa_cross_encoder(workdir, tmp_path, monkeypatch, capsys):
+    """An MTL trained with the qa group scores (question, answer) with models/qa; without it, one clear line."""
+    import shutil
+
+    from medrank.encoders.cross_encoder import CrossEncoder
+    from medrank.models import mtl
+
+    root = tmp_path / "proj"
+    shutil.copytree(workdir, root, ignore=shutil.ignore_patterns("mtl"))
+    data = _fake_training_data(seed=2)
+    data.cand["qa_score"] = np.random.default_rng(2).random(len(data.cand))
+    cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=4, filter_hidden=(8,), pair_hidden=(8,), max_epochs=1, inner_val_frac=0.0)
+    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "qa"], 2)(), seed=0)
+    meta = json.loads((workdir / "models" / "mtl" / "mtl.json").read_text())
+    model.save(root / "models" / "mtl", extra_meta={k: meta[k] for k in ("decision", "n_candidates")})
+    monkeypatch.chdir(root)
+    from medrank.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(FIXTURES / "rank_input.json")])
+    assert e.value.code == 2
+    assert error_lines(capsys.readouterr().err) == ["error: models/qa: the model uses the qa feature group but the QA cross-encoder is missing (run `dvc repro qa`)"]
+
+    shutil.copytree(root / "models" / "rqe", root / "models" / "qa")  # any 2-label cross-encoder
+    out = json.loads(_rank(root, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
+    assert sorted(a["id"] for a in out["answers"]) == ["3", "4", "A1", "A2"]
+    assert CrossEncoder.load(root / "models" / "qa").num_labels == 2
