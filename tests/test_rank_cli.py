@@ -220,24 +220,31 @@ def test_rank_command_is_registered():
     assert REPO.exists()
 
 
-def test_rank_with_the_cnn_feature_group(workdir, monkeypatch, capsys, tmp_path):
-    """An MTL trained with the cnn group: `medrank rank` loads models/cnn and scores the answers with it;
-    without models/cnn it stops with one clear line."""
+def _project_with_group(workdir: Path, tmp_path: Path, group: str, column: str, seed: int, extra_meta: dict | None = None) -> Path:
+    """A copy of the project whose MTL was trained with feature groups metadata + `group` (random `column` values)."""
     import shutil
 
-    from medrank.embeddings import WordVectors
     from medrank.models import mtl
-    from medrank.models.cnn import CnnRanker
-    from medrank.data import sentence_selection as ss
 
     root = tmp_path / "proj"
     shutil.copytree(workdir, root, ignore=shutil.ignore_patterns("mtl"))
-    data = _fake_training_data(seed=1)
-    data.cand["cnn_score"] = np.random.default_rng(1).random(len(data.cand))
+    data = _fake_training_data(seed=seed)
+    data.cand[column] = np.random.default_rng(seed).random(len(data.cand))
     cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=4, filter_hidden=(8,), pair_hidden=(8,), max_epochs=1, inner_val_frac=0.0)
-    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "cnn"], 2)(), seed=0)
+    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", group], 2)(), seed=0)
     meta = json.loads((workdir / "models" / "mtl" / "mtl.json").read_text())
-    model.save(root / "models" / "mtl", extra_meta={k: meta[k] for k in ("decision", "n_candidates")} | {"cnn_aggregation": "mean"})
+    model.save(root / "models" / "mtl", extra_meta={k: meta[k] for k in ("decision", "n_candidates")} | (extra_meta or {}))
+    return root
+
+
+def test_rank_with_the_cnn_feature_group(workdir, monkeypatch, capsys, tmp_path):
+    """An MTL trained with the cnn group: `medrank rank` loads models/cnn and scores the answers with it;
+    without models/cnn it stops with one clear line."""
+    from medrank.embeddings import WordVectors
+    from medrank.models.cnn import CnnRanker
+    from medrank.data import sentence_selection as ss
+
+    root = _project_with_group(workdir, tmp_path, "cnn", "cnn_score", seed=1, extra_meta={"cnn_aggregation": "mean"})
     monkeypatch.chdir(root)
     from medrank.cli import main
 
@@ -258,16 +265,8 @@ def test_rank_with_the_qa_group_loads_the_qa_cross_encoder(workdir, tmp_path, mo
     import shutil
 
     from medrank.encoders.cross_encoder import CrossEncoder
-    from medrank.models import mtl
 
-    root = tmp_path / "proj"
-    shutil.copytree(workdir, root, ignore=shutil.ignore_patterns("mtl"))
-    data = _fake_training_data(seed=2)
-    data.cand["qa_score"] = np.random.default_rng(2).random(len(data.cand))
-    cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=4, filter_hidden=(8,), pair_hidden=(8,), max_epochs=1, inner_val_frac=0.0)
-    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "qa"], 2)(), seed=0)
-    meta = json.loads((workdir / "models" / "mtl" / "mtl.json").read_text())
-    model.save(root / "models" / "mtl", extra_meta={k: meta[k] for k in ("decision", "n_candidates")})
+    root = _project_with_group(workdir, tmp_path, "qa", "qa_score", seed=2)
     monkeypatch.chdir(root)
     from medrank.cli import main
 
