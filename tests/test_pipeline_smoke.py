@@ -67,6 +67,15 @@ def test_dvc_repro_tiny_profile(tiny_repo):
 
     bag, meta = MTLBag.load(tiny_repo / "models/mtl")
     assert len(bag.members) == 2 and "cnn" in bag.builder.groups and meta["cnn_aggregation"] in ("max", "mean")
+    # the profile's MTL ablation row got its own CV; the qa stage scored every answer the baseline uses
+    mtl_metrics = json.loads((tiny_repo / "metrics/mtl.json").read_text())
+    assert mtl_metrics["ablations"]["no_nli_grid"]["overrides"] == {"nli_grid": False}
+    assert 0 <= mtl_metrics["ablations"]["no_nli_grid"]["accuracy"]["mean"] <= 1
+    import pandas as pd
+
+    qa = pd.read_parquet(tiny_repo / "data/processed/qa_scores.parquet")
+    assert len(qa) and qa["qa_score"].between(0, 1).all()
+    assert "qa" in json.loads((tiny_repo / "metrics/task3_val_baseline.json").read_text())["features"]
     # a second repro has nothing to do
     again = _dvc("repro", cwd=tiny_repo)
     assert again.returncode == 0
