@@ -30,7 +30,7 @@ def main() -> None:
     from dvclive import Live
 
     from medrank.encoders.cross_encoder import CrossEncoder
-    from medrank.encoders.finetune import classification_metrics, load_task, training_set
+    from medrank.encoders.finetune import CURVES, classification_metrics, live_step_logger, load_task, training_set
     from medrank.io import write_json, write_text
     from medrank.metrics import score_task2
     from medrank.params import load_params
@@ -50,22 +50,12 @@ def main() -> None:
 
     with Live(dir=f"plots/finetune_{task}", dvcyaml=None, save_dvc_exp=False) as live:
         live.log_params(tp.model_dump())
-
-        def log_step(step: int, m: dict) -> None:
-            # x = optimizer step: train loss (mean since the last point) and validation metrics
-            live.step = step
-            for key, name in (("train_loss", "train/loss"), ("eval_loss", "val/loss"),
-                              ("eval_accuracy", "val/accuracy"), ("eval_macro_f1", "val/macro_f1")):  # fmt: skip
-                if key in m:
-                    live.log_metric(name, m[key])
-            live.next_step()
-
         t0 = time.perf_counter()
         history = model.fit(
             pairs, labels, epochs=tp.epochs, lr=tp.lr, batch_size=tp.batch_size, warmup_ratio=tp.warmup_ratio,
             weight_decay=tp.weight_decay, eval_pairs=data.eval_pairs, eval_labels=data.eval_labels,
             seed=p.seed, precision=tp.train_precision, threads=tp.threads,
-            eval_every=tp.eval_every, step_callback=log_step,
+            eval_every=tp.eval_every, step_callback=live_step_logger(live, CURVES),
         )  # fmt: skip
         train_seconds = time.perf_counter() - t0
 

@@ -28,7 +28,7 @@ def main(params_path: str = "params.yaml") -> None:
     from dvclive import Live
 
     from medrank.encoders.cross_encoder import CrossEncoder
-    from medrank.encoders.finetune import classification_metrics
+    from medrank.encoders.finetune import CURVES, classification_metrics, live_step_logger
     from medrank.encoders.qa import QA_LABELS, qa_task
     from medrank.features import cap_questions
     from medrank.io import read_parquet, write_json, write_parquet
@@ -43,25 +43,17 @@ def main(params_path: str = "params.yaml") -> None:
                                    precision=qp.predict_precision)  # fmt: skip
     with Live(dir=str(LIVE_DIR), dvcyaml=None, save_dvc_exp=False) as live:
         live.log_params(qp.model_dump())
-
-        def log_step(step: int, m: dict) -> None:
-            live.step = step
-            for key, name in (("train_loss", "train/loss"), ("eval_loss", "val/loss"), ("eval_accuracy", "val/accuracy")):
-                if key in m:
-                    live.log_metric(name, m[key])
-            live.next_step()
-
         t1 = time.perf_counter()
         history = model.fit(
             data.train_pairs, data.train_labels, epochs=qp.epochs, lr=qp.lr, batch_size=qp.batch_size, warmup_ratio=qp.warmup_ratio,
             weight_decay=qp.weight_decay, eval_pairs=data.eval_pairs, eval_labels=data.eval_labels, seed=p.seed,
-            precision=qp.train_precision, threads=qp.threads, eval_every=qp.eval_every, step_callback=log_step,
+            precision=qp.train_precision, threads=qp.threads, eval_every=qp.eval_every, step_callback=live_step_logger(live, CURVES),
         )  # fmt: skip
         train_seconds = time.perf_counter() - t1
     val = classification_metrics(data.eval_labels, model.predict(data.eval_pairs, batch_size=qp.eval_batch_size))
     fingerprint = model.save(MODEL_DIR, extra_meta={"task": "qa"})
 
-    answers = read_parquet(Path(qp.normalized_dir) / "answers.parquet", columns=["split", "qid", "aid", "question_norm", "answer_norm", "label"])
+    answers = read_parquet(Path(qp.normalized_dir) / "answers.parquet", columns=["split", "qid", "aid", "question_norm", "answer_norm"])
     answers = cap_questions(answers, qp.max_questions_per_split)
     pairs = list(zip(answers["question_norm"].fillna("").astype(str), answers["answer_norm"].fillna("").astype(str)))
     score = model.predict(pairs, batch_size=qp.eval_batch_size)[:, 1] if pairs else np.zeros(0)

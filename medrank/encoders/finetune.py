@@ -144,6 +144,42 @@ def _tidy(q: str) -> str:
     return _TRAILING_SPACE_Q.sub("?", q.replace("What is (are)", "What is")).strip()
 
 
+def foci_by_type(medquad: pd.DataFrame, text: str, task: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], list[str]]:
+    """MedQuAD rows of the CONSUMER_ASKS types with a non-empty `text` column (tidied questions, one row per
+    focus, type and text) -> (rows with focus_key, rows by focus_key, foci with >= 2 types) for pair mining.
+
+    Foci with at least two types give the hard negatives (same focus, another type); sorted keys keep sampling
+    deterministic. No such focus: one clear error naming the `task` being mined.
+    """
+    df = medquad[list(dict.fromkeys(["focus", "question_type", "question", text]))].dropna().copy()
+    df = df[df["question_type"].isin(list(CONSUMER_ASKS)) & (df[text].str.len() > 0)]
+    df["focus_key"] = df["focus"].str.lower().str.strip()
+    df["question"] = df["question"].map(_tidy)
+    df = df.drop_duplicates(["focus_key", "question_type", text])
+    by_focus = {k: g for k, g in df.groupby("focus_key", sort=True)}
+    multi = [k for k, g in by_focus.items() if g["question_type"].nunique() >= 2]
+    if not multi:
+        raise MedrankError(f"medquad table: no focus with {text.split('_')[0]}s of two question types to mine {task} pairs from")
+    return df, by_focus, multi
+
+
+def live_step_logger(live, keys: dict[str, str]):
+    """A CrossEncoder.fit step_callback writing `keys` (fit metric -> dvclive name) at x = optimizer step."""
+
+    def log_step(step: int, m: dict) -> None:
+        live.step = step
+        for key, name in keys.items():
+            if key in m:
+                live.log_metric(name, m[key])
+        live.next_step()
+
+    return log_step
+
+
+# train loss (mean since the last point) and validation metrics, the curves of every fine-tuned cross-encoder
+CURVES = {"train_loss": "train/loss", "eval_loss": "val/loss", "eval_accuracy": "val/accuracy", "eval_macro_f1": "val/macro_f1"}
+
+
 def medquad_rqe_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Generator) -> tuple[list[Pair], np.ndarray]:
     """Question pairs mined from MedQuAD, shaped like MEDIQA validation pairs (CHQ: 'Focus. what I want').
 
@@ -153,16 +189,7 @@ def medquad_rqe_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Genera
     """
     if n_pairs <= 0:
         return [], np.zeros(0, dtype=np.int64)
-    df = medquad[["focus", "question_type", "question"]].dropna().copy()
-    df = df[df["question_type"].isin(list(CONSUMER_ASKS))]
-    df["focus_key"] = df["focus"].str.lower().str.strip()
-    df["question"] = df["question"].map(_tidy)
-    df = df.drop_duplicates(["focus_key", "question_type", "question"])
-    by_focus = {k: g for k, g in df.groupby("focus_key", sort=True)}
-    # foci with at least two types give hard negatives; sorted keys keep sampling deterministic
-    multi = [k for k, g in by_focus.items() if g["question_type"].nunique() >= 2]
-    if not multi:
-        raise MedrankError("medquad table: no focus with two question types to mine RQE pairs from")
+    df, by_focus, multi = foci_by_type(medquad, "question", "RQE")
     all_q = df["question"].to_numpy()
     all_focus = df["focus_key"].to_numpy()
     pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731

@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from medrank.encoders.finetune import CONSUMER_ASKS, CONTEXTS, Pair, TaskData, _tidy
-from medrank.errors import MedrankError
+from medrank.encoders.finetune import CONSUMER_ASKS, CONTEXTS, Pair, TaskData, foci_by_type
 
 QA_LABELS = ("not_answered", "answered")
 
@@ -25,15 +24,7 @@ def medquad_qa_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Generat
     """
     if n_pairs <= 0:
         return [], np.zeros(0, dtype=np.int64)
-    df = medquad[["focus", "question_type", "question", "answer_norm"]].dropna().copy()
-    df = df[df["question_type"].isin(list(CONSUMER_ASKS)) & (df["answer_norm"].str.len() > 0)]
-    df["focus_key"] = df["focus"].str.lower().str.strip()
-    df["question"] = df["question"].map(_tidy)
-    df = df.drop_duplicates(["focus_key", "question_type", "answer_norm"])
-    by_focus = {k: g for k, g in df.groupby("focus_key", sort=True)}
-    multi = [k for k, g in by_focus.items() if g["question_type"].nunique() >= 2]
-    if not multi:
-        raise MedrankError("medquad table: no focus with answers of two question types to mine QA pairs from")
+    df, by_focus, multi = foci_by_type(medquad, "answer_norm", "QA")
     all_a = df["answer_norm"].to_numpy()
     all_focus = df["focus_key"].to_numpy()
     pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
