@@ -180,9 +180,27 @@ def score_task3(gold: Table, submission: Table) -> dict:
     KeyError there). Malformed input (unknown qid or (qid, aid), label not 0/1, duplicate (qid, aid) - the
     official script keeps the first - wrong field count, missing/empty file) -> MedrankError.
     """
+    g, s = _checked_task3(gold, submission)
+    return _aggregate_task3(_task3_rows(g, s), n_gold_rows=len(g), n_submitted_rows=len(s))
+
+
+def task3_by_question(gold: Table, submission: Table) -> pd.DataFrame:
+    """Per gold question, the parts score_task3 sums (same rules): qid, gold_rows, matches (accuracy),
+    predicted_positive, correct_positive (precision), rr (MRR), rho / rho_true (NaN with < 2 kept correct).
+
+    Summing the parts over any multiset of questions gives that multiset's official scores (`task3_scores_of`),
+    which is what a question bootstrap needs (`paired_bootstrap`)."""
+    return _task3_rows(*_checked_task3(gold, submission))
+
+
+def task3_scores_of(rows: pd.DataFrame) -> dict:
+    """Accuracy, precision, MRR, Spearman (official / true) of task3_by_question rows (repeats allowed)."""
+    return _aggregate_task3(rows, n_gold_rows=int(rows["gold_rows"].sum()), n_submitted_rows=None)
+
+
+def _checked_task3(gold: Table, submission: Table) -> tuple[pd.DataFrame, pd.DataFrame]:
     g, gsrc = _normalise(gold, TASK3_COLUMNS, "gold")
     s, ssrc = _normalise(submission, TASK3_COLUMNS, "submission")
-
     gold_pairs = set(zip(g["qid"], g["aid"]))
     gold_qids = set(g["qid"])
     for qid, aid, where in zip(s["qid"], s["aid"], s["_where"]):
@@ -190,56 +208,93 @@ def score_task3(gold: Table, submission: Table) -> dict:
             if qid not in gold_qids:
                 raise MedrankError(f"{ssrc}: {where}: question id {qid!r} is not in the gold ({gsrc})")
             raise MedrankError(f"{ssrc}: {where}: answer id {aid!r} is not a candidate of question {qid!r} in the gold ({gsrc})")
+    return g, s
 
-    # accuracy on the joined strings, exactly as the official script matches entries
+
+def _task3_rows(g: pd.DataFrame, s: pd.DataFrame) -> pd.DataFrame:
+    # accuracy on the joined strings, exactly as the official script matches entries (counted per row's question)
     gold_entries = {f"{q}_{a}_{l}" for q, a, l in zip(g["qid"], g["aid"], g["label"])}
-    n_match = sum(f"{q}_{a}_{l}" in gold_entries for q, a, l in zip(s["qid"], s["aid"], s["label"]))
+    matches: dict[str, int] = {}
+    for q, a, l in zip(s["qid"], s["aid"], s["label"]):
+        matches[q] = matches.get(q, 0) + (f"{q}_{a}_{l}" in gold_entries)
 
     questions = list(pd.unique(g["qid"]))
     correct: dict[str, list[str]] = {q: [] for q in questions}
     for q, a, l in zip(g["qid"], g["aid"], g["label"]):
         if l == 1:
             correct[q].append(a)
+    gold_rows = g["qid"].value_counts()
     by_q: dict[str, list[tuple[str, int]]] = {}
     for q, a, l in zip(s["qid"], s["aid"], s["label"]):
         by_q.setdefault(q, []).append((a, l))
 
-    predicted_positive = correct_positive = 0
-    mrr = rho_sum = rho_true_sum = 0.0
-    n_rho = 0
+    rows = []
     for q in questions:
         gold_correct = set(correct[q])
         kept: list[str] = []
+        predicted_positive, rr = 0, 0.0
         for position, (a, l) in enumerate(by_q.get(q, []), start=1):
             if l != 1:
                 continue
             predicted_positive += 1
             if a in gold_correct:
-                correct_positive += 1
                 if not kept:
-                    mrr += 1.0 / position
+                    rr = 1.0 / position
                 kept.append(a)
-        if len(kept) < 2:
-            continue  # spearmanr gives NaN for 0 or 1 items: excluded from both means
-        kept_set = set(kept)
-        reference = [a for a in correct[q] if a in kept_set]
-        rho_sum += float(scipy.stats.spearmanr(_lex_ranks(kept), _lex_ranks(reference))[0])
-        n_rho += 1
-        ref_pos = {a: i for i, a in enumerate(reference)}
-        rho_true_sum += float(scipy.stats.spearmanr(list(range(len(kept))), [ref_pos[a] for a in kept])[0])
+        rho = rho_true = float("nan")
+        if len(kept) >= 2:  # spearmanr gives NaN for 0 or 1 items: excluded from both means
+            kept_set = set(kept)
+            reference = [a for a in correct[q] if a in kept_set]
+            rho = float(scipy.stats.spearmanr(_lex_ranks(kept), _lex_ranks(reference))[0])
+            ref_pos = {a: i for i, a in enumerate(reference)}
+            rho_true = float(scipy.stats.spearmanr(list(range(len(kept))), [ref_pos[a] for a in kept])[0])
+        rows.append((q, int(gold_rows[q]), matches.get(q, 0), predicted_positive, len(kept), rr, rho, rho_true))
+    return pd.DataFrame(rows, columns=["qid", "gold_rows", "matches", "predicted_positive", "correct_positive", "rr", "rho", "rho_true"])
 
+
+def _aggregate_task3(rows: pd.DataFrame, n_gold_rows: int, n_submitted_rows: int | None) -> dict:
+    predicted_positive = int(rows["predicted_positive"].sum())
+    correct_positive = int(rows["correct_positive"].sum())
+    rho = rows["rho"].dropna()
     return {
-        "accuracy": n_match / len(g),
+        "accuracy": float(rows["matches"].sum()) / n_gold_rows,
         "precision": correct_positive / predicted_positive if predicted_positive else 0.0,
-        "mrr": mrr / len(questions),
-        "spearman": rho_sum / n_rho if n_rho else 0.0,
-        "spearman_true": rho_true_sum / n_rho if n_rho else 0.0,
-        "n_questions": len(questions),
-        "n_gold_rows": len(g),
-        "n_submitted_rows": len(s),
+        "mrr": float(rows["rr"].sum()) / len(rows),
+        "spearman": float(rho.sum()) / len(rho) if len(rho) else 0.0,
+        "spearman_true": float(rows["rho_true"].dropna().sum()) / len(rho) if len(rho) else 0.0,
+        "n_questions": len(rows),
+        "n_gold_rows": n_gold_rows,
+        "n_submitted_rows": n_submitted_rows,
         "n_predicted_positive": predicted_positive,
         "n_correct_positive": correct_positive,
-        "n_spearman_questions": n_rho,
+        "n_spearman_questions": len(rho),
+    }
+
+
+def paired_bootstrap(a: pd.DataFrame, b: pd.DataFrame, resamples: int, seed: int, metrics: Sequence[str] = ("accuracy", "precision", "mrr", "spearman_true")) -> dict:
+    """System a minus system b on the same questions (task3_by_question rows of each): the observed
+    difference per metric, its 95% percentile interval over `resamples` question resamples (drawn with
+    replacement, the same draw for both systems) and the shares of resamples in which a scores higher / lower."""
+    if list(a["qid"]) != list(b["qid"]):
+        raise MedrankError("paired bootstrap: the two systems were scored on different questions")
+    if resamples < 1:
+        raise MedrankError("paired bootstrap: resamples must be >= 1")
+    rng = np.random.default_rng(seed)
+    observed_a, observed_b = task3_scores_of(a), task3_scores_of(b)
+    diffs = {m: np.empty(resamples) for m in metrics}
+    for i in range(resamples):
+        idx = rng.integers(len(a), size=len(a))
+        sa, sb = task3_scores_of(a.iloc[idx]), task3_scores_of(b.iloc[idx])
+        for m in metrics:
+            diffs[m][i] = sa[m] - sb[m]
+    return {
+        m: {
+            "diff": round(observed_a[m] - observed_b[m], 4),
+            "ci95": [round(float(np.percentile(d, 2.5)), 4), round(float(np.percentile(d, 97.5)), 4)],
+            "p_better": round(float(np.mean(d > 0)), 4),
+            "p_worse": round(float(np.mean(d < 0)), 4),
+        }
+        for m, d in diffs.items()
     }
 
 

@@ -232,6 +232,8 @@ class ScoreParams(_Section):
     system: Literal["auto", "mtl", "baseline", "ensemble"] = "auto"  # auto = best mean CV accuracy
     # ensemble: weights of the MTL vs the baseline to try; the best mean CV accuracy wins (one value = fixed)
     mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.25, 0.5, 0.75], min_length=1)
+    # final system minus the baseline, paired question bootstrap (validation and CV questions); 0 = not computed
+    bootstrap_resamples: int = Field(default=2000, ge=0)
 
 
 class BiencParams(_Section):

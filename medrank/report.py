@@ -61,6 +61,14 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
     out += _table(head, rows)
     if final:
         out += [f"Final system: `{final.get('system')}`, chosen by {final.get('selection', 'the score stage')}.", ""]
+    vs = final.get("vs_baseline")
+    if vs and final.get("system") != "baseline":
+        cell = lambda d: f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] ({d['p_better']:.0%} / {d['p_worse']:.0%})"  # noqa: E731
+        rows = [[where] + [cell(vs[where][k]) for k in ("accuracy", "precision", "mrr", "spearman_true")] for where in ("val", "cv") if where in vs]
+        out += [f"**Final system minus the baseline**, paired question bootstrap ({vs['resamples']} resamples of the questions, the same "
+                "draw for both systems): observed difference [95% interval] (share of resamples where the final system is better / "
+                "worse). val: the 25 validation questions; cv: the out-of-fold rows of all train+val questions", ""]
+        out += _table(["questions", "Accuracy", "Precision", "MRR", "Spearman (true)"], rows)
     by_weight = (final.get("systems", {}).get("ensemble") or {}).get("cv_by_mtl_weight")
     if by_weight:
         rows = [[w] + [_pm(cv.get(k)) for k in ("accuracy", "precision", "mrr", "spearman_true")] for w, cv in by_weight.items()]

@@ -37,9 +37,9 @@ def main() -> None:
     from medrank.errors import MedrankError
     from medrank.features import answer_table, question_key
     from medrank.io import read_parquet, write_json, write_text
-    from medrank.metrics import gold_from_answers, score_task3
+    from medrank.metrics import gold_from_answers, paired_bootstrap, score_task3, task3_by_question
     from medrank.models import mtl
-    from medrank.models.baseline import ranked_rows, rounded_scores, rounded_summary
+    from medrank.models.baseline import gold_of, ranked_rows, rounded_scores, rounded_summary
     from medrank.params import load_params
     from medrank.submission import write_task3_submission
 
@@ -99,6 +99,23 @@ def main() -> None:
         write_task3_submission(path, rows[["qid", "aid", "label", "score"]])
     final_val = score_task3(gold_val, VAL_OUT)  # the written file, scored officially
 
+    # ---- the final system minus the baseline, paired question bootstrap: validation (the written files) and
+    # the CV questions (both systems' out-of-fold rows, each with its own fold thresholds)
+    vs_baseline = None
+    if sp.bootstrap_resamples:
+        cv_gids = set(chosen.loc[chosen["part"] == "oof", "gid"])
+        cv_gold = gold_of(cand[cand["gid"].isin(cv_gids)])
+
+        def oof_by_question(rows: pd.DataFrame) -> pd.DataFrame:
+            rows = rows[(rows["part"] == "oof") & rows["gid"].isin(cv_gids)]
+            return task3_by_question(cv_gold, ranked_rows(rows)[["gid", "aid", "label"]].rename(columns={"gid": "qid"}))
+
+        vs_baseline = {
+            "resamples": sp.bootstrap_resamples,
+            "val": paired_bootstrap(task3_by_question(gold_val, VAL_OUT), task3_by_question(gold_val, BASELINE_VAL), sp.bootstrap_resamples, p.seed),
+            "cv": paired_bootstrap(oof_by_question(chosen), oof_by_question(base), sp.bootstrap_resamples, p.seed),
+        }  # fmt: skip
+
     for name, path in ROW_METRICS.items():
         if name in systems:
             write_json(path, {**systems[name]["val"], "cv": systems[name].get("cv")})
@@ -110,6 +127,7 @@ def main() -> None:
             "selection": "best mean accuracy in question-grouped CV over train+val" if sp.system == "auto" else f"fixed by score.system={sp.system}",
             "n_predicted_positive": final_val["n_predicted_positive"],
             "systems": systems,
+            "vs_baseline": vs_baseline,
             "test_predicted_positive_rate": round(float(chosen.loc[chosen["part"] == "test", "label"].mean()), 4),
             "seconds": round(time.perf_counter() - t0, 1),
         },

@@ -18,11 +18,14 @@ from medrank.errors import MedrankError
 from medrank.metrics import (
     gold_from_answers,
     ir_metrics,
+    paired_bootstrap,
     read_task2_table,
     read_task3_gold,
     read_task3_submission,
     score_task2,
     score_task3,
+    task3_by_question,
+    task3_scores_of,
 )
 from medrank.submission import write_task3_submission
 
@@ -297,6 +300,72 @@ def test_property_random_submissions_match_official(official, seed, keep_q, keep
             assert ours["spearman"] == 0.0
             return
     assert_same_as_official(ours, off)
+
+
+# ---------------------------------------------------------------- per-question parts and the paired bootstrap
+
+
+def test_by_question_parts_of_the_tiny_fixture():
+    rows = task3_by_question(FIX / "tiny_gold.csv", FIX / "tiny_submission.csv").set_index("qid")
+    assert rows.loc["1", ["gold_rows", "matches", "predicted_positive", "correct_positive"]].tolist() == [4, 3, 4, 3]
+    assert rows.loc["2", ["gold_rows", "matches", "predicted_positive", "correct_positive"]].tolist() == [2, 1, 0, 0]
+    assert rows.loc["1", "rr"] == pytest.approx(0.5) and rows.loc["2", "rr"] == 0.0
+    assert rows.loc["1", "rho"] == pytest.approx(0.5) and rows.loc["1", "rho_true"] == pytest.approx(-1.0)
+    assert pd.isna(rows.loc["2", "rho"])  # no kept answer: left out of the Spearman means
+
+
+def test_parts_sum_to_the_official_scores():
+    whole = score_task3(FIX / "tiny_gold.csv", FIX / "tiny_submission.csv")
+    parts = task3_scores_of(task3_by_question(FIX / "tiny_gold.csv", FIX / "tiny_submission.csv"))
+    for k in ("accuracy", "precision", "mrr", "spearman", "spearman_true", "n_predicted_positive", "n_spearman_questions"):
+        assert parts[k] == pytest.approx(whole[k]), k
+
+
+@needs_official
+def test_parts_sum_to_the_official_scores_on_validation(tmp_path):
+    rng = random.Random(3)
+    rows = [(q, a, int(rng.random() < 0.5)) for q, a, _ in gold_rows()]
+    sub = write_rows(tmp_path / "sub.csv", rows)
+    whole, parts = score_task3(QA_GOLD, sub), task3_scores_of(task3_by_question(QA_GOLD, sub))
+    for k in ("accuracy", "precision", "mrr", "spearman", "spearman_true"):
+        assert parts[k] == pytest.approx(whole[k]), k
+
+
+def test_repeated_questions_weigh_twice():
+    rows = task3_by_question(FIX / "tiny_gold.csv", FIX / "tiny_submission.csv")
+    twice_q1 = task3_scores_of(rows.iloc[[0, 0, 1]])
+    assert twice_q1["accuracy"] == pytest.approx((3 + 3 + 1) / (4 + 4 + 2))
+    assert twice_q1["mrr"] == pytest.approx((0.5 + 0.5 + 0) / 3)
+
+
+def _gold_and_subs():
+    gold = pd.DataFrame({"qid": [str(q) for q in range(20) for _ in range(3)], "aid": [f"{q}_{i}" for q in range(20) for i in range(3)],
+                         "label": [1, 0, 0] * 20})  # fmt: skip
+    perfect = gold.copy()
+    noisy = gold.assign(label=[(1 - l) if i % 7 == 0 else l for i, l in enumerate(gold["label"])])
+    return gold, perfect, noisy
+
+
+def test_paired_bootstrap_difference_and_interval():
+    gold, perfect, noisy = _gold_and_subs()
+    a, b = task3_by_question(gold, perfect), task3_by_question(gold, noisy)
+    out = paired_bootstrap(a, b, 500, seed=1)
+    acc = out["accuracy"]
+    assert acc["diff"] == pytest.approx(score_task3(gold, perfect)["accuracy"] - score_task3(gold, noisy)["accuracy"], abs=1e-4)
+    assert acc["ci95"][0] <= acc["diff"] <= acc["ci95"][1] and acc["ci95"][0] > 0  # perfect is better in every resample
+    assert (acc["p_better"], acc["p_worse"]) == (1.0, 0.0)
+    same = paired_bootstrap(a, a, 200, seed=1)["accuracy"]
+    assert same == {"diff": 0.0, "ci95": [0.0, 0.0], "p_better": 0.0, "p_worse": 0.0}
+    assert paired_bootstrap(a, b, 300, seed=5) == paired_bootstrap(a, b, 300, seed=5)  # seeded
+
+
+def test_paired_bootstrap_refuses_unpaired_rows():
+    gold, perfect, noisy = _gold_and_subs()
+    a = task3_by_question(gold, perfect)
+    with pytest.raises(MedrankError, match="different questions"):
+        paired_bootstrap(a, a.iloc[::-1], 10, seed=1)
+    with pytest.raises(MedrankError, match="resamples"):
+        paired_bootstrap(a, a, 0, seed=1)
 
 
 # ---------------------------------------------------------------- gold from the cleaned answers table

@@ -76,6 +76,11 @@ def test_dvc_repro_tiny_profile(tiny_repo):
     qa = pd.read_parquet(tiny_repo / "data/processed/qa_scores.parquet")
     assert len(qa) and qa["qa_score"].between(0, 1).all()
     assert "qa" in json.loads((tiny_repo / "metrics/task3_val_baseline.json").read_text())["features"]
+    # the score stage compared the final system with the baseline on paired question resamples
+    vs = json.loads((tiny_repo / "metrics/task3_val.json").read_text())["vs_baseline"]
+    for where in ("val", "cv"):
+        acc = vs[where]["accuracy"]
+        assert -1 <= acc["ci95"][0] <= acc["ci95"][1] <= 1 and -1 <= acc["diff"] <= 1 and 0 <= acc["p_better"] + acc["p_worse"] <= 1
     # a second repro has nothing to do
     again = _dvc("repro", cwd=tiny_repo)
     assert again.returncode == 0

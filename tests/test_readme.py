@@ -26,7 +26,10 @@ def test_render_results_headline_tables(tmp_path):
     val = {"accuracy": 0.79, "precision": 0.78, "mrr": 0.93, "spearman": 0.3, "spearman_true": 0.27}
     (tmp_path / "task3_val_mtl.json").write_text(json.dumps(val))
     ens = {"cv": cvs, "val": val, "cv_by_mtl_weight": {"0.0": cvs, "0.5": {**cvs, "accuracy": {"mean": 0.9, "sd": 0.01}}}}
-    (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": cvs, "val": val}, "ensemble": ens}}))
+    diff = {"diff": 0.012, "ci95": [-0.02, 0.05], "p_better": 0.71, "p_worse": 0.25}
+    vs = {"resamples": 100, **{w: {k: diff for k in ("accuracy", "precision", "mrr", "spearman_true")} for w in ("val", "cv")}}
+    (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": cvs, "val": val}, "ensemble": ens},
+                                                         "vs_baseline": vs}))  # fmt: skip
     (tmp_path / "mtl.json").write_text(json.dumps({"cv": cvs, "ablations": {"no_grid": {**cvs, "overrides": {"nli_grid": False}}}}))
     (tmp_path / "baseline.json").write_text(json.dumps({
         "table1_ablation": {"metadata+bienc": {"cv": cvs, "val": val}},
@@ -41,5 +44,7 @@ def test_render_results_headline_tables(tmp_path):
     assert "| T=0.5 | 3 / 4 | 0.750 |" in out
     assert "| cnn | 0.900 | 0.800 | 0.700 |" in out
     assert "| 0.5 | 0.900 ± 0.010 | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.800 ± 0.020 |" in out
+    assert "| val | +0.012 [-0.020, +0.050] (71% / 25%) | +0.012 [-0.020, +0.050] (71% / 25%) |" in out
+    assert "(100 resamples of the questions" in out
     assert "| default (params.yaml `mtl`) | — | 0.800 ± 0.020 |" in out
     assert "| no_grid | `nli_grid: false` | 0.800 ± 0.020 |" in out
