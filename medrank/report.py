@@ -69,6 +69,17 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
                 "draw for both systems): observed difference [95% interval] (share of resamples where the final system is better / "
                 "worse). val: the 25 validation questions; cv: the out-of-fold rows of all train+val questions", ""]
         out += _table(["questions", "Accuracy", "Precision", "MRR", "Spearman (true)"], rows)
+    by_split, chars = final.get("cv_by_split"), final.get("question_chars_median") or {}
+    if by_split:
+        keys = ("accuracy", "precision", "mrr", "spearman", "spearman_true")
+        rows = [[s, str(chars.get(s, "—"))] + [_fmt(m.get(k)) for k in keys] + [_fmt(by_split.get("baseline", {}).get(s, {}).get("accuracy"))]
+                for s, m in by_split.get("final", {}).items()]  # fmt: skip
+        rows += [[f"{s} (blind)", str(n)] + ["—"] * (len(keys) + 1) for s, n in chars.items() if s not in by_split.get("final", {})]
+        out += ["**CV by question set** (the final system's out-of-fold rows, split by where the questions come from; the median "
+                "question length is read from the unlabelled question text, test included: compare the test questions' style "
+                "with each labelled set's)", ""]
+        out += _table(["questions", "median question chars", "Accuracy", "Precision", "MRR", "Spearman (official)", "Spearman (true)",
+                       "baseline Accuracy"], rows)  # fmt: skip
     by_weight = (final.get("systems", {}).get("ensemble") or {}).get("cv_by_mtl_weight")
     if by_weight:
         rows = [[w] + [_pm(cv.get(k)) for k in ("accuracy", "precision", "mrr", "spearman_true")] for w, cv in by_weight.items()]

@@ -37,7 +37,7 @@ def main() -> None:
     from medrank.errors import MedrankError
     from medrank.features import answer_table, question_key
     from medrank.io import read_parquet, write_json, write_text
-    from medrank.metrics import gold_from_answers, paired_bootstrap, score_task3, task3_by_question
+    from medrank.metrics import gold_from_answers, paired_bootstrap, score_task3, task3_by_question, task3_scores_of
     from medrank.models import mtl
     from medrank.models.baseline import gold_of, ranked_rows, rounded_scores, rounded_summary
     from medrank.params import load_params
@@ -99,21 +99,26 @@ def main() -> None:
         write_task3_submission(path, rows[["qid", "aid", "label", "score"]])
     final_val = score_task3(gold_val, VAL_OUT)  # the written file, scored officially
 
-    # ---- the final system minus the baseline, paired question bootstrap: validation (the written files) and
-    # the CV questions (both systems' out-of-fold rows, each with its own fold thresholds)
+    # ---- the CV questions' out-of-fold rows per question (each system with its own fold thresholds): scores by
+    # question set, and the final system minus the baseline by paired question bootstrap (also on validation)
+    cv_gids = set(chosen.loc[chosen["part"] == "oof", "gid"])
+    cv_gold = gold_of(cand[cand["gid"].isin(cv_gids)])
+
+    def oof_by_question(rows: pd.DataFrame) -> pd.DataFrame:
+        rows = rows[(rows["part"] == "oof") & rows["gid"].isin(cv_gids)]
+        out = task3_by_question(cv_gold, ranked_rows(rows)[["gid", "aid", "label"]].rename(columns={"gid": "qid"}))
+        return out.assign(split=out["qid"].map(split_of))
+
+    oof = {"final": oof_by_question(chosen), "baseline": oof_by_question(base)}
+    cv_by_split = {name: {s: rounded_scores(task3_scores_of(g)) for s, g in rows.groupby("split", sort=True)} for name, rows in oof.items()}
+    # unlabelled inputs only: how each split's questions are written (test: no labels read)
+    question_chars = all_answers.drop_duplicates(["split", "qid"]).groupby("split")["question"].apply(lambda q: int(q.fillna("").str.len().median()))
     vs_baseline = None
     if sp.bootstrap_resamples:
-        cv_gids = set(chosen.loc[chosen["part"] == "oof", "gid"])
-        cv_gold = gold_of(cand[cand["gid"].isin(cv_gids)])
-
-        def oof_by_question(rows: pd.DataFrame) -> pd.DataFrame:
-            rows = rows[(rows["part"] == "oof") & rows["gid"].isin(cv_gids)]
-            return task3_by_question(cv_gold, ranked_rows(rows)[["gid", "aid", "label"]].rename(columns={"gid": "qid"}))
-
         vs_baseline = {
             "resamples": sp.bootstrap_resamples,
             "val": paired_bootstrap(task3_by_question(gold_val, VAL_OUT), task3_by_question(gold_val, BASELINE_VAL), sp.bootstrap_resamples, p.seed),
-            "cv": paired_bootstrap(oof_by_question(chosen), oof_by_question(base), sp.bootstrap_resamples, p.seed),
+            "cv": paired_bootstrap(oof["final"], oof["baseline"], sp.bootstrap_resamples, p.seed),
         }  # fmt: skip
 
     for name, path in ROW_METRICS.items():
@@ -128,6 +133,8 @@ def main() -> None:
             "n_predicted_positive": final_val["n_predicted_positive"],
             "systems": systems,
             "vs_baseline": vs_baseline,
+            "cv_by_split": cv_by_split,
+            "question_chars_median": question_chars.to_dict(),
             "test_predicted_positive_rate": round(float(chosen.loc[chosen["part"] == "test", "label"].mean()), 4),
             "seconds": round(time.perf_counter() - t0, 1),
         },

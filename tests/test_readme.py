@@ -29,7 +29,8 @@ def test_render_results_headline_tables(tmp_path):
     diff = {"diff": 0.012, "ci95": [-0.02, 0.05], "p_better": 0.71, "p_worse": 0.25}
     vs = {"resamples": 100, **{w: {k: diff for k in ("accuracy", "precision", "mrr", "spearman_true")} for w in ("val", "cv")}}
     (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": cvs, "val": val}, "ensemble": ens},
-                                                         "vs_baseline": vs}))  # fmt: skip
+                                                         "vs_baseline": vs, "question_chars_median": {"test": 49, "train_alexa": 31},
+                                                         "cv_by_split": {"final": {"train_alexa": val}, "baseline": {"train_alexa": val}}}))  # fmt: skip
     (tmp_path / "mtl.json").write_text(json.dumps({"cv": cvs, "ablations": {"no_grid": {**cvs, "overrides": {"nli_grid": False}}}}))
     (tmp_path / "baseline.json").write_text(json.dumps({
         "table1_ablation": {"metadata+bienc": {"cv": cvs, "val": val}},
@@ -46,5 +47,7 @@ def test_render_results_headline_tables(tmp_path):
     assert "| 0.5 | 0.900 ± 0.010 | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.800 ± 0.020 |" in out
     assert "| val | +0.012 [-0.020, +0.050] (71% / 25%) | +0.012 [-0.020, +0.050] (71% / 25%) |" in out
     assert "(100 resamples of the questions" in out
+    assert "| train_alexa | 31 | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.790 |" in out
+    assert "| test (blind) | 49 | — | — |" in out
     assert "| default (params.yaml `mtl`) | — | 0.800 ± 0.020 |" in out
     assert "| no_grid | `nli_grid: false` | 0.800 ± 0.020 |" in out
