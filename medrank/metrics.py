@@ -255,13 +255,14 @@ def _task3_rows(g: pd.DataFrame, s: pd.DataFrame) -> pd.DataFrame:
 def _aggregate_task3(rows: pd.DataFrame, n_gold_rows: int, n_submitted_rows: int | None) -> dict:
     predicted_positive = int(rows["predicted_positive"].sum())
     correct_positive = int(rows["correct_positive"].sum())
-    rho = rows["rho"].dropna()
+    # sums in question order, one float at a time, as the official script accumulates them (same last bits)
+    rho, rho_true = rows["rho"].dropna().tolist(), rows["rho_true"].dropna().tolist()
     return {
-        "accuracy": float(rows["matches"].sum()) / n_gold_rows,
+        "accuracy": int(rows["matches"].sum()) / n_gold_rows,
         "precision": correct_positive / predicted_positive if predicted_positive else 0.0,
-        "mrr": float(rows["rr"].sum()) / len(rows),
-        "spearman": float(rho.sum()) / len(rho) if len(rho) else 0.0,
-        "spearman_true": float(rows["rho_true"].dropna().sum()) / len(rho) if len(rho) else 0.0,
+        "mrr": sum(rows["rr"].tolist()) / len(rows),
+        "spearman": sum(rho) / len(rho) if rho else 0.0,
+        "spearman_true": sum(rho_true) / len(rho) if rho else 0.0,
         "n_questions": len(rows),
         "n_gold_rows": n_gold_rows,
         "n_submitted_rows": n_submitted_rows,
