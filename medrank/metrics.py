@@ -280,6 +280,7 @@ def paired_bootstrap(a: pd.DataFrame, b: pd.DataFrame, resamples: int, seed: int
         raise MedrankError("paired bootstrap: the two systems were scored on different questions")
     if resamples < 1:
         raise MedrankError("paired bootstrap: resamples must be >= 1")
+    TIE = 1e-9  # the same scores summed in another order differ in the last bits: a tie, not a win
     rng = np.random.default_rng(seed)
     observed_a, observed_b = task3_scores_of(a), task3_scores_of(b)
     diffs = {m: np.empty(resamples) for m in metrics}
@@ -292,8 +293,8 @@ def paired_bootstrap(a: pd.DataFrame, b: pd.DataFrame, resamples: int, seed: int
         m: {
             "diff": round(observed_a[m] - observed_b[m], 4),
             "ci95": [round(float(np.percentile(d, 2.5)), 4), round(float(np.percentile(d, 97.5)), 4)],
-            "p_better": round(float(np.mean(d > 0)), 4),
-            "p_worse": round(float(np.mean(d < 0)), 4),
+            "p_better": round(float(np.mean(d > TIE)), 4),
+            "p_worse": round(float(np.mean(d < -TIE)), 4),
         }
         for m, d in diffs.items()
     }

@@ -9,6 +9,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -357,6 +358,19 @@ def test_paired_bootstrap_difference_and_interval():
     same = paired_bootstrap(a, a, 200, seed=1)["accuracy"]
     assert same == {"diff": 0.0, "ci95": [0.0, 0.0], "p_better": 0.0, "p_worse": 0.0}
     assert paired_bootstrap(a, b, 300, seed=5) == paired_bootstrap(a, b, 300, seed=5)  # seeded
+
+
+def test_paired_bootstrap_same_scores_in_another_order_tie():
+    # q0 and q2 swap reciprocal ranks between the systems; a resample that draws them equally often sums the
+    # same values in another order (0.1 + 0.2 + 0.3 != 0.3 + 0.2 + 0.1 in floats): a tie, not a win or a loss
+    a = pd.DataFrame({"qid": ["0", "1", "2"], "gold_rows": 3, "matches": 3, "predicted_positive": 1, "correct_positive": 1,
+                      "rr": [0.1, 0.2, 0.3], "rho": float("nan"), "rho_true": float("nan")})  # fmt: skip
+    b = a.assign(rr=[0.3, 0.2, 0.1])
+    out = paired_bootstrap(a, b, 400, seed=2)["mrr"]
+    rng = np.random.default_rng(2)  # the draws paired_bootstrap makes
+    counts = [np.bincount(rng.integers(3, size=3), minlength=3) for _ in range(400)]
+    assert out["p_better"] == pytest.approx(np.mean([c[2] > c[0] for c in counts]), abs=1e-4)
+    assert out["p_worse"] == pytest.approx(np.mean([c[2] < c[0] for c in counts]), abs=1e-4)
 
 
 def test_paired_bootstrap_refuses_unpaired_rows():
