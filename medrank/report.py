@@ -80,6 +80,12 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
                 "with each labelled set's)", ""]
         out += _table(["questions", "median question chars", "Accuracy", "Precision", "MRR", "Spearman (official)", "Spearman (true)",
                        "baseline Accuracy"], rows)  # fmt: skip
+    by_order = final.get("cv_by_order")
+    if by_order:
+        rows = [[name] + [_fmt(m.get(k)) for k in ("mrr", "spearman", "spearman_true")] for name, m in by_order.items()]
+        out += ["**Order of the kept answers** (the final system's out-of-fold rows pooled over the CV questions, the same "
+                "labels re-ordered: MRR wants the most probably correct answer first, Spearman the reference order)", ""]
+        out += _table(["kept answers ordered by", "MRR", "Spearman (official)", "Spearman (true)"], rows)
     by_weight = (final.get("systems", {}).get("ensemble") or {}).get("cv_by_mtl_weight")
     if by_weight:
         rows = [[w] + [_pm(cv.get(k)) for k in ("accuracy", "precision", "mrr", "spearman_true")] for w, cv in by_weight.items()]

@@ -39,7 +39,7 @@ def main() -> None:
     from medrank.io import read_parquet, write_json, write_text
     from medrank.metrics import gold_from_answers, paired_bootstrap, score_task3, task3_by_question, task3_scores_of
     from medrank.models import mtl
-    from medrank.models.baseline import gold_of, ranked_rows, rounded_scores, rounded_summary
+    from medrank.models.baseline import gold_of, ranked_rows, rounded_scores, rounded_summary, submission_score
     from medrank.params import load_params
     from medrank.submission import write_task3_submission
 
@@ -111,6 +111,14 @@ def main() -> None:
 
     oof = {"final": oof_by_question(chosen), "baseline": oof_by_question(base)}
     cv_by_split = {name: {s: rounded_scores(task3_scores_of(g)) for s, g in rows.groupby("split", sort=True)} for name, rows in oof.items()}
+    # the order of the kept answers trades MRR (the most probably correct first) against Spearman (the reference
+    # order): the final system's CV rows re-ordered by its filter probability and by CHiQA's rank, labels unchanged
+    final_oof = chosen[chosen["part"] == "oof"].reset_index(drop=True)
+    gid, kept = final_oof["gid"].to_numpy(), final_oof["label"].to_numpy()
+    chiqa = final_oof[["gid", "aid"]].merge(cand[["gid", "aid", "chiqa_rank"]], on=["gid", "aid"], how="left")["chiqa_rank"].to_numpy()
+    orders = {"rank model (submitted)": final_oof["score"].to_numpy(), "filter probability": submission_score(kept, final_oof["prob"].to_numpy(), gid),
+              "CHiQA rank": submission_score(kept, -chiqa, gid)}  # fmt: skip
+    cv_by_order = {name: rounded_scores(task3_scores_of(oof_by_question(final_oof.assign(score=key)))) for name, key in orders.items()}
     # unlabelled inputs only: how each split's questions are written (test: no labels read)
     question_chars = all_answers.drop_duplicates(["split", "qid"]).groupby("split")["question"].apply(lambda q: int(q.fillna("").str.len().median()))
     vs_baseline = None
@@ -134,6 +142,7 @@ def main() -> None:
             "systems": systems,
             "vs_baseline": vs_baseline,
             "cv_by_split": cv_by_split,
+            "cv_by_order": cv_by_order,
             "question_chars_median": question_chars.to_dict(),
             "test_predicted_positive_rate": round(float(chosen.loc[chosen["part"] == "test", "label"].mean()), 4),
             "seconds": round(time.perf_counter() - t0, 1),

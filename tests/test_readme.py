@@ -30,7 +30,8 @@ def test_render_results_headline_tables(tmp_path):
     vs = {"resamples": 100, **{w: {k: diff for k in ("accuracy", "precision", "mrr", "spearman_true")} for w in ("val", "cv")}}
     (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": cvs, "val": val}, "ensemble": ens},
                                                          "vs_baseline": vs, "question_chars_median": {"test": 49, "train_alexa": 31},
-                                                         "cv_by_split": {"final": {"train_alexa": val}, "baseline": {"train_alexa": val}}}))  # fmt: skip
+                                                         "cv_by_split": {"final": {"train_alexa": val}, "baseline": {"train_alexa": val}},
+                                                         "cv_by_order": {"filter probability": val}}))  # fmt: skip
     (tmp_path / "mtl.json").write_text(json.dumps({"cv": cvs, "ablations": {"no_grid": {**cvs, "overrides": {"nli_grid": False}}}}))
     (tmp_path / "baseline.json").write_text(json.dumps({
         "table1_ablation": {"metadata+bienc": {"cv": cvs, "val": val}},
@@ -49,5 +50,6 @@ def test_render_results_headline_tables(tmp_path):
     assert "(100 resamples of the questions" in out
     assert "| train_alexa | 31 | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.790 |" in out
     assert "| test (blind) | 49 | — | — |" in out
+    assert "| filter probability | 0.930 | 0.300 | 0.270 |" in out
     assert "| default (params.yaml `mtl`) | — | 0.800 ± 0.020 |" in out
     assert "| no_grid | `nli_grid: false` | 0.800 ± 0.020 |" in out
