@@ -4,7 +4,10 @@ Candidates: the MTL (stage mtl) and its ensemble with the baseline (stage baseli
 averaged probabilities and within-question ranks, threshold chosen on out-of-fold rows); `score.system: auto`
 picks the best mean CV accuracy over train+val (never the 25 validation questions). Writes
 submissions/task3_{val,test}.csv, metrics/task3_val.json (+ task3_val_mtl.json / task3_val_ensemble.json rows
-for the README table) and plots/error_analysis/{val,cv}/*.csv (Figures 7-9).
+for the README table) and plots/error_analysis/{val,cv}/*.csv (Figures 7-9). metrics/task3_val.json also holds how
+sure the comparison with the baseline is (`vs_baseline`: paired question bootstrap on validation and on the CV
+questions), the CV scores per labelled question set beside each split's median question length (`cv_by_split`,
+`question_chars_median`: unlabelled text, test included) and by order of the kept answers (`cv_by_order`).
 """
 
 from __future__ import annotations
@@ -101,11 +104,13 @@ def main() -> None:
 
     # ---- the CV questions' out-of-fold rows per question (each system with its own fold thresholds): scores by
     # question set, and the final system minus the baseline by paired question bootstrap (also on validation)
+    # (the answers of the candidate table: a capped profile's MTL sees fewer answers than the baseline)
     cv_gids = set(chosen.loc[chosen["part"] == "oof", "gid"])
-    cv_gold = gold_of(cand[cand["gid"].isin(cv_gids)])
+    cv_cand = cand[cand["gid"].isin(cv_gids)]
+    cv_gold = gold_of(cv_cand)
 
     def oof_by_question(rows: pd.DataFrame) -> pd.DataFrame:
-        rows = rows[(rows["part"] == "oof") & rows["gid"].isin(cv_gids)]
+        rows = rows[rows["part"] == "oof"].merge(cv_cand[["gid", "aid"]], on=["gid", "aid"])
         out = task3_by_question(cv_gold, ranked_rows(rows)[["gid", "aid", "label"]].rename(columns={"gid": "qid"}))
         return out.assign(split=out["qid"].map(split_of))
 
