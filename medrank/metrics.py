@@ -195,6 +195,8 @@ def task3_by_question(gold: Table, submission: Table) -> pd.DataFrame:
 
 def task3_scores_of(rows: pd.DataFrame) -> dict:
     """Accuracy, precision, MRR, Spearman (official / true) of task3_by_question rows (repeats allowed)."""
+    if rows.empty:
+        raise MedrankError("no questions to score")
     return _aggregate_task3(rows, n_gold_rows=int(rows["gold_rows"].sum()), n_submitted_rows=None)
 
 

@@ -380,6 +380,8 @@ def test_paired_bootstrap_refuses_unpaired_rows():
         paired_bootstrap(a, a.iloc[::-1], 10, seed=1)
     with pytest.raises(MedrankError, match="resamples"):
         paired_bootstrap(a, a, 0, seed=1)
+    with pytest.raises(MedrankError, match="no questions"):
+        paired_bootstrap(a.iloc[:0], a.iloc[:0], 10, seed=1)
 
 
 # ---------------------------------------------------------------- gold from the cleaned answers table
