@@ -118,12 +118,12 @@ def main() -> None:
     cv_by_split = {name: {s: rounded_scores(task3_scores_of(g)) for s, g in rows.groupby("split", sort=True)} for name, rows in oof.items()}
     # the order of the kept answers trades MRR (the most probably correct first) against Spearman (the reference
     # order): the final system's CV rows re-ordered by its filter probability and by CHiQA's rank, labels unchanged
-    final_oof = chosen[chosen["part"] == "oof"].reset_index(drop=True)
+    final_oof = chosen[chosen["part"] == "oof"].merge(cv_cand[["gid", "aid", "chiqa_rank"]], on=["gid", "aid"])
     gid, kept = final_oof["gid"].to_numpy(), final_oof["label"].to_numpy()
-    chiqa = final_oof[["gid", "aid"]].merge(cand[["gid", "aid", "chiqa_rank"]], on=["gid", "aid"], how="left")["chiqa_rank"].to_numpy()
-    orders = {"rank model (submitted)": final_oof["score"].to_numpy(), "filter probability": submission_score(kept, final_oof["prob"].to_numpy(), gid),
-              "CHiQA rank": submission_score(kept, -chiqa, gid)}  # fmt: skip
-    cv_by_order = {name: rounded_scores(task3_scores_of(oof_by_question(final_oof.assign(score=key)))) for name, key in orders.items()}
+    reordered = {"filter probability": final_oof["prob"].to_numpy(), "CHiQA rank": -final_oof["chiqa_rank"].to_numpy()}
+    cv_by_order = {"rank model (submitted)": rounded_scores(task3_scores_of(oof["final"]))} | {
+        name: rounded_scores(task3_scores_of(oof_by_question(final_oof.assign(score=submission_score(kept, key, gid))))) for name, key in reordered.items()
+    }  # fmt: skip
     # unlabelled inputs only: how each split's questions are written (test: no labels read)
     question_chars = all_answers.drop_duplicates(["split", "qid"]).groupby("split")["question"].apply(lambda q: int(q.fillna("").str.len().median()))
     vs_baseline = None
