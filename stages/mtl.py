@@ -19,6 +19,7 @@ RETRIEVED = Path("data/processed/retrieved.parquet")
 EMBEDDINGS = Path("data/processed/embeddings")
 SCORE_FILES = {
     "bienc": ("bienc_cos", Path("data/processed/bienc.parquet")),
+    "heading": ("heading_cos", Path("data/processed/bienc.parquet")),
     "cnn": ("cnn_score", Path("data/processed/cnn_mediqa_scores.parquet")),
     "qa": ("qa_score", Path("data/processed/qa_scores.parquet")),
 }
@@ -53,7 +54,7 @@ def main(params_path: str = "params.yaml") -> None:
     ablations = mp.ablation_rows()
     rows = {name: r for name, (_, r) in ablations.items()}
     groups = set(mp.feature_groups).union(*(r.feature_groups for r in rows.values()))
-    # per-answer scores of other stages for the bienc / cnn groups (of the default or any ablation row)
+    # per-answer scores of other stages for the bienc / heading / cnn / qa groups (of the default or any ablation row)
     scores = {col: answer_scores(answers, read_parquet(path), col, str(path))
               for group, (col, path) in SCORE_FILES.items() if group in groups}  # fmt: skip
     data = mtl.build_mtl_data(answers, read_parquet(EMBEDDINGS / "nli_grid.parquet"), retrieved, n_candidates=p.n_candidates, scores=scores)

@@ -302,6 +302,24 @@ def test_prefilter_grids_are_cached_and_follow_cosine(tmp_path, tiny_models, nli
     np.testing.assert_array_equal(np.concatenate(grid.p_entail), np.concatenate(grid2.p_entail))
 
 
+def test_bienc_cosines_one_pass_per_named_text_list(tmp_path, tiny_models):
+    from medrank.features import answer_heading, bienc_cosines
+
+    questions = ["what causes anemia", "is leg pain serious"]
+    answers = ["What causes Anemia?: blood loss and low iron.", "Leg pain (Symptoms): a cramp or an injury."]
+    texts = {"bienc_cos": answers, "heading_cos": [answer_heading(a) for a in answers]}
+    cos, stats = bienc_cosines(questions, texts, str(tiny_models["base"]), cache_root=tmp_path, device="cpu")
+    bi = SentenceEncoder(str(tiny_models["base"]), device="cpu", max_length=256)
+    q = bi.encode(questions)
+    for name, values in texts.items():
+        np.testing.assert_allclose(cos[name], np.einsum("ij,ij->i", q, bi.encode(values)), atol=2e-3)  # cached as float16
+    assert stats["computed"] == stats["unique"] == 6
+    again, stats2 = bienc_cosines(questions, texts, str(tiny_models["base"]), cache_root=tmp_path, device="cpu")
+    assert stats2["computed"] == 0 and all(np.array_equal(cos[k], again[k]) for k in cos)
+    with pytest.raises(MedrankError, match="2 questions for 1 heading_cos"):
+        bienc_cosines(questions, {"heading_cos": ["x"]}, str(tiny_models["base"]), cache_root=tmp_path, device="cpu")
+
+
 # ---------------------------------------------------------------------- the stages, N = 3 -> 5 -> 5
 
 

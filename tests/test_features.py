@@ -10,6 +10,7 @@ import pytest
 from medrank.errors import MedrankError
 from medrank.features import (
     FeatureBuilder,
+    answer_heading,
     answer_scores,
     answer_table,
     cap_questions,
@@ -62,10 +63,10 @@ def _anli(answers: pd.DataFrame, retrieved: pd.DataFrame) -> pd.DataFrame:
 def table(answers) -> pd.DataFrame:
     ret = _retrieved(answers)
     cos = np.linspace(0.1, 0.9, len(answers))
-    return answer_table(answers, entailed=ret, anli=_anli(answers, ret), bienc_cos=cos, cnn_score=cos[::-1], n_candidates=N)
+    return answer_table(answers, entailed=ret, anli=_anli(answers, ret), bienc_cos=cos, heading_cos=cos**2, cnn_score=cos[::-1], n_candidates=N)
 
 
-ALL = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "cnn")
+ALL = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "cnn")
 
 
 def test_answer_table_keys_and_chiqa_rank(answers, table):
@@ -108,7 +109,7 @@ def test_missing_inputs_are_errors_not_zeros(answers):
 
 @pytest.mark.parametrize(
     "groups, n_dense",
-    [(("metadata",), 4), (("rqe",), N), (("anli",), N), (("bienc",), 4), (("rqe_emb",), N * 4), (("cnn",), 4), (ALL, 4 + N + N * 4 + N + 4 + 4)],
+    [(("metadata",), 4), (("rqe",), N), (("anli",), N), (("bienc",), 4), (("heading",), 4), (("rqe_emb",), N * 4), (("cnn",), 4), (ALL, 4 + N + N * 4 + N + 4 + 4 + 4)],
 )
 def test_builder_shapes(table, medquad, groups, n_dense):
     tfidf = fit_tfidf(medquad, max_features=50, min_df=1)
@@ -210,3 +211,20 @@ def test_cap_questions_keeps_first_questions_per_split(answers):
     firsts = answers.sort_values(["split", "qid"]).drop_duplicates("split")[["split", "qid"]]
     assert set(map(tuple, capped[["split", "qid"]].drop_duplicates().to_numpy())) == set(map(tuple, firsts.to_numpy()))
     assert cap_questions(answers, None) is answers
+
+
+@pytest.mark.parametrize(
+    "answer, heading",
+    [
+        ("Ectopic pregnancy (Symptoms): At first, an ectopic pregnancy might not cause signs.", "Ectopic pregnancy (Symptoms)"),
+        ("What causes Anemia?: The three main causes of anemia are: blood loss", "What causes Anemia?"),
+        ("Ear wax:", "Ear wax"),
+        ("No title here, only text.", "No title here, only text."),
+        (": starts with a colon", ": starts with a colon"),
+        ("", ""),
+        (None, ""),
+        ("x" * 300 + ": late colon", "x" * 200),
+    ],
+)
+def test_answer_heading(answer, heading):
+    assert answer_heading(answer) == heading

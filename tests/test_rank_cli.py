@@ -111,7 +111,7 @@ def _fake_training_data(seed: int = 0):
             ci = len(cand)
             cand.append(dict(gid=f"t:{q}", split="train_liveqa", qid=str(q), aid=f"{q}_{c}", source=str(rng.choice(["medlineplus", "mayoclinic"])),
                              n_sentences=float(rng.integers(1, 9)), chiqa_rank=float(c + 1), answer_text="a", label=float(c == 0 or rng.random() < 0.3),
-                             reference_rank=float(c + 1), reference_score=3.0, bienc_cos=rng.random()))  # fmt: skip
+                             reference_rank=float(c + 1), reference_score=3.0, bienc_cos=rng.random(), heading_cos=rng.random()))  # fmt: skip
             for e in range(2):
                 grids.append(rng.normal(size=(int(rng.integers(1, 4)), int(rng.integers(1, 3)), HIDDEN)).astype(np.float16))
                 rqe.append(rng.normal(size=HIDDEN).astype(np.float32))
@@ -143,7 +143,7 @@ def workdir(tmp_path_factory) -> Path:
 
     cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=4, filter_hidden=(8,), pair_hidden=(8,), max_epochs=2, inner_val_frac=0.0)
     data = _fake_training_data()
-    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "bienc"], 2)(), seed=0)
+    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "bienc", "heading"], 2)(), seed=0)
     decision = {"ensemble": "mean", "rank_by": "pairwise", "threshold": None, "prior_shift": "none", "min_keep": 0, "threshold_used": 0.5}
     meta = {"decision": decision, "n_candidates": 2, "bienc_model": str(bert), "bienc_max_length": 32}
     model.save(root / "models" / "mtl", extra_meta=meta)
