@@ -60,7 +60,10 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
     out = ["**MEDIQA Task 3, validation** (25 questions: swings ±0.1; selection uses the question-grouped 5-fold CV over train+val, mean ± sd)", ""]
     out += _table(head, rows)
     if final:
-        out += [f"Final system: `{final.get('system')}`, chosen by {final.get('selection', 'the score stage')}.", ""]
+        weight = final.get("systems", {}).get(final.get("system"), {}).get("mtl_weight")
+        alone = ": the baseline's probabilities and ranks alone, thresholded on out-of-fold rows" if weight == 0 else ""
+        share = "" if weight is None else f" (MTL weight {weight:g}{alone})"
+        out += [f"Final system: `{final.get('system')}`{share}, chosen by {final.get('selection', 'the score stage')}.", ""]
     vs = final.get("vs_baseline")
     if vs and final.get("system") != "baseline":
         cell = lambda d: f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] ({d['p_better']:.0%} / {d['p_worse']:.0%})"  # noqa: E731

@@ -53,3 +53,10 @@ def test_render_results_headline_tables(tmp_path):
     assert "| filter probability | 0.930 | 0.300 | 0.270 |" in out
     assert "| default (params.yaml `mtl`) | — | 0.800 ± 0.020 |" in out
     assert "| no_grid | `nli_grid: false` | 0.800 ± 0.020 |" in out
+    assert "Final system: `mtl`, chosen by CV." in out
+    final = json.loads((tmp_path / "task3_val.json").read_text())
+    for weight, line in ((0.0, "Final system: `ensemble` (MTL weight 0: the baseline's probabilities and ranks alone, thresholded on out-of-fold rows), chosen by CV."),
+                         (0.5, "Final system: `ensemble` (MTL weight 0.5), chosen by CV.")):  # fmt: skip
+        final["system"], final["systems"]["ensemble"]["mtl_weight"] = "ensemble", weight
+        (tmp_path / "task3_val.json").write_text(json.dumps(final))
+        assert line in render_results(tmp_path)
