@@ -277,8 +277,11 @@ class RankPipeline:
 
             q = self.bienc.encode([question_norm])[0]
             texts = answers["answer_norm"].fillna("").astype(str)
-            scores["bienc_cos"] = (self.bienc.encode(texts.tolist()) @ q).astype(float)
-            scores["heading_cos"] = (self.bienc.encode(texts.map(answer_heading).tolist()) @ q).astype(float)
+            groups = self.model.builder.groups
+            if "bienc" in groups:
+                scores["bienc_cos"] = (self.bienc.encode(texts.tolist()) @ q).astype(float)
+            if "heading" in groups:
+                scores["heading_cos"] = (self.bienc.encode(texts.map(answer_heading).tolist()) @ q).astype(float)
         if self.cnn is not None:  # as stage cnn_mediqa: question vs the cleaned answer's sentences
             from medrank.models.cnn import answer_scores
             from medrank.text.sentences import split_rule

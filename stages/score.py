@@ -70,7 +70,9 @@ def main() -> None:
     systems["mtl"] = {"val": rounded_scores(official_val(pred)), "cv": rounded_summary(mtl.cv_summary_of(pred, cand))}
     systems["chiqa"] = {"val": rounded_scores(score_task3(gold_val, CHIQA_VAL))}
     base_cv = json.loads(BASELINE_METRICS.read_text(encoding="utf-8")).get("cv") if BASELINE_METRICS.exists() else None
-    systems["baseline"] = {"val": rounded_scores(score_task3(gold_val, BASELINE_VAL)), **({"cv": base_cv} if base_cv else {})}
+    # the written validation files scored officially, per question (summed: the official scores; resampled: the bootstrap)
+    val_by_question = {"baseline": task3_by_question(gold_val, BASELINE_VAL)}
+    systems["baseline"] = {"val": rounded_scores(task3_scores_of(val_by_question["baseline"])), **({"cv": base_cv} if base_cv else {})}
 
     base = read_parquet(BASELINE_PREDICTIONS)
     base = base.assign(gid=question_key(base))
@@ -100,7 +102,8 @@ def main() -> None:
         q_order = {g: i for i, g in enumerate(pd.unique(cand["gid"]))}
         rows = rows.assign(_q=rows["gid"].map(q_order)).sort_values("_q", kind="stable")
         write_task3_submission(path, rows[["qid", "aid", "label", "score"]])
-    final_val = score_task3(gold_val, VAL_OUT)  # the written file, scored officially
+    val_by_question["final"] = task3_by_question(gold_val, VAL_OUT)
+    final_val = task3_scores_of(val_by_question["final"])  # the written file, scored officially
 
     # ---- the CV questions' out-of-fold rows per question (each system with its own fold thresholds): scores by
     # question set, and the final system minus the baseline by paired question bootstrap (also on validation)
@@ -130,7 +133,7 @@ def main() -> None:
     if sp.bootstrap_resamples:
         vs_baseline = {
             "resamples": sp.bootstrap_resamples,
-            "val": paired_bootstrap(task3_by_question(gold_val, VAL_OUT), task3_by_question(gold_val, BASELINE_VAL), sp.bootstrap_resamples, p.seed),
+            "val": paired_bootstrap(val_by_question["final"], val_by_question["baseline"], sp.bootstrap_resamples, p.seed),
             "cv": paired_bootstrap(oof["final"], oof["baseline"], sp.bootstrap_resamples, p.seed),
         }  # fmt: skip
 
