@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from medrank import layout  # noqa: E402
 from medrank.encoders.base import cpu_flags  # noqa: E402
 from medrank.encoders.cross_encoder import CrossEncoder  # noqa: E402
 
@@ -41,7 +42,7 @@ def real_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     import pandas as pd
 
     rng = np.random.default_rng(seed)
-    norm, clean = Path("data/interim/normalized"), Path("data/interim/clean")
+    norm, clean = layout.NORMALIZED, layout.CLEAN
     if (norm / "answers.parquet").exists() and (norm / "medquad.parquet").exists():
         a = pd.read_parquet(norm / "answers.parquet", columns=["answer_sentences"])["answer_sentences"]
         m = pd.read_parquet(norm / "medquad.parquet", columns=["answer_sentences"])["answer_sentences"]
@@ -100,7 +101,7 @@ def timed(fn):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=2000)
-    ap.add_argument("--model", default="models/nli", help="saved medrank cross-encoder; absent: MiniLM + fresh 3-way head")
+    ap.add_argument("--model", default=str(layout.NLI_MODEL), help="saved medrank cross-encoder; absent: MiniLM + fresh 3-way head")
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None, help="default: every core this process may use")
     ap.add_argument("--seed", type=int, default=13)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from medrank import layout
 from medrank.params import load_params
 from medrank.text.matcher import _END, _SEP, _START, PhraseMatcher
 from medrank.text.normalize import TABLES, build_normalizer
@@ -74,11 +75,11 @@ def _rate(fn, texts: list[str]) -> tuple[float, list]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sample", type=int, default=200, help="texts for the naive/pysbd comparison (they are slow)")
-    ap.add_argument("--clean-dir", default=None, help="default: normalize.clean_dir from params.yaml")
+    ap.add_argument("--clean-dir", default=str(layout.CLEAN), help=f"default: {layout.CLEAN}")
     ap.add_argument("--seed", type=int, default=13)
     args = ap.parse_args()
     p = load_params().normalize
-    clean_dir = Path(args.clean_dir or p.clean_dir)
+    clean_dir = Path(args.clean_dir)
 
     t0 = time.perf_counter()
     ours = build_normalizer(p)

@@ -16,13 +16,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from medrank import layout
 from medrank.encoders.base import DEFAULT_MODEL, cpu_flags
 from medrank.encoders.cross_encoder import CrossEncoder
 
 
 def real_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
-    rqe = pd.read_parquet("data/interim/clean/rqe_pairs.parquet")
-    nli = pd.read_parquet("data/interim/clean/nli.parquet")
+    rqe = pd.read_parquet(layout.CLEAN_RQE_PAIRS)
+    nli = pd.read_parquet(layout.CLEAN_NLI)
     pairs = list(zip(rqe["chq"], rqe["faq"])) + list(zip(nli["premise"], nli["hypothesis"]))
     idx = np.random.default_rng(seed).choice(len(pairs), size=min(n, len(pairs)), replace=False)
     return [pairs[i] for i in idx]

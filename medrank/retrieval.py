@@ -2,17 +2,24 @@
 the top `n_candidates` with score >= `rqe_threshold`, else the top-1 (the paper's fallback, Section 4.6).
 
 Every BM25 candidate is scored once and cached, so changing N or T re-selects without recomputing.
+`score_candidates` -> `select_entailed` -> `attach_entailed` is the one way from questions to entailed MedQuAD
+pairs: the retrieve stage and `medrank rank` (with a read-only cache) both take it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from medrank.encoders.cross_encoder import CrossEncoder, label_index
+from medrank.encoders.extract import ExtractStats, cached_extract, choose_precision, open_cache
 from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
@@ -115,3 +122,73 @@ def medquad_documents(medquad: pd.DataFrame, question_col: str, answer_col: str)
     df = medquad[medquad[answer_col].fillna("").str.strip() != ""]
     df = df.sort_values("qa_id", kind="stable").drop_duplicates([question_col, answer_col], keep="first")
     return df.reset_index(drop=True)
+
+
+def questions_table(answers: pd.DataFrame, question_col: str, max_questions_per_split: int | None) -> pd.DataFrame:
+    """One row per (split, qid) with its text as `question` (from `question_col`), sorted; the first
+    `max_questions_per_split` questions of each split (tiny profiles), None = all."""
+    questions = answers.drop_duplicates(["split", "qid"]).sort_values(["split", "qid"], kind="stable")
+    if max_questions_per_split:
+        questions = questions.groupby("split", sort=True).head(max_questions_per_split)
+    return questions[["split", "qid", question_col]].rename(columns={question_col: "question"}).reset_index(drop=True)
+
+
+@dataclass
+class ScoredCandidates:
+    """What `score_candidates` made: every BM25 candidate with its RQE score and [CLS] vector, the precision used."""
+
+    table: pd.DataFrame  # split, qid, question, bm25_rank, bm25_score, doc (row of docs), qa_id, rqe_score, rqe_cls
+    precision: str
+    extract: ExtractStats
+    bm25_seconds: float
+
+
+def score_candidates(
+    questions: pd.DataFrame,
+    docs: pd.DataFrame,
+    rqe: CrossEncoder,
+    cache_root: str | os.PathLike,
+    *,
+    question_col: str,
+    bm25_top_k: int,
+    precision: str = "auto",
+    batch_size: int = 64,
+    shard_size: int = 4096,
+    read_only: bool = False,
+    show_progress: bool = True,
+) -> ScoredCandidates:
+    """The `bm25_top_k` MedQuAD candidates of each question (split, qid, question), each scored by the RQE
+    cross-encoder: P(question entails the MedQuAD question `docs[question_col]`) and its [CLS] vector (float16).
+
+    `docs` come from `medquad_documents`. `precision` is a request (auto | fp32 | bf16 | int8): auto reuses the
+    precision cached for this model under `cache_root`, else probes (`choose_precision`). `read_only`: nothing is
+    written under `cache_root`; missing pairs are computed in memory.
+    """
+    t0 = time.perf_counter()
+    idx, bm25 = bm25_candidates(questions["question"].tolist(), docs[question_col].tolist(), bm25_top_k)
+    k = idx.shape[1]
+    cands = questions.loc[np.repeat(np.arange(len(questions)), k), ["split", "qid", "question"]].reset_index(drop=True)
+    cands["bm25_rank"] = np.tile(np.arange(1, k + 1), len(questions)).astype(np.int16)
+    cands["bm25_score"] = bm25.reshape(-1)
+    cands["doc"] = idx.reshape(-1)
+    cands["qa_id"] = docs["qa_id"].to_numpy()[cands["doc"]]
+    pairs = list(zip(cands["question"], docs[question_col].to_numpy()[cands["doc"]]))
+    bm25_seconds = time.perf_counter() - t0
+    chosen = choose_precision(rqe, precision, cache_root, "rqe", pairs)
+    cache = open_cache(rqe, "rqe", cache_root, chosen, read_only)
+    out, stats = cached_extract(rqe, pairs, cache, chosen, batch_size=batch_size, shard_size=shard_size, desc="rqe", show_progress=show_progress)
+    cands["rqe_score"] = out["probs"][:, label_index(rqe.label_names, "entail", 1)]
+    cands["rqe_cls"] = list(out["cls"])
+    return ScoredCandidates(cands, chosen, stats, bm25_seconds)
+
+
+def attach_entailed(chosen: pd.DataFrame, docs: pd.DataFrame, question_col: str) -> pd.DataFrame:
+    """Selected candidates (`select_entailed`) with the entailed MedQuAD pair: entailed_question, entailed_answer,
+    entailed_sentences, entailed_collection (from `docs` row `doc`)."""
+    d = docs.iloc[chosen["doc"].to_numpy()]
+    return chosen.assign(
+        entailed_question=d[question_col].to_numpy(),
+        entailed_answer=d["answer_norm"].to_numpy(),
+        entailed_sentences=[list(s) for s in d["answer_sentences"]],
+        entailed_collection=d["collection"].to_numpy(),
+    )

@@ -1,7 +1,6 @@
 """DVC stage `chiqa`: the CHiQA-order baseline (every answer kept, system order) for val and test."""
 
-from pathlib import Path
-
+from medrank import layout
 from medrank.io import read_parquet, write_json
 from medrank.metrics import gold_from_answers, score_task3
 from medrank.params import load_params
@@ -9,17 +8,17 @@ from medrank.runner import run
 from medrank.submission import write_task3_submission
 
 
-def main() -> None:
-    p = load_params()
-    answers = read_parquet(Path(p.clean.out_dir) / "answers.parquet")
+def main(params_path: str = "params.yaml") -> None:
+    load_params(params_path)  # validated like every stage's, though no knob is read
+    answers = read_parquet(layout.CLEAN_ANSWERS)
     # Test files carry no SystemRank but list answers in CHiQA order (FINDINGS.md): fall back to position.
     rank = answers["system_rank"].fillna(answers["answer_pos"]).astype(float)
     ranked = answers[["split", "qid", "aid"]].assign(label=1, score=-rank)
-    for split in ("val", "test"):
+    for split in (layout.VAL_SPLIT, layout.TEST_SPLIT):
         part = ranked[ranked["split"] == split].drop(columns="split")
-        write_task3_submission(f"submissions/task3_{split}_chiqa.csv", part)
-    gold = gold_from_answers(answers[answers["split"] == "val"])
-    write_json("metrics/task3_val_chiqa.json", score_task3(gold, "submissions/task3_val_chiqa.csv"))
+        write_task3_submission(layout.task3_submission(split, "chiqa"), part)
+    gold = gold_from_answers(answers[answers["split"] == layout.VAL_SPLIT])
+    write_json(layout.metrics_file("task3_val_chiqa"), score_task3(gold, layout.task3_submission(layout.VAL_SPLIT, "chiqa")))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 import logging
 import time
-from pathlib import Path
 
+from medrank import layout
 from medrank.data.clean import build_tables
 from medrank.data.schemas import TABLES
 from medrank.io import write_json, write_parquet
@@ -13,14 +13,13 @@ from medrank.runner import run
 log = logging.getLogger("stages.clean")
 
 
-def main() -> None:
-    p = load_params().clean
+def main(params_path: str = "params.yaml") -> None:
+    p = load_params(params_path).clean
     start = time.perf_counter()
-    tables, counts = build_tables(p.raw_dir, squad_max_articles=p.squad_max_articles, mednli_dir=p.mednli_dir)
-    out_dir = Path(p.out_dir)
+    tables, counts = build_tables(layout.RAW, squad_max_articles=p.squad_max_articles, mednli_dir=p.mednli_dir)
     for name, schema in TABLES.items():
-        write_parquet(tables[name], out_dir / f"{name}.parquet", schema)
-    write_json("metrics/data.json", counts)
+        write_parquet(tables[name], layout.CLEAN / f"{name}.parquet", schema)
+    write_json(layout.metrics_file("data"), counts)
     log.info("clean: %d tables in %.1f s", len(tables), time.perf_counter() - start)
 
 

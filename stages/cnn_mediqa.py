@@ -7,55 +7,50 @@ Alexa questions, and a raw threshold labelled every validation answer 0) and the
 project's scorer.
 """
 
-from pathlib import Path
-
 import numpy as np
 import torch
 
+from medrank import layout
+from medrank.decision import best_cut_threshold, relative_to_question_best
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.metrics import gold_from_answers, ir_metrics, score_task3
-from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, answer_scores, best_threshold, relative_to_question_max
+from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, answer_scores
 from medrank.params import load_params
 from medrank.runner import run
 from medrank.submission import write_task3_submission
 from medrank.text.sentences import split_rule
 
-MODEL = "models/cnn"
-SCORES = "data/processed/cnn_mediqa_scores.parquet"
-OUT = "metrics/cnn_mediqa.json"
-TRAIN_SPLITS = ("train_liveqa", "train_alexa")
 
-
-def main() -> None:
-    p = load_params()
+def main(params_path: str = "params.yaml") -> None:
+    p = load_params(params_path)
     # the network is small: on 2 shared cores one thread was 10x faster than two (thread sync dominates)
     torch.set_num_threads(1)
-    answers = read_parquet(Path(p.clean.out_dir) / "answers.parquet")
-    ranker = CnnRanker.load(MODEL)
+    answers = read_parquet(layout.CLEAN_ANSWERS)
+    ranker = CnnRanker.load(layout.CNN_MODEL)
     scored = answers[["split", "qid", "aid", "label"]].reset_index(drop=True)
     scored = scored.join(answer_scores(ranker, answers.reset_index(drop=True), p.cnn.mediqa_aggregation, split_rule))
-    write_parquet(scored.drop(columns="label"), SCORES, CNN_MEDIQA_SCORES)
+    write_parquet(scored.drop(columns="label"), layout.CNN_SCORES, CNN_MEDIQA_SCORES)
 
     # qids repeat across splits (both training sets start at 1): group by split and qid
-    relative = relative_to_question_max(scored["cnn_score"], scored["split"] + "/" + scored["qid"])
-    is_train = scored["split"].isin(TRAIN_SPLITS).to_numpy()
-    threshold = best_threshold(relative[is_train], scored.loc[is_train, "label"].to_numpy())
-    for split in ("val", "test"):
+    relative = relative_to_question_best(scored["cnn_score"], scored["split"] + "/" + scored["qid"])
+    is_train = scored["split"].isin(layout.TRAIN_SPLITS).to_numpy()
+    threshold = best_cut_threshold(relative[is_train], scored.loc[is_train, "label"].to_numpy())
+    for split in (layout.VAL_SPLIT, layout.TEST_SPLIT):
         part = scored["split"] == split
         sub = scored.loc[part, ["qid", "aid"]].assign(
             label=(relative[part.to_numpy()] >= threshold).astype(int), score=scored.loc[part, "cnn_score"].to_numpy()
         )
-        write_task3_submission(f"submissions/task3_{split}_cnn.csv", sub)
+        write_task3_submission(layout.task3_submission(split, "cnn"), sub)
 
     out: dict = {"aggregation": p.cnn.mediqa_aggregation, "relative_threshold": threshold}
-    out["val"] = score_task3(gold_from_answers(answers, "val"), "submissions/task3_val_cnn.csv")
+    out["val"] = score_task3(gold_from_answers(answers, layout.VAL_SPLIT), layout.task3_submission(layout.VAL_SPLIT, "cnn"))
     # ranking quality alone (every answer ranked by score; relevance = reference_score >= 3), per labelled split
-    for split in (*TRAIN_SPLITS, "val"):
+    for split in layout.LABELLED_SPLITS:
         part = scored[scored["split"] == split]
         qrels = part[["qid", "aid"]].assign(label=part["label"].astype(int))
         run_ = part[["qid", "aid"]].assign(score=part["cnn_score"].to_numpy(dtype=np.float64))
         out[f"{split}_ranx"] = {k: round(v, 4) for k, v in ir_metrics(qrels, run_, ("mrr", "map", "precision@1")).items()}
-    write_json(OUT, out)
+    write_json(layout.metrics_file("cnn_mediqa"), out)
 
 
 if __name__ == "__main__":

@@ -5,28 +5,24 @@ import logging
 import torch
 from dvclive import Live
 
+from medrank import layout
 from medrank.data.sentence_selection import Idf, hold_out_articles, rank_metrics, sample_questions, tokenize
-from medrank.embeddings import WordVectors
 from medrank.io import read_parquet, write_json
 from medrank.models.cnn import CnnRanker, TrainConfig
+from medrank.models.word2vec import WordVectors
 from medrank.params import load_params
 from medrank.runner import run
-
-PAIRS = "data/interim/cnn/squad_sentences.parquet"
-VECTORS = "models/word2vec"
-OUT_DIR = "models/cnn"
-LIVE_DIR = "plots/cnn_train"
 
 log = logging.getLogger("stages.cnn_train")
 
 
-def main() -> None:
-    p = load_params()
+def main(params_path: str = "params.yaml") -> None:
+    p = load_params(params_path)
     # the network is small: on 2 shared cores one thread was 10x faster than two (thread sync dominates)
     torch.set_num_threads(1)
     c = p.cnn
     torch.manual_seed(p.seed)
-    pairs = read_parquet(PAIRS)
+    pairs = read_parquet(layout.SQUAD_SENTENCES)
     train_all = pairs[pairs["split"] == "train"]
     idf = Idf.fit(tokenize(s) for s in train_all["sentence"].drop_duplicates())
     train, val = hold_out_articles(train_all, c.val_articles, p.seed)
@@ -41,12 +37,12 @@ def main() -> None:
         max_tokens=c.max_tokens,
         train_embeddings=c.train_embeddings,
     )
-    ranker = CnnRanker.create(WordVectors.load(VECTORS), idf, arch, seed=p.seed)
+    ranker = CnnRanker.create(WordVectors.load(layout.WORD2VEC_MODEL), idf, arch, seed=p.seed)
     enc_train = ranker.encoder.encode(train["question"].tolist(), train["sentence"].tolist())
     enc_val = ranker.encoder.encode(val["question"].tolist(), val["sentence"].tolist())
     tc = TrainConfig(optimizer=c.optimizer, lr=c.lr, l2=c.l2, epochs=c.epochs, batch_size=c.batch_size)
 
-    with Live(LIVE_DIR, save_dvc_exp=False, dvcyaml=None) as live:
+    with Live(str(layout.plots_dir("cnn_train")), save_dvc_exp=False, dvcyaml=None) as live:
 
         def on_epoch(epoch: int, loss: float) -> float | None:
             live.log_metric("train_loss", loss)
@@ -61,10 +57,10 @@ def main() -> None:
             return m["map"]  # the paper selects on MAP
 
         history = ranker.fit(enc_train, train["label"].to_numpy(), tc, p.seed, on_epoch)
-    ranker.save(OUT_DIR)
+    ranker.save(layout.CNN_MODEL)
     scored = [h for h in history if h["val_score"] is not None]
     write_json(
-        f"{OUT_DIR}/train.json",
+        layout.CNN_MODEL / "train.json",
         {
             "train_questions": int(train["question_id"].nunique()),
             "train_pairs": len(train),

@@ -1,64 +1,46 @@
 """DVC stage `finetune@<task>` (task = nli | rqe): fine-tune a cross-encoder, log curves, write metrics.
 
-rqe also writes the Task 2 validation and blind test predictions (`pair_id,label`) and scores validation.
+Both write their validation and test predictions (`pair_id,label`); rqe's are the Task 2 submissions, and its
+validation file is scored with the official gold.
 """
 
 import sys
-import time
-from pathlib import Path
 
+from medrank.data.tasks import TASKS
 from medrank.errors import MedrankError
 from medrank.runner import run
 
-TASKS = ("nli", "rqe")
 
-RQE_VAL_GOLD = "mediqa2019/Eval_Scripts/data/RQE_validationSet_ground_truth.txt"
-# (validation, test) predictions per task; the same paths are the stage's outs in dvc.yaml
-PREDICTIONS = {
-    "nli": ("submissions/nli_sick_dev.csv", "submissions/nli_sick_test.csv"),
-    "rqe": ("submissions/task2_val.csv", "submissions/task2_test.csv"),
-}
-
-
-def main() -> None:
-    if len(sys.argv) != 2 or sys.argv[1] not in TASKS:
+def main(task: str | None = None, params_path: str = "params.yaml") -> None:
+    if task is None:
+        task = sys.argv[1] if len(sys.argv) == 2 else None
+    if task not in TASKS:
         raise MedrankError(f"usage: python -m stages.finetune {{{'|'.join(TASKS)}}}")
-    task = sys.argv[1]
     # heavy imports (torch, transformers) after the argument check, so a usage error is instant
     import numpy as np
     import pandas as pd
-    from dvclive import Live
 
-    from medrank.encoders.cross_encoder import CrossEncoder
-    from medrank.encoders.finetune import CURVES, classification_metrics, live_step_logger, load_task, training_set
+    from medrank import layout
+    from medrank.data.tasks import load_task, training_set
+    from medrank.encoders.cross_encoder import CrossEncoder, classification_metrics
+    from medrank.encoders.curves import fit_with_curves
     from medrank.io import write_json, write_text
     from medrank.metrics import score_task2
     from medrank.params import load_params
     from medrank.submission import write_task2_submission
 
-    p = load_params()
+    p = load_params(params_path)
     tp = getattr(p.finetune, task)
-    clean_dir = Path(p.clean.out_dir)
     rng = np.random.default_rng(p.seed)
-
-    data = load_task(task, clean_dir, tp.dataset).capped(tp.max_eval_pairs)
-    pairs, labels, n_mined = training_set(task, data, tp, clean_dir, rng)
+    data = load_task(task, tp.dataset).capped(tp.max_eval_pairs)
+    pairs, labels, n_mined = training_set(task, data, tp, rng)
     model = CrossEncoder.from_base(
         tp.base_model, len(data.label_names), tp.max_length, device=p.device, seed=p.seed,
         label_names=data.label_names, precision=tp.predict_precision,
     )  # fmt: skip
-
-    with Live(dir=f"plots/finetune_{task}", dvcyaml=None, save_dvc_exp=False) as live:
-        live.log_params(tp.model_dump())
-        t0 = time.perf_counter()
-        history = model.fit(
-            pairs, labels, epochs=tp.epochs, lr=tp.lr, batch_size=tp.batch_size, warmup_ratio=tp.warmup_ratio,
-            weight_decay=tp.weight_decay, eval_pairs=data.eval_pairs, eval_labels=data.eval_labels,
-            seed=p.seed, precision=tp.train_precision, threads=tp.threads,
-            eval_every=tp.eval_every, step_callback=live_step_logger(live, CURVES),
-        )  # fmt: skip
-        train_seconds = time.perf_counter() - t0
-
+    history, train_seconds = fit_with_curves(
+        model, pairs, labels, data.eval_pairs, data.eval_labels, tp, seed=p.seed, live_dir=layout.plots_dir(f"finetune_{task}")
+    )
     val_probs = model.predict(data.eval_pairs, batch_size=tp.eval_batch_size)
     speed = dict(model.last_predict_stats)  # steady-state rate on validation, after the precision probe
     metrics = {
@@ -78,13 +60,14 @@ def main() -> None:
     test_probs = model.predict(data.test_pairs, batch_size=tp.eval_batch_size) if data.test_pairs else None
     if test_probs is not None:
         speed["test"] = dict(model.last_predict_stats)
-    val_out, test_out = PREDICTIONS[task]
     if task == "rqe":
         # official Task 2 format: pair_id,label (0/1) with a header, as the validation gold
+        val_out, test_out = layout.TASK2_SUBMISSIONS["val"], layout.TASK2_SUBMISSIONS["test"]
         write_task2_submission(val_out, pd.DataFrame({"pair_id": data.eval_ids, "label": val_probs.argmax(1)}))
         write_task2_submission(test_out, pd.DataFrame({"pair_id": data.test_ids, "label": test_probs.argmax(1)}))
-        metrics["val_official"] = score_task2(Path(p.clean.raw_dir) / RQE_VAL_GOLD, val_out)
+        metrics["val_official"] = score_task2(layout.RQE_VAL_GOLD, val_out)
     else:
+        val_out, test_out = layout.NLI_SUBMISSIONS["val"], layout.NLI_SUBMISSIONS["test"]
         names = np.asarray(data.label_names)
         write_text(val_out, pd.DataFrame({"pair_id": data.eval_ids, "label": names[val_probs.argmax(1)]}).to_csv(index=False))
         preds = names[test_probs.argmax(1)] if test_probs is not None else []
@@ -93,8 +76,8 @@ def main() -> None:
             # SICK's test labels are public (not a MEDIQA blind set): reported, never used for selection
             metrics["test"] = classification_metrics(data.test_labels, test_probs)
     metrics["predict_speed"] = speed
-    metrics["model_fingerprint"] = model.save(Path("models") / task, extra_meta={"task": task})
-    write_json(f"metrics/finetune_{task}.json", metrics)
+    metrics["model_fingerprint"] = model.save(layout.finetuned_model(task), extra_meta={"task": task})
+    write_json(layout.metrics_file(f"finetune_{task}"), metrics)
 
 
 if __name__ == "__main__":

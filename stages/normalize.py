@@ -1,11 +1,11 @@
-"""Stage `normalize`: cleaned MEDIQA answers, RQE pairs and MedQuAD -> normalized texts + sentences."""
+"""DVC stage `normalize`: cleaned MEDIQA answers, RQE pairs and MedQuAD -> normalized texts + sentences."""
 
 from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
+from medrank import layout
 from medrank.data.schemas import NORMALIZED_TABLES
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
@@ -13,11 +13,10 @@ from medrank.runner import run
 from medrank.text.normalize import TABLES, make_pipeline, normalize_table
 
 log = logging.getLogger("stages.normalize")
-METRICS = Path("metrics/normalize.json")
 
 
-def main() -> None:
-    p = load_params().normalize
+def main(params_path: str = "params.yaml") -> None:
+    p = load_params(params_path).normalize
     t0 = time.perf_counter()
     normalizer, splitter, coref = make_pipeline(p)
     metrics: dict = {
@@ -31,10 +30,10 @@ def main() -> None:
     totals = {"texts": 0, "changed": 0, "expansions": 0, "concept_replacements": 0}
     for name, spec in TABLES.items():
         t1 = time.perf_counter()
-        df = read_parquet(Path(p.clean_dir) / f"{name}.parquet")
+        df = read_parquet(layout.CLEAN / f"{name}.parquet")
         out, stats = normalize_table(df, spec, normalizer, splitter, coref, desc=name)
         assert len(out) == len(df), f"{name}: {len(df)} rows in, {len(out)} out"
-        write_parquet(out, Path(p.out_dir) / f"{name}.parquet", NORMALIZED_TABLES[name])
+        write_parquet(out, layout.NORMALIZED / f"{name}.parquet", NORMALIZED_TABLES[name])
         n_texts = sum(stats[c]["texts"] for c in spec.texts)
         for c in spec.texts:
             for k in totals:
@@ -42,7 +41,7 @@ def main() -> None:
         metrics[name] = stats
         log.info("%s: %d rows, %d texts in %.1fs", name, len(df), n_texts, time.perf_counter() - t1)
     metrics["total"] = totals
-    write_json(METRICS, metrics)
+    write_json(layout.metrics_file("normalize"), metrics)
     log.info("normalize: %d texts, %d changed, in %.1fs", totals["texts"], totals["changed"], time.perf_counter() - t0)
 
 

@@ -1,4 +1,4 @@
-"""Stage `qa`: a question-answer relevance cross-encoder, then a score for every MEDIQA answer.
+"""DVC stage `qa`: a question-answer relevance cross-encoder, then a score for every MEDIQA answer.
 
 FINDINGS: a cross-encoder fine-tuned on the 1.7k MEDIQA training pairs barely learned; it needs more data.
 Here it learns from MedQuAD alone: (question, answer) pairs mined with `medquad_qa_pairs` (positives, same-focus
@@ -11,57 +11,46 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
+from medrank import layout
+from medrank.answer_scores import qa_pairs
+from medrank.data.tasks import QA_LABELS, qa_task
+from medrank.encoders.cross_encoder import CrossEncoder, classification_metrics
+from medrank.encoders.curves import fit_with_curves
+from medrank.features import cap_questions
+from medrank.io import read_parquet, write_json, write_parquet
+from medrank.params import load_params
 from medrank.runner import run
 
 log = logging.getLogger("stages.qa")
-OUT = Path("data/processed/qa_scores.parquet")
-METRICS = Path("metrics/qa.json")
-MODEL_DIR = Path("models/qa")
-LIVE_DIR = Path("plots/qa")
+QA_SCORES = pa.schema([("split", pa.string()), ("qid", pa.string()), ("aid", pa.string()), ("qa_score", pa.float64())])
 
 
 def main(params_path: str = "params.yaml") -> None:
-    import numpy as np
-    import pyarrow as pa
-    from dvclive import Live
-
-    from medrank.encoders.cross_encoder import CrossEncoder
-    from medrank.encoders.finetune import CURVES, classification_metrics, live_step_logger
-    from medrank.encoders.qa import QA_LABELS, qa_task
-    from medrank.features import cap_questions
-    from medrank.io import read_parquet, write_json, write_parquet
-    from medrank.params import load_params
-
     p = load_params(params_path)
     qp = p.qa
     t0 = time.perf_counter()
-    medquad = read_parquet(Path(qp.normalized_dir) / "medquad.parquet", columns=["focus", "question_type", "question", "answer_norm"])
+    medquad = read_parquet(layout.MEDQUAD, columns=["focus", "question_type", "question", "answer_norm"])
     data = qa_task(medquad, qp.train_pairs, qp.eval_pairs, qp.eval_focus_frac, np.random.default_rng(p.seed))
     model = CrossEncoder.from_base(qp.base_model, len(QA_LABELS), qp.max_length, device=p.device, seed=p.seed, label_names=QA_LABELS,
                                    precision=qp.predict_precision)  # fmt: skip
-    with Live(dir=str(LIVE_DIR), dvcyaml=None, save_dvc_exp=False) as live:
-        live.log_params(qp.model_dump())
-        t1 = time.perf_counter()
-        history = model.fit(
-            data.train_pairs, data.train_labels, epochs=qp.epochs, lr=qp.lr, batch_size=qp.batch_size, warmup_ratio=qp.warmup_ratio,
-            weight_decay=qp.weight_decay, eval_pairs=data.eval_pairs, eval_labels=data.eval_labels, seed=p.seed,
-            precision=qp.train_precision, threads=qp.threads, eval_every=qp.eval_every, step_callback=live_step_logger(live, CURVES),
-        )  # fmt: skip
-        train_seconds = time.perf_counter() - t1
+    history, train_seconds = fit_with_curves(
+        model, data.train_pairs, data.train_labels, data.eval_pairs, data.eval_labels, qp, seed=p.seed, live_dir=layout.plots_dir("qa")
+    )
     val = classification_metrics(data.eval_labels, model.predict(data.eval_pairs, batch_size=qp.eval_batch_size))
-    fingerprint = model.save(MODEL_DIR, extra_meta={"task": "qa"})
+    fingerprint = model.save(layout.QA_MODEL, extra_meta={"task": "qa"})
 
-    answers = read_parquet(Path(qp.normalized_dir) / "answers.parquet", columns=["split", "qid", "aid", "question_norm", "answer_norm"])
-    answers = cap_questions(answers, qp.max_questions_per_split)
-    pairs = list(zip(answers["question_norm"].fillna("").astype(str), answers["answer_norm"].fillna("").astype(str)))
+    answers = read_parquet(layout.ANSWERS, columns=["split", "qid", "aid", "question_norm", "answer_norm"])
+    answers = cap_questions(answers, p.max_questions_per_split)
+    pairs = qa_pairs(answers)
     score = model.predict(pairs, batch_size=qp.eval_batch_size)[:, 1] if pairs else np.zeros(0)
     speed = dict(model.last_predict_stats) if pairs else {}
-    schema = pa.schema([("split", pa.string()), ("qid", pa.string()), ("aid", pa.string()), ("qa_score", pa.float64())])
-    write_parquet(answers[["split", "qid", "aid"]].assign(qa_score=score), OUT, schema)
+    write_parquet(answers[["split", "qid", "aid"]].assign(qa_score=score), layout.QA_SCORES, QA_SCORES)
     write_json(
-        METRICS,
+        layout.metrics_file("qa"),
         {
             "base_model": qp.base_model,
             "base_fingerprint": model.base_fingerprint,

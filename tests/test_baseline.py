@@ -5,22 +5,16 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
+from medrank.decision import em_prior_shift, grouped_folds, keep_labels, select_threshold, submission_score
 from medrank.errors import MedrankError
-from medrank.models.baseline import (
-    BaselineConfig,
-    RankSVM,
-    cross_validate,
-    em_prior_shift,
-    evaluate,
-    fit_baseline,
-    grouped_folds,
-    keep_labels,
-    pairwise_differences,
-    ranked_rows,
-    select_threshold,
-    source_transfer,
-    submission_score,
-)
+from medrank.evaluation import evaluate, ranked_rows
+from medrank.models.baseline import BaselineConfig, FittedBaseline, RankSVM, cross_validate, fit_baseline, pairwise_differences, source_transfer
+from medrank.params import BaselineParams
+
+
+def config(groups=None, seed=13, ranker="svm", **params) -> BaselineConfig:
+    """A baseline run: `params` are params.yaml `baseline` keys, the rest what the run fixes."""
+    return BaselineConfig(BaselineParams(**params), tuple(groups or GROUPS), seed=seed, ranker=ranker)
 
 
 def synthetic_table(n_questions: int = 40, seed: int = 0, split: str = "train_liveqa") -> pd.DataFrame:
@@ -134,7 +128,7 @@ def test_keep_labels_and_submission_order():
 def test_fit_predict_beats_keep_all_and_is_deterministic():
     train = synthetic_table(60, seed=1)
     test = synthetic_table(20, seed=2, split="val")
-    cfg = BaselineConfig(groups=GROUPS, seed=5)
+    cfg = config(seed=5)
     model = fit_baseline(train, cfg)
     assert 0.05 <= model.threshold <= 0.95
     pred = model.predict(test)
@@ -147,9 +141,21 @@ def test_fit_predict_beats_keep_all_and_is_deterministic():
     pd.testing.assert_frame_equal(pred, again)
 
 
+def test_saved_model_predicts_bit_for_bit(tmp_path):
+    train, test = synthetic_table(40, seed=1), synthetic_table(10, seed=2, split="val")
+    model = fit_baseline(train, config(seed=5, prior_shift="em", min_keep=1))
+    model.save(tmp_path / "m.json")
+    loaded = FittedBaseline.load(tmp_path / "m.json")
+    pd.testing.assert_frame_equal(model.predict(test), loaded.predict(test), check_exact=True)
+    assert loaded.config == model.config and loaded.threshold == model.threshold
+    (tmp_path / "bad.json").write_text('{"config": {}}')
+    with pytest.raises(MedrankError, match="bad.json: not a baseline model"):
+        FittedBaseline.load(tmp_path / "bad.json")
+
+
 def test_fixed_threshold_and_lr_ranker():
     train = synthetic_table(30, seed=1)
-    model = fit_baseline(train, BaselineConfig(groups=GROUPS, threshold=0.5, ranker="lr"))
+    model = fit_baseline(train, config(threshold=0.5, ranker="lr"))
     assert model.threshold == 0.5 and model.ranker is None
     pred = model.predict(train)
     np.testing.assert_array_equal(pred["rank_score"], pred["prob"])
@@ -159,12 +165,12 @@ def test_training_rows_must_be_labelled():
     train = synthetic_table(10, seed=1)
     train.loc[0, "label"] = np.nan
     with pytest.raises(MedrankError, match="without a label"):
-        fit_baseline(train, BaselineConfig(groups=GROUPS))
+        fit_baseline(train, config())
 
 
 def test_cross_validate_and_source_transfer_report_every_metric():
     table = pd.concat([synthetic_table(15, seed=1), synthetic_table(15, seed=2, split="train_alexa")], ignore_index=True)
-    cfg = BaselineConfig(groups=GROUPS, inner_folds=3)
+    cfg = config(cv_folds=3)
     out = cross_validate(table, cfg, None, k=3, seed=0, variants={"em": {"prior_shift": "em"}, "lr": {"ranker": "lr"}})
     assert set(out) == {"base", "em", "lr"}
     for name in out:

@@ -1,6 +1,7 @@
 """Text cleaner (unit + hypothesis properties) and the `clean` stage end to end on the fixtures."""
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -132,16 +133,20 @@ def test_clean_answer_properties(text):
 # ---------------------------------------------------------------- the stage
 
 
-def _write_params(workdir, raw_dir, **clean):
-    params = {"clean": {"raw_dir": str(raw_dir), "out_dir": "data/interim/clean", **clean}}
-    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+def _write_params(workdir, **clean):
+    (workdir / "params.yaml").write_text(yaml.safe_dump({"clean": clean}))
+
+
+def _workdir(tmp_path) -> Path:
+    """A project folder with the fixture raw data at data/raw (medrank.layout.RAW)."""
+    work = tmp_path / "work"
+    make_raw_dir(work / "data")
+    return work
 
 
 def test_stage_writes_tables_with_schemas_and_counts(tmp_path):
-    raw = make_raw_dir(tmp_path)
-    work = tmp_path / "work"
-    work.mkdir()
-    _write_params(work, raw, squad_max_articles=1, mednli_dir=str(FIX / "mednli"))
+    work = _workdir(tmp_path)
+    _write_params(work, squad_max_articles=1, mednli_dir=str(FIX / "mednli"))
     r = run_module("stages.clean", cwd=work)
     assert r.returncode == 0, r.stderr
     for name, schema in TABLES.items():
@@ -160,16 +165,14 @@ def test_stage_writes_tables_with_schemas_and_counts(tmp_path):
 
 
 def test_stage_bad_raw_data_is_one_error_line(tmp_path):
-    raw = make_raw_dir(tmp_path)
+    work = _workdir(tmp_path)
     bomb = (FIX / "unsafe" / "billion_laughs.xml").read_bytes()
-    (raw / "mediqa2019/MEDIQA_Task3_QA/MEDIQA2019-Task3-QA-ValidationSet.xml").write_bytes(bomb)
-    work = tmp_path / "work"
-    work.mkdir()
-    _write_params(work, raw)
+    (work / "data/raw/mediqa2019/MEDIQA_Task3_QA/MEDIQA2019-Task3-QA-ValidationSet.xml").write_bytes(bomb)
+    _write_params(work)
     r = run_module("stages.clean", cwd=work)
     assert r.returncode == 2
     assert error_lines(r.stderr) == [
-        f"error: {raw}/mediqa2019/MEDIQA_Task3_QA/MEDIQA2019-Task3-QA-ValidationSet.xml: "
+        "error: data/raw/mediqa2019/MEDIQA_Task3_QA/MEDIQA2019-Task3-QA-ValidationSet.xml: "
         "rejected unsafe XML (entity declaration)"
     ]
     assert not (work / "data/interim/clean").exists()

@@ -12,7 +12,7 @@ import torch
 
 from medrank.data import sentence_selection as ss
 from medrank.data.schemas import SQUAD
-from medrank.embeddings import WordVectors, train_word2vec
+from medrank.decision import best_cut_threshold, relative_to_question_best
 from medrank.errors import MedrankError
 from medrank.models.cnn import (
     CnnConfig,
@@ -21,11 +21,10 @@ from medrank.models.cnn import (
     SeverynMoschittiCNN,
     TrainConfig,
     answer_scores,
-    best_threshold,
     make_batch,
     make_optimizer,
-    relative_to_question_max,
 )
+from medrank.models.word2vec import WordVectors, train_word2vec, training_texts
 
 FIXTURE = Path(__file__).parent / "fixtures" / "cnn" / "squad_tiny.json"
 
@@ -316,15 +315,23 @@ def test_answer_scores_max_and_mean():
         answer_scores(_LengthRanker(), answers, "median", split)
 
 
-def test_best_threshold():
+def test_word2vec_training_texts_are_squad_train_paragraphs_then_medquad_answers():
+    squad = pd.DataFrame({"split": ["train", "train", "dev", "train"], "paragraph_id": ["p1", "p1", "d1", "p2"],
+                          "paragraph": ["first para", "first para", "dev para", "second para"]})  # fmt: skip
+    medquad = pd.DataFrame({"answer": ["an answer", None, "  ", "another"]})
+    assert training_texts(squad, None) == (["first para", "second para"], 2)
+    assert training_texts(squad, medquad) == (["first para", "second para", "an answer", "another"], 2)
+
+
+def test_best_cut_threshold():
     scores = np.array([0.1, 0.2, 0.6, 0.7, 0.4])
     labels = np.array([0, 0, 1, 1, 0])
-    t = best_threshold(scores, labels)
+    t = best_cut_threshold(scores, labels)
     assert 0.4 < t <= 0.6
     assert ((scores >= t) == labels).all()
 
 
-def test_relative_to_question_max():
+def test_relative_to_question_best():
     scores = pd.Series([0.2, 0.1, 0.8, 0.4])
     qids = pd.Series(["a", "a", "b", "b"])
-    np.testing.assert_allclose(relative_to_question_max(scores, qids), [1.0, 0.5, 1.0, 0.5])
+    np.testing.assert_allclose(relative_to_question_best(scores, qids), [1.0, 0.5, 1.0, 0.5])

@@ -1,11 +1,12 @@
-"""Embedding extraction: the content-addressed cache (incremental, crash-safe, resumable), grids and ANLI,
-and the retrieve → embed stages end to end on a tiny random BERT (2 layers, hidden 32, vocab built here)."""
+"""Embedding extraction: the content-addressed cache (incremental, crash-safe, resumable, read-only), grids and
+ANLI, and the retrieve → embed stages end to end on a tiny random BERT (2 layers, hidden 32, vocab built here)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,23 +21,16 @@ import pytest
 import torch
 import yaml
 
+from medrank import layout
 from medrank.encoders import cache as cache_mod
 from medrank.encoders import extract as extract_mod
 from medrank.encoders.cache import PairCache, existing_precisions, namespace_name, pair_key
 from medrank.encoders.cross_encoder import CrossEncoder
-from medrank.encoders.extract import (
-    SentenceEncoder,
-    answer_pairs,
-    anli_score,
-    cached_extract,
-    choose_precision,
-    grid_table,
-    nli_grids,
-    open_cache,
-    plan_grids,
-    select_columns,
-)
+from medrank.encoders.extract import cached_extract, choose_precision, open_cache
+from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.errors import MedrankError
+from medrank.grids import answer_grids, answer_pairs, anli_score, grid_table, nli_grids, plan_grids, select_columns
+from medrank.retrieval import medquad_documents, questions_table, score_candidates
 
 FIXTURES = Path(__file__).parent / "fixtures" / "embed"
 REPO = Path(__file__).resolve().parents[1]
@@ -303,7 +297,7 @@ def test_prefilter_grids_are_cached_and_follow_cosine(tmp_path, tiny_models, nli
 
 
 def test_bienc_cosines_one_pass_per_named_text_list(tmp_path, tiny_models):
-    from medrank.features import answer_heading, bienc_cosines
+    from medrank.answer_scores import answer_heading, bienc_cosines
 
     questions = ["what causes anemia", "is leg pain serious"]
     answers = ["What causes Anemia?: blood loss and low iron.", "Leg pain (Symptoms): a cramp or an injury."]
@@ -324,26 +318,28 @@ def test_bienc_cosines_one_pass_per_named_text_list(tmp_path, tiny_models):
 
 
 def _write_inputs(work: Path, tables, models: dict[str, Path], n_candidates: int) -> None:
+    """Inputs at their layout paths under `work` (the stages run with `work` as the repository root)."""
     answers, medquad = tables
-    (work / "norm").mkdir(exist_ok=True)
-    answers.to_parquet(work / "norm/answers.parquet")
-    medquad.to_parquet(work / "norm/medquad.parquet")
+    (work / layout.NORMALIZED).mkdir(parents=True, exist_ok=True)
+    answers.to_parquet(work / layout.ANSWERS)
+    medquad.to_parquet(work / layout.MEDQUAD)
+    for task, model in ((layout.RQE_MODEL, models["rqe"]), (layout.NLI_MODEL, models["nli"])):
+        if not (work / task).exists():
+            shutil.copytree(model, work / task)
     params = {
         "device": "cpu",
         "n_candidates": n_candidates,
         "rqe_threshold": None,
-        "retrieve": {"normalized_dir": "norm", "rqe_model": str(models["rqe"]), "bm25_top_k": 6, "precision": "fp32",
-                     "cache_dir": "cache/rqe", "shard_size": 16},
-        "embed": {"normalized_dir": "norm", "nli_model": str(models["nli"]), "bi_encoder": str(models["base"]),
-                  "max_sentences": 3, "prefilter_top_k": None, "augment_top": 2, "precision": "fp32",
-                  "precision_check_pairs": 0, "cache_dir": "cache/embed", "shard_size": 32},
+        "retrieve": {"bm25_top_k": 6, "precision": "fp32", "shard_size": 16},
+        "embed": {"bi_encoder": str(models["base"]), "max_sentences": 3, "prefilter_top_k": None, "augment_top": 2, "precision": "fp32",
+                  "precision_check_pairs": 0, "shard_size": 32},
     }  # fmt: skip
     (work / "params.yaml").write_text(yaml.safe_dump(params))
 
 
 def _cells(work: Path) -> set[tuple[str, str]]:
-    answers = pd.read_parquet(work / "norm/answers.parquet").rename(columns={"answer_sentences": "sentences"})
-    retrieved = pd.read_parquet(work / "data/processed/retrieved.parquet").rename(columns={"entailed_sentences": "sentences"})
+    answers = pd.read_parquet(work / layout.ANSWERS).rename(columns={"answer_sentences": "sentences"})
+    retrieved = pd.read_parquet(work / layout.RETRIEVED).rename(columns={"entailed_sentences": "sentences"})
     return set(plan_grids(answer_pairs(answers, retrieved, 2), 3, None, None).cells)
 
 
@@ -358,11 +354,11 @@ def test_stages_compute_only_new_pairs_when_n_grows(tmp_path, monkeypatch, tiny_
         stages.retrieve.main("params.yaml")
         stages.embed.main("params.yaml")
         runs[label] = {
-            "retrieve": json.loads(Path("metrics/retrieve.json").read_text()),
-            "embed": json.loads(Path("metrics/embed.json").read_text()),
+            "retrieve": json.loads(layout.metrics_file("retrieve").read_text()),
+            "embed": json.loads(layout.metrics_file("embed").read_text()),
             "cells": _cells(tmp_path),
-            "grid": pd.read_parquet("data/processed/embeddings/nli_grid.parquet"),
-            "retrieved": pd.read_parquet("data/processed/retrieved.parquet"),
+            "grid": pd.read_parquet(layout.NLI_GRID),
+            "retrieved": pd.read_parquet(layout.RETRIEVED),
         }
     n_questions = 4
     r3, r5, r5b = runs["n3"], runs["n5"], runs["n5_again"]
@@ -384,8 +380,8 @@ def test_stages_compute_only_new_pairs_when_n_grows(tmp_path, monkeypatch, tiny_
     assert same_e.all()
     for a, b in zip(both["p_entail_3"], both["p_entail_5"]):
         np.testing.assert_array_equal(a, b)
-    emb = pd.read_parquet("data/processed/embeddings/rqe.parquet")
-    assert len(emb) == 5 * n_questions and len(emb["rqe_cls"].iloc[0]) == 32
+    assert len(r5["retrieved"]["rqe_cls"].iloc[0]) == 32  # the RQE [CLS] vector travels with the retrieved rows
+    assert sorted(p.name for p in layout.EMBEDDINGS.iterdir()) == ["nli_grid.parquet"]
     cov = r5["retrieve"]["coverage"]["all"]
     assert set(cov) == {"T=0.5", "T=0.7", "T=0.9"} and cov["T=0.5"]["questions"] == n_questions
 
@@ -397,3 +393,43 @@ def test_retrieve_rejects_n_larger_than_bm25_top_k(tmp_path, monkeypatch, tiny_m
     _write_inputs(tmp_path, fixture_tables, tiny_models, 7)
     with pytest.raises(MedrankError, match="bm25_top_k"):
         stages.retrieve.main("params.yaml")
+
+
+# ---------------------------------------------------------------------- read-only caches (the `medrank rank` path)
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")} if root.exists() else {}
+
+
+def test_read_only_retrieval_and_grids_match_and_write_nothing(tmp_path, tiny_models, nli_model, fixture_tables):
+    answers, medquad = fixture_tables
+    rqe = CrossEncoder.load(tiny_models["rqe"], device="cpu", precision="fp32")
+    bi = SentenceEncoder(str(tiny_models["base"]), device="cpu")
+    questions = questions_table(answers, "question_norm", None)
+    docs = medquad_documents(medquad, "question_norm", "answer_norm")
+    kw = dict(question_col="question_norm", bm25_top_k=4, precision="auto", show_progress=False)
+    ans = answers.rename(columns={"answer_sentences": "sentences"})
+    grid_kw = dict(max_sentences=3, prefilter_top_k=1, bi=bi, augment_top=0, precision="auto", show_progress=False)
+
+    def run(root: Path, read_only: bool):
+        scored = score_candidates(questions, docs, rqe, root / "rqe", read_only=read_only, **kw)
+        retrieved = scored.table.groupby(["split", "qid"]).head(2).rename(columns={"bm25_rank": "rank"})
+        retrieved = retrieved.assign(sentences=[list(s) for s in docs["answer_sentences"].iloc[retrieved["doc"]]])
+        return scored, answer_grids(ans, retrieved, nli_model, root / "embed", read_only=read_only, **grid_kw)
+
+    # nothing cached: computed in memory, no folder appears
+    scored, grids = run(tmp_path / "none", read_only=True)
+    assert not (tmp_path / "none").exists() and scored.extract.computed == scored.extract.unique > 0
+    assert grids.stats["nli"].computed == grids.stats["nli"].unique > 0 and scored.precision == grids.precision == "fp32"
+    # a writable run fills the cache; a read-only run over it computes nothing, touches nothing, gives the same rows
+    w_scored, w_grids = run(tmp_path / "cache", read_only=False)
+    before = _tree(tmp_path / "cache")
+    r_scored, r_grids = run(tmp_path / "cache", read_only=True)
+    assert _tree(tmp_path / "cache") == before
+    assert r_scored.extract.computed == 0 and r_grids.stats["nli"].computed == 0 and r_grids.stats["bi_encoder"].computed == 0
+    for a, b in ((scored, w_scored), (r_scored, w_scored)):
+        np.testing.assert_array_equal(a.table["rqe_score"], b.table["rqe_score"])
+        np.testing.assert_array_equal(np.stack(a.table["rqe_cls"]), np.stack(b.table["rqe_cls"]))
+    for g in (grids, r_grids):
+        pd.testing.assert_frame_equal(g.rows, w_grids.rows)

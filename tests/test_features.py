@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from medrank.answer_scores import answer_heading
 from medrank.errors import MedrankError
 from medrank.features import (
     FeatureBuilder,
-    answer_heading,
     answer_scores,
     answer_table,
     cap_questions,

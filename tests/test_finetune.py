@@ -11,14 +11,9 @@ import pytest
 import yaml
 
 from medrank.data.schemas import MEDQUAD, NLI, RQE_PAIRS
+from medrank.data.mining import medquad_rqe_pairs
+from medrank.data.tasks import NLI_LABELS, cap_pairs, nli_task, rqe_task
 from medrank.encoders.cross_encoder import CrossEncoder
-from medrank.encoders.finetune import (
-    NLI_LABELS,
-    cap_pairs,
-    medquad_rqe_pairs,
-    nli_task,
-    rqe_task,
-)
 from medrank.errors import MedrankError
 from medrank.io import write_parquet
 from medrank.metrics import score_task2

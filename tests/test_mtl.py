@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from medrank.errors import MedrankError
+from medrank import decision as D
+from medrank import evaluation as E
 from medrank.models import mtl
+from medrank.params import MtlParams
 
 H = 8  # hidden size of the fake NLI / RQE vectors
 
@@ -79,11 +82,11 @@ def data(tables):
     return mtl.build_mtl_data(a, g, ret, n_candidates=2)
 
 
-def tiny_config(**kw) -> mtl.MTLConfig:
-    base = dict(proj_channels=8, conv_channels=(8, 8, 4, 4), rqe_dim=4, filter_hidden=(16,), pair_hidden=(16,), dropout=0.0,
-                max_epochs=6, patience=3, questions_per_batch=4)  # fmt: skip
+def tiny_config(**kw) -> MtlParams:
+    base = dict(proj_channels=8, conv_channels=[8, 8, 4, 4], rqe_dim=4, filter_hidden=[16], pair_hidden=[16], dropout=0.0,
+                max_epochs=6, patience=3, questions_per_batch=4, pair_scope="all", ensemble="sum")  # fmt: skip
     base.update(kw)
-    return mtl.MTLConfig(**base)
+    return MtlParams(**base)
 
 
 def gids_of(data: mtl.MTLData, prefix: str) -> list[str]:
@@ -94,7 +97,7 @@ def gids_of(data: mtl.MTLData, prefix: str) -> list[str]:
 
 
 def test_fake_tables_match_the_stage_schemas(tables, tmp_path):
-    from medrank.encoders.extract import NLI_GRID
+    from medrank.grids import NLI_GRID
     from medrank.io import write_parquet
     from medrank.retrieval import retrieved_schema
 
@@ -201,7 +204,7 @@ def test_quadrant_pool_averages_each_quadrant():
 
 
 def test_net_without_nli_grid_has_no_encoder():
-    cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=3, filter_hidden=(8,), pair_hidden=(8,), nli_grid=False)
+    cfg = MtlParams(proj_channels=4, conv_channels=[4, 4, 4, 4], rqe_dim=3, filter_hidden=[8], pair_hidden=[8], nli_grid=False)
     net = mtl.MTLNet(cfg, hidden_size=6, rqe_size=5, meta_dim=2, pair_dim=4).eval()
     assert net.encoder is None and net.joint_dim == 3 + 2 + 4
     cells, h, w = torch.zeros(4, 6), torch.tensor([2, 1]), torch.tensor([1, 2])
@@ -277,12 +280,12 @@ def test_ensemble_sums_over_entailed_answers():
 def test_decide_keeps_above_threshold_and_orders_kept_first_by_pairwise_score():
     f, p = _toy_predictions()
     ens = mtl.ensemble(f, p, "sum")
-    d = mtl.decide(ens, 0.5, mtl.Decision(ensemble="sum", rank_by="pairwise"))
+    d = D.decide(ens, 0.5, MtlParams(ensemble="sum", rank_by="pairwise"))
     assert dict(zip(d["aid"], d["label"])) == {"a": 1, "b": 1, "c": 0}
     order = list(d.sort_values("score", ascending=False)["aid"])
     assert order == ["a", "b", "c"]
     # ranking by the filter instead: same here; with min_keep the best answer is kept whatever the threshold
-    d2 = mtl.decide(ens, 5.0, mtl.Decision(ensemble="sum", min_keep=1))
+    d2 = D.decide(ens, 5.0, MtlParams(ensemble="sum", min_keep=1))
     assert dict(zip(d2["aid"], d2["label"])) == {"a": 1, "b": 0, "c": 0}
 
 
@@ -362,10 +365,10 @@ def test_seed_bag_averages_its_members_and_round_trips(data, tmp_path):
 def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
     from medrank.io import write_parquet
 
-    no_grid = (tiny_config(max_epochs=3, nli_grid=False), mtl.Decision(ensemble="sum"), mtl.builder_factory(["metadata", "rqe"], 2))
+    no_grid = (tiny_config(max_epochs=3, nli_grid=False, cv_folds=2, ensemble="sum"), mtl.builder_factory(["metadata", "rqe"], 2))
     report = mtl.run_recipe(
-        data, gids_of(data, "train"), gids_of(data, "val"), gids_of(data, "test"), tiny_config(max_epochs=3),
-        mtl.Decision(ensemble="mean"), mtl.builder_factory(["metadata"], 2), k=2, seed=1, ablations={"no_grid": no_grid},
+        data, gids_of(data, "train"), gids_of(data, "val"), gids_of(data, "test"), tiny_config(max_epochs=3, cv_folds=2, ensemble="mean"),
+        mtl.builder_factory(["metadata"], 2), seed=1, ablations={"no_grid": no_grid},
     )  # fmt: skip
     write_parquet(report.predictions, tmp_path / "p.parquet", mtl.PREDICTIONS_SCHEMA)
     pred = report.predictions
@@ -407,13 +410,13 @@ def _cand():
 def test_combine_systems_averages_probabilities_and_within_question_ranks():
     a = pd.DataFrame({"part": "val", "gid": ["q"] * 3, "aid": ["x", "y", "z"], "fold": -1, "prob": [0.9, 0.5, 0.1], "rank_key": [3.0, 2.0, 1.0]})
     b = pd.DataFrame({"part": "val", "gid": ["q"] * 3, "aid": ["z", "y", "x"], "prob": [0.3, 0.7, 0.5], "rank_key": [-1.0, 10.0, 0.0]})
-    c = mtl.combine_systems(a, b, 0.5).set_index("aid")
+    c = D.combine_systems(a, b, 0.5).set_index("aid")
     assert c.loc["x", "prob"] == pytest.approx(0.7) and c.loc["z", "prob"] == pytest.approx(0.2)
     # ranks scaled to (0, 1]: x = (1 + 2/3) / 2, y = (2/3 + 1) / 2, z = (1/3 + 1/3) / 2
     assert c.loc["x", "rank_key"] == pytest.approx(5 / 6) and c.loc["z", "rank_key"] == pytest.approx(1 / 3)
     with pytest.raises(MedrankError, match="no prediction of the other system"):
-        mtl.combine_systems(a, b.iloc[:2], 0.5)
-    assert len(mtl.combine_systems(a.iloc[:2], b, 0.5)) == 2  # the other system may cover more answers
+        D.combine_systems(a, b.iloc[:2], 0.5)
+    assert len(D.combine_systems(a.iloc[:2], b, 0.5)) == 2  # the other system may cover more answers
 
 
 def test_decide_system_thresholds_from_other_folds_only():
@@ -428,8 +431,9 @@ def test_decide_system_thresholds_from_other_folds_only():
             "rank_key": [3.0, 2.0, 1.0, 3.0, 2.0, 1.0] * 2,
         }
     )
-    summary, dec = mtl.decide_system(rows, cand, train=["v:1", "v:2"])
-    t0, t1 = summary["thresholds"]
+    thresholds, dec = D.decide_system(rows, cand, train=["v:1", "v:2"])
+    summary = E.cv_summary_of(dec, cand)
+    t0, t1 = thresholds["folds"]
     # fold 0's threshold separates fold 1's rows (0.6 valid vs 0.4) and vice versa
     assert 0.4 < t0 <= 0.6 and 0.2 < t1 <= 0.8
     assert summary["accuracy"]["mean"] == pytest.approx(1.0)
@@ -440,7 +444,7 @@ def test_decide_system_thresholds_from_other_folds_only():
 def test_error_analysis_tables():
     cand = _cand()
     dec = cand[["gid", "aid"]].assign(part="val", label=[1, 0, 0, 1, 1, 0], score=[2.0, 0.5, 0.1, 2.0, 1.5, 0.2])
-    figs = mtl.error_analysis(dec, cand)
+    figs = E.error_analysis(dec, cand)
     fig7 = figs["recall_by_chiqa_rank"].set_index("chiqa_rank")
     # valid answers: a (rank 2, kept), b (rank 1, dropped), d (rank 1, kept)
     assert fig7.loc[1, "recall"] == pytest.approx(0.5) and fig7.loc[1, "n"] == 2 and fig7.loc[2, "recall"] == 1.0

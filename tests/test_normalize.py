@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from medrank import layout
 from medrank.data.schemas import ANSWERS, MEDQUAD, NORMALIZED_TABLES, RQE_PAIRS
 from medrank.errors import MedrankError
 from medrank.io import write_parquet
@@ -476,19 +477,14 @@ def _write_inputs(clean_dir: Path) -> None:
 def test_stage_end_to_end(tmp_path, monkeypatch):
     from stages import normalize as stage
 
-    _write_inputs(tmp_path / "clean")
+    _write_inputs(tmp_path / layout.CLEAN)
     (tmp_path / "params.yaml").write_text(
-        "normalize:\n"
-        f"  clean_dir: {tmp_path / 'clean'}\n"
-        f"  out_dir: {tmp_path / 'normalized'}\n"
-        f"  disease_ontology: {FIX / 'doid_tiny.obo'}\n"
-        "  min_term_chars: 3\n",
-        encoding="utf-8",
+        f"normalize:\n  disease_ontology: {FIX / 'doid_tiny.obo'}\n  min_term_chars: 3\n", encoding="utf-8"
     )
     monkeypatch.chdir(tmp_path)
     stage.main()
     for name, schema in NORMALIZED_TABLES.items():
-        table = pq.read_table(tmp_path / "normalized" / f"{name}.parquet")
+        table = pq.read_table(tmp_path / layout.NORMALIZED / f"{name}.parquet")
         assert table.schema.equals(schema, check_metadata=False)
         assert table.num_rows == len(_tiny_tables()[name])
     metrics = json.loads((tmp_path / "metrics" / "normalize.json").read_text())
@@ -501,10 +497,8 @@ def test_stage_end_to_end(tmp_path, monkeypatch):
 def test_stage_missing_input_is_clear(tmp_path, monkeypatch):
     from stages import normalize as stage
 
-    (tmp_path / "params.yaml").write_text(
-        f"normalize:\n  clean_dir: {tmp_path / 'nope'}\n  disease_ontology: {FIX / 'doid_tiny.obo'}\n", encoding="utf-8"
-    )
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(f"normalize:\n  disease_ontology: {FIX / 'doid_tiny.obo'}\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)  # no data/interim/clean here
     with pytest.raises(MedrankError, match="not found"):
         stage.main()
 

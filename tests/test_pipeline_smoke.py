@@ -66,7 +66,8 @@ def test_dvc_repro_tiny_profile(tiny_repo):
     from medrank.models.mtl import MTLBag
 
     bag, meta = MTLBag.load(tiny_repo / "models/mtl")
-    assert len(bag.members) == 2 and "cnn" in bag.builder.groups and meta["cnn_aggregation"] in ("max", "mean")
+    assert len(bag.members) == 2 and "cnn" in bag.builder.groups and meta["n_candidates"] == 3
+    assert json.loads((tiny_repo / "models/system.json").read_text())["recipe"]["cnn"]["mediqa_aggregation"] in ("max", "mean")
     # the profile's MTL ablation row got its own CV; the qa stage scored every answer the baseline uses
     mtl_metrics = json.loads((tiny_repo / "metrics/mtl.json").read_text())
     assert mtl_metrics["ablations"]["no_nli_grid"]["overrides"] == {"nli_grid": False}
@@ -84,9 +85,42 @@ def test_dvc_repro_tiny_profile(tiny_repo):
     for where in ("val", "cv"):
         acc = vs[where]["accuracy"]
         assert -1 <= acc["ci95"][0] <= acc["ci95"][1] <= 1 and -1 <= acc["diff"] <= 1 and 0 <= acc["p_better"] + acc["p_worse"] <= 1
-    # a second repro has nothing to do
+    _rank_equals_validation_submission(tiny_repo)
+    # a second repro has nothing to do (and `medrank rank` wrote nothing into the DVC-tracked caches)
     again = _dvc("repro", cwd=tiny_repo)
     assert again.returncode == 0
     assert "Running stage" not in again.stdout, again.stdout
     status = _dvc("status", cwd=tiny_repo)
     assert "up to date" in status.stdout, status.stdout
+
+
+def _rank_equals_validation_submission(repo: Path) -> None:
+    """`medrank rank --fit val` on a validation question (its text and CHiQA's answers, as a user sends them)
+    keeps the same answers in the same order as the pipeline's validation submission."""
+    import os
+
+    import pandas as pd
+
+    from medrank.cli import format_result
+    from medrank.rank import as_input, rank_question, ranked_ids
+
+    clean = pd.read_parquet(repo / "data/interim/clean/answers.parquet")
+    sub = pd.read_csv(repo / "submissions/task3_val.csv", header=None, names=["qid", "aid", "label"], dtype=str)
+    checked = 0
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        for qid, rows in sub.groupby("qid", sort=False):
+            answers = clean[(clean["split"] == "val") & (clean["qid"] == qid)].sort_values("system_rank")
+            if sorted(answers["system_rank"].astype(int)) != list(range(1, len(answers) + 1)):
+                continue  # the rank command takes CHiQA's order as the answers' order: only gap-free ranks compare
+            inp = as_input(answers["question"].iloc[0], list(zip(answers["aid"], answers["answer"], answers["url"])))
+            result = rank_question(inp, "models", "val")
+            assert ranked_ids(result) == rows["aid"].tolist(), (qid, result, rows)
+            kept = result.loc[result["kept"], "id"].tolist()
+            assert sorted(kept) == sorted(rows.loc[rows["label"] == "1", "aid"]), (qid, result, rows)
+            assert json.loads(format_result(inp.question, result))["n_kept"] == len(kept)
+            checked += 1
+    finally:
+        os.chdir(cwd)
+    assert checked, "no validation question with gap-free CHiQA ranks in the tiny profile"

@@ -4,7 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.encoders.qa import QA_LABELS, medquad_qa_pairs, qa_task
+from medrank.data.mining import medquad_qa_pairs
+from medrank.data.tasks import QA_LABELS, qa_task
 from medrank.errors import MedrankError
 
 TYPES = ("symptoms", "treatment", "causes")

@@ -1,5 +1,6 @@
-"""`medrank rank`: input validation, and the whole trained pipeline (normalize → retrieve → embed → MTL)
-on fixture input with tiny random models."""
+"""`medrank rank`: input validation, and the whole trained pipeline (normalize → retrieve → embed → final system)
+on fixture input with tiny random models (the real pipeline's equality with its validation submission is
+checked by the smoke `dvc repro`, tests/test_pipeline_smoke.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from conftest import REPO, error_lines, run_module
 from medrank.errors import MedrankError
-from medrank.pipeline import parse_rank_input
+from medrank.rank import parse_rank_input
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mtl"
 HIDDEN = 16
@@ -123,7 +124,9 @@ def _fake_training_data(seed: int = 0):
 def workdir(tmp_path_factory) -> Path:
     """A project folder with params.yaml, tiny NLI/RQE cross-encoders, a MedQuAD table and a trained MTL model."""
     from medrank.encoders.cross_encoder import CrossEncoder
+    from medrank.io import write_json
     from medrank.models import mtl
+    from medrank.params import MtlParams, Params, inference_recipe
     from medrank.text.sentences import split_rule
 
     n = torch.get_num_threads()
@@ -141,18 +144,15 @@ def workdir(tmp_path_factory) -> Path:
     (root / "data" / "interim" / "normalized").mkdir(parents=True)
     mq.to_parquet(root / "data" / "interim" / "normalized" / "medquad.parquet")
 
-    cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=4, filter_hidden=(8,), pair_hidden=(8,), max_epochs=2, inner_val_frac=0.0)
+    cfg = MtlParams(proj_channels=4, conv_channels=[4, 4, 4, 4], rqe_dim=4, filter_hidden=[8], pair_hidden=[8], max_epochs=2, inner_val_frac=0.0)
     data = _fake_training_data()
     model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "bienc", "heading"], 2)(), seed=0)
     decision = {"ensemble": "mean", "rank_by": "pairwise", "threshold": None, "prior_shift": "none", "min_keep": 0, "threshold_used": 0.5}
-    meta = {"decision": decision, "n_candidates": 2, "bienc_model": str(bert), "bienc_max_length": 32}
-    model.save(root / "models" / "mtl", extra_meta=meta)
-    (root / "params.yaml").write_text(
-        "device: cpu\nn_candidates: 2\nrqe_threshold: 0.5\n"
-        "normalize: {preferred_names: false}\n"
-        "retrieve: {normalized_dir: data/interim/normalized, rqe_model: models/rqe, bm25_top_k: 4}\n"
-        f"embed: {{nli_model: models/nli, bi_encoder: {bert}, max_sentences: 3, prefilter_top_k: 2}}\n"
-    )
+    model.save(root / "models" / "mtl", extra_meta={"decision": decision, "n_candidates": 2})
+    recipe = Params(device="cpu", n_candidates=2, normalize={"preferred_names": False}, retrieve={"bm25_top_k": 4},
+                    embed={"bi_encoder": str(bert), "max_sentences": 3, "prefilter_top_k": 2}, bienc={"model": str(bert), "max_length": 32})
+    write_json(root / "models" / "system.json", {"system": "mtl", "mtl_weight": 1.0, "thresholds": {"val": 0.5, "test": 0.5},
+                                                 "recipe": inference_recipe(recipe)})  # fmt: skip
     torch.set_num_threads(n)
     return root
 
@@ -206,9 +206,9 @@ def test_missing_model_is_a_clear_error(workdir, monkeypatch, capsys):
 
     monkeypatch.chdir(workdir)
     with pytest.raises(SystemExit) as e:
-        main(["rank", str(FIXTURES / "rank_input.json"), "--model-dir", "models/none"])
+        main(["rank", str(FIXTURES / "rank_input.json"), "--models", "models/none"])
     assert e.value.code == 2
-    assert "no trained MTL model" in capsys.readouterr().err
+    assert error_lines(capsys.readouterr().err) == ["error: models/none/system.json: no trained system (run `dvc repro score`)"]
 
 
 def test_rank_command_is_registered():
@@ -220,38 +220,42 @@ def test_rank_command_is_registered():
     assert REPO.exists()
 
 
-def _project_with_group(workdir: Path, tmp_path: Path, group: str, column: str, seed: int, extra_meta: dict | None = None) -> Path:
+def _project_with_group(workdir: Path, tmp_path: Path, group: str, column: str, seed: int, aggregation: str = "max") -> Path:
     """A copy of the project whose MTL was trained with feature groups metadata + `group` (random `column` values)."""
     import shutil
 
     from medrank.models import mtl
+    from medrank.params import MtlParams
 
     root = tmp_path / "proj"
     shutil.copytree(workdir, root, ignore=shutil.ignore_patterns("mtl"))
     data = _fake_training_data(seed=seed)
     data.cand[column] = np.random.default_rng(seed).random(len(data.cand))
-    cfg = mtl.MTLConfig(proj_channels=4, conv_channels=(4, 4, 4, 4), rqe_dim=4, filter_hidden=(8,), pair_hidden=(8,), max_epochs=1, inner_val_frac=0.0)
+    cfg = MtlParams(proj_channels=4, conv_channels=[4, 4, 4, 4], rqe_dim=4, filter_hidden=[8], pair_hidden=[8], max_epochs=1, inner_val_frac=0.0)
     model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", group], 2)(), seed=0)
     meta = json.loads((workdir / "models" / "mtl" / "mtl.json").read_text())
-    model.save(root / "models" / "mtl", extra_meta={k: meta[k] for k in ("decision", "n_candidates")} | (extra_meta or {}))
+    model.save(root / "models" / "mtl", extra_meta={k: meta[k] for k in ("decision", "n_candidates")})
+    system = json.loads((workdir / "models" / "system.json").read_text())
+    system["recipe"]["cnn"]["mediqa_aggregation"] = aggregation
+    (root / "models" / "system.json").write_text(json.dumps(system))
     return root
 
 
 def test_rank_with_the_cnn_feature_group(workdir, monkeypatch, capsys, tmp_path):
     """An MTL trained with the cnn group: `medrank rank` loads models/cnn and scores the answers with it;
     without models/cnn it stops with one clear line."""
-    from medrank.embeddings import WordVectors
+    from medrank.models.word2vec import WordVectors
     from medrank.models.cnn import CnnRanker
     from medrank.data import sentence_selection as ss
 
-    root = _project_with_group(workdir, tmp_path, "cnn", "cnn_score", seed=1, extra_meta={"cnn_aggregation": "mean"})
+    root = _project_with_group(workdir, tmp_path, "cnn", "cnn_score", seed=1, aggregation="mean")
     monkeypatch.chdir(root)
     from medrank.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["rank", str(FIXTURES / "rank_input.json")])
     assert e.value.code == 2
-    assert error_lines(capsys.readouterr().err) == ["error: models/cnn: the model uses the cnn feature group but the CNN is missing (run `dvc repro cnn_train`)"]
+    assert error_lines(capsys.readouterr().err) == ["error: models/cnn: the cnn model is missing (run `dvc repro cnn_train`)"]
 
     words = ["noonan", "syndrome", "inherited", "genetic", "is", "it"]
     vectors = WordVectors(words, np.random.default_rng(0).normal(size=(len(words), 8)).astype(np.float32))
@@ -273,7 +277,7 @@ def test_rank_with_the_qa_group_loads_the_qa_cross_encoder(workdir, tmp_path, mo
     with pytest.raises(SystemExit) as e:
         main(["rank", str(FIXTURES / "rank_input.json")])
     assert e.value.code == 2
-    assert error_lines(capsys.readouterr().err) == ["error: models/qa: the model uses the qa feature group but the QA cross-encoder is missing (run `dvc repro qa`)"]
+    assert error_lines(capsys.readouterr().err) == ["error: models/qa: the qa model is missing (run `dvc repro qa`)"]
 
     shutil.copytree(root / "models" / "rqe", root / "models" / "qa")  # any 2-label cross-encoder
     out = json.loads(_rank(root, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))

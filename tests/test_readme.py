@@ -1,13 +1,68 @@
-"""README numbers come from the metrics files, never typed by hand."""
+"""README.md and RESULTS.md numbers come from the metrics files, never typed by hand."""
 
 import json
 
-from medrank.report import readme_is_current, render_results
+
+from medrank import cli, report
+from medrank.report import render_headline, render_results, stale_docs
 from tests.conftest import REPO
 
 
-def test_readme_results_block_matches_metrics():
-    assert readme_is_current(REPO / "README.md", REPO / "metrics"), "run `medrank report --readme README.md` (results from metrics/, DAG from dvc.yaml)"
+def test_readme_and_results_blocks_match_metrics():
+    stale = stale_docs(REPO / "README.md", REPO / "RESULTS.md", REPO / "metrics")
+    assert not stale, f"{stale}: run `medrank report` (tables from metrics/, DAG from dvc.yaml)"
+
+
+def test_readme_holds_only_the_headline_table():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "<!-- results:start -->" not in readme and "<!-- headline:start -->" in readme
+    assert len(readme.encode()) < 11_000, "README grew: detail tables and notes belong in RESULTS.md"
+
+
+def test_report_cli_checks_and_refreshes_both_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(report, "render_dag", lambda repo: "graph\n")
+    (tmp_path / "task3_val.json").write_text(json.dumps({"accuracy": 0.5, "system": "baseline", "systems": {}}))
+    readme, results = tmp_path / "README.md", tmp_path / "RESULTS.md"
+    readme.write_text("# r\n<!-- headline:start -->\nstale table\n<!-- headline:end -->\nprose\n<!-- dag:start -->\n<!-- dag:end -->\n")
+    results.write_text("# results\n<!-- results:start -->\n<!-- results:end -->\nhand-written notes\n")
+    args = ["report", "--readme", str(readme), "--results", str(results), "--metrics-dir", str(tmp_path)]
+
+    def run(*extra: str) -> tuple[int, str, str]:
+        try:
+            code = cli.main(args + list(extra))
+        except SystemExit as e:
+            code = e.code
+        return code, *capsys.readouterr()
+
+    code, _, err = run("--check")
+    assert code == 2 and err.count("\n") == 1 and f"{readme}, {results}: generated blocks differ" in err and "--readme" in err
+    assert run() == (0, f"updated: {readme}, {results}\n", "")
+    assert run("--check") == (0, "", "") and run() == (0, "up to date\n", "")
+    text = readme.read_text()
+    assert "prose" in text and "stale table" not in text and "<!-- dag:start -->\ngraph\n<!-- dag:end -->" in text
+    assert "| **baseline** (final: `submissions/task3_{val,test}.csv`) | 0.500 |" in text
+    assert "hand-written notes" in results.read_text() and "Every metrics file in full" in results.read_text()
+    code, out, _ = run("--print")
+    assert code == 0 and "MEDIQA 2019 bar" in out and "Every metrics file in full" in out
+    results.write_text("# results without markers\n")
+    code, _, err = run("--check")
+    assert code == 2 and "needs exactly one <!-- results:start -->" in err
+
+
+def test_render_headline_beside_baseline_chiqa_and_the_2019_bar(tmp_path):
+    cv = {"mean": 0.8, "sd": 0.02}
+    val = {"accuracy": 0.79, "precision": 0.78, "mrr": 0.93, "spearman": 0.3, "spearman_true": 0.27}
+    (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": {"accuracy": cv}}}}))
+    (tmp_path / "task3_val_baseline.json").write_text(json.dumps({**val, "accuracy": 0.7, "cv": {"accuracy": cv}, "cv_questions": 9}))
+    (tmp_path / "task3_val_chiqa.json").write_text(json.dumps({**val, "accuracy": 0.4, "n_questions": 3}))
+    (tmp_path / "finetune_rqe.json").write_text(json.dumps({"val": {"accuracy": 0.76}}))
+    out = render_headline(tmp_path)
+    assert "the 3 validation questions" in out and "over the 9 train + validation questions" in out
+    assert "| **mtl** (final: `submissions/task3_{val,test}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.800 ± 0.020 | — |" in out
+    assert "| baseline (LR filter + rank SVM) | 0.700 |" in out and "| CHiQA order (every answer kept) | 0.400 |" in out
+    assert "| MEDIQA 2019 bar: best team per metric, blind test | 0.783 | 0.819 | 0.962 | 0.338 | — | — | — |" in out
+    assert "validation accuracy 0.760; the best 2019 team, blind test: 0.749" in out
+    assert out.count("\n|---") == 1  # one table
 
 
 def test_render_results_tables(tmp_path):

@@ -1,1 +1,2 @@
-"""Cross-encoder load/fit/predict and model resolution: the one place that loads models."""
+"""Model infrastructure: resolve/load models, cross-encoder fit/predict, sentence encoder, precision probe and
+int8 set-up, batching, the content-addressed cache and cached extraction, dvclive training curves."""

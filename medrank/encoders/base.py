@@ -2,11 +2,14 @@
 
 `resolve_model_path` turns a params value (the packaged default name, a local folder, or a hub id when
 online) into a verified local folder; `pick_precision` times the candidate precisions on this machine
-instead of assuming; `model_fingerprint` names a model's weights + config for content-addressed caches.
+instead of assuming; `model_fingerprint` names a model's weights + config for content-addressed caches;
+`quantize_int8` is the one int8 set-up of every encoder.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import hashlib
 import json
@@ -15,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -50,6 +53,32 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device not in ("cpu", "mps") and not device.startswith("cuda"):
         raise MedrankError(f"unknown device '{device}' (expected auto, cpu, cuda, cuda:N or mps)")
     return torch.device(device)
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load reports and progress bars (we log our own one-liner)."""
+    from transformers.utils import logging as tlog
+
+    level = tlog.get_verbosity()
+    bars = tlog.is_progress_bar_enabled()
+    tlog.set_verbosity_error()
+    tlog.disable_progress_bar()
+    try:
+        yield
+    finally:
+        tlog.set_verbosity(level)
+        if bars:
+            tlog.enable_progress_bar()
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """A CPU copy of `model` with int8 dynamic quantization of its Linear layers (the model itself is untouched)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao deprecation notice
+        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).to("cpu").eval(), {torch.nn.Linear}, dtype=torch.qint8)
 
 
 def _verify_sha256(weights: Path, expected: str) -> None:

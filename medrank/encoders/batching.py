@@ -21,6 +21,12 @@ def dedup(items: Sequence[Hashable]) -> tuple[list, np.ndarray]:
     return list(index), inverse
 
 
+def padded_width(longest: int, max_length: int, multiple: int = 16) -> int:
+    """Batch width: the longest item rounded up to a multiple of `multiple` (capped at max_length, never below
+    the longest), so a few distinct shapes let oneDNN reuse its kernels."""
+    return max(longest, min(-(-longest // multiple) * multiple, max_length))
+
+
 def length_sorted_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[np.ndarray]:
     """Index batches over items sorted by length (longest first), so padding per batch is minimal.
 

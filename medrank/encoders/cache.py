@@ -4,6 +4,9 @@ A cache directory holds one folder per namespace (model fingerprint + precision 
 holds immutable shards `part-*.parquet`, each written to a temp file and renamed into place, so a killed run
 leaves only whole shards (temp files are never read and are swept on open). Keys are a 16-byte BLAKE2b of
 the text pair, so the same pair is computed once whatever experiment asks for it.
+
+Opened `read_only`, a cache reads the shards it finds and keeps what is put in memory: it creates, writes and
+deletes nothing (`medrank rank` must not touch the DVC-tracked cache folders).
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class PairCache:
     """Append-only store: `missing(keys)`, `put(keys, arrays)` (one atomic shard), `get(keys)` → arrays.
 
     `columns` maps a column name to (per-row shape, numpy dtype), e.g. {"cls": ((384,), float16)}.
+    `read_only`: no folder, shard, metadata or temp-file sweep is written; `put` keeps the rows in memory.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class PairCache:
         namespace: str,
         columns: Mapping[str, tuple[tuple[int, ...], np.dtype]],
         meta: Mapping[str, object] | None = None,
+        read_only: bool = False,
     ) -> None:
         self.dir = Path(root) / namespace
         self.columns = {k: (tuple(shape), np.dtype(dt)) for k, (shape, dt) in columns.items()}
@@ -87,11 +92,14 @@ class PairCache:
         self._index: dict[bytes, tuple[Path, int]] = {}
         self._loaded: dict[Path, dict[str, np.ndarray]] = {}
         self._seen: set[Path] = set()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._sweep_temp()
-        meta_path = self.dir / META_FILE
-        if meta is not None and not meta_path.exists():
-            write_json(meta_path, {**meta, "columns": {k: [list(s), str(d)] for k, (s, d) in self.columns.items()}})
+        self._memory: set[Path] = set()  # read-only: rows put in this process, never on disk
+        self.read_only = read_only
+        if not read_only:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._sweep_temp()
+            meta_path = self.dir / META_FILE
+            if meta is not None and not meta_path.exists():
+                write_json(meta_path, {**meta, "columns": {k: [list(s), str(d)] for k, (s, d) in self.columns.items()}})
         self.refresh()
 
     # ------------------------------------------------------------------ index
@@ -128,7 +136,7 @@ class PairCache:
 
     @property
     def shards(self) -> list[Path]:
-        return sorted({s for s, _ in self._index.values()})
+        return sorted({s for s, _ in self._index.values() if s not in self._memory})
 
     def missing(self, keys: Iterable[bytes]) -> list[bytes]:
         """Keys not in the cache, unique, in first-seen order."""
@@ -140,7 +148,8 @@ class PairCache:
 
     # ------------------------------------------------------------------ write
     def put(self, keys: Sequence[bytes], arrays: Mapping[str, np.ndarray]) -> Path | None:
-        """Write one shard atomically (temp + rename); keys already cached are dropped. Returns the shard."""
+        """Write one shard atomically (temp + rename); keys already cached are dropped. Returns the shard
+        (None when nothing was new, or when read-only: the rows are then kept in memory)."""
         keys = list(keys)
         n = len(keys)
         for name, (shape, dt) in self.columns.items():
@@ -153,6 +162,13 @@ class PairCache:
         if not fresh:
             return None
         idx = np.asarray(fresh)
+        if self.read_only:
+            where = self.dir / f"<memory-{next(_counter):06d}>"
+            self._memory.add(where)
+            self._loaded[where] = {name: np.ascontiguousarray(arrays[name][idx].astype(dt, copy=False)) for name, (_, dt) in self.columns.items()}
+            for row, i in enumerate(fresh):
+                self._index[keys[i]] = (where, row)
+            return None
         cols = [pa.array([keys[i] for i in fresh], type=pa.binary(KEY_BYTES))]
         for name, (shape, dt) in self.columns.items():
             arr = np.ascontiguousarray(arrays[name][idx].astype(dt, copy=False))
@@ -202,8 +218,8 @@ class PairCache:
         return out
 
     def release(self) -> None:
-        """Drop loaded shard arrays (memory); the key index stays."""
-        self._loaded.clear()
+        """Drop loaded shard arrays (memory; rows only held in memory stay); the key index stays."""
+        self._loaded = {k: v for k, v in self._loaded.items() if k in self._memory}
 
     def info(self) -> dict[str, object]:
         meta_path = self.dir / META_FILE

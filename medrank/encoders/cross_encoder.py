@@ -8,7 +8,6 @@ here (fp32, bf16 autocast, or int8 dynamic quantization of Linear layers when ac
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import math
 import os
@@ -16,7 +15,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -29,12 +28,14 @@ from medrank.encoders.base import (
     pick_threads,
     set_threads,
     probe_precision,
+    quantize_int8,
+    quiet_transformers,
     read_json,
     resolve_device,
     resolve_model_path,
     set_seed,
 )
-from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches
+from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches, padded_width
 from medrank.errors import MedrankError
 from medrank.io import write_json
 
@@ -47,27 +48,10 @@ Pair = tuple[str, str]
 EpochCallback = Callable[[int, dict[str, float]], None]  # (epoch, metrics); also (optimizer step, metrics)
 
 
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    # transformers prints a load report for the fresh classifier head; we log our own one-liner
-    from transformers.utils import logging as tlog
-
-    level = tlog.get_verbosity()
-    bars = tlog.is_progress_bar_enabled()
-    tlog.set_verbosity_error()
-    tlog.disable_progress_bar()
-    try:
-        yield
-    finally:
-        tlog.set_verbosity(level)
-        if bars:
-            tlog.enable_progress_bar()
-
-
 def _load_hf(path: Path, **kw: Any) -> tuple[torch.nn.Module, Any]:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    with _quiet_transformers():
+    with quiet_transformers():
         try:
             tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
             model = AutoModelForSequenceClassification.from_pretrained(
@@ -85,6 +69,30 @@ def _check_pairs(pairs: Sequence[Pair], what: str) -> list[Pair]:
             raise MedrankError(f"{what}[{i}]: expected a (text_a, text_b) pair of strings")
         out.append((p[0], p[1]))
     return out
+
+
+def label_index(label_names: Sequence[str], wanted: str, fallback: int) -> int:
+    """Index of a label by name (case-insensitive prefix), else `fallback` (models saved with generic names)."""
+    for i, n in enumerate(label_names):
+        if str(n).lower().startswith(wanted):
+            return i
+    if fallback >= len(label_names):
+        raise MedrankError(f"model labels {list(label_names)} have no '{wanted}'")
+    return fallback
+
+
+def classification_metrics(y: np.ndarray, probs: np.ndarray) -> dict[str, float]:
+    """Accuracy, macro-F1 and NLL of argmax predictions (probs (n, num_labels), integer labels y)."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    pred = probs.argmax(1)
+    labels = list(range(probs.shape[1]))
+    return {
+        "accuracy": float(accuracy_score(y, pred)),
+        "macro_f1": float(f1_score(y, pred, average="macro", labels=labels, zero_division=0)),
+        "loss": float(-np.mean(np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0)))),
+        "n": int(len(y)),
+    }
 
 
 class CrossEncoder:
@@ -197,8 +205,7 @@ class CrossEncoder:
         rows = [enc["input_ids"][i] for i in idx]
         # round widths up to a multiple of PAD_MULTIPLE: a few distinct shapes let oneDNN reuse its kernels
         # (bf16 on CPU re-JITs per new shape: 2.2 s/step with free widths vs 0.29 s/step with fixed ones)
-        width = max(len(r) for r in rows)
-        width = max(width, min(-(-width // PAD_MULTIPLE) * PAD_MULTIPLE, self.max_length))
+        width = padded_width(max(len(r) for r in rows), self.max_length, PAD_MULTIPLE)
         pad_id = self.tokenizer.pad_token_id or 0
         out: dict[str, torch.Tensor] = {}
         for key, fill in (("input_ids", pad_id), ("attention_mask", 0), ("token_type_ids", 0)):
@@ -221,13 +228,7 @@ class CrossEncoder:
         if precision != "int8":
             return self.model
         if self._int8_model is None:
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch.ao deprecation notice
-                self._int8_model = torch.ao.quantization.quantize_dynamic(
-                    copy.deepcopy(self.model).to("cpu").eval(), {torch.nn.Linear}, dtype=torch.qint8
-                )
+            self._int8_model = quantize_int8(self.model)
         return self._int8_model
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -521,17 +522,9 @@ class CrossEncoder:
         self, pairs: Sequence[Pair], labels: Sequence[Any], show_progress: bool = False, precision: str | None = None
     ) -> dict[str, float]:
         """Accuracy, macro-F1 and mean NLL on labelled pairs."""
-        from sklearn.metrics import accuracy_score, f1_score
-
         y = self._label_ids(labels)
-        probs = self.predict(pairs, show_progress=show_progress, precision=precision)
-        pred = probs.argmax(1)
-        nll = float(-np.mean(np.log(np.clip(probs[np.arange(len(y)), y], 1e-12, 1.0))))
-        return {
-            "eval_loss": nll,
-            "eval_accuracy": float(accuracy_score(y, pred)),
-            "eval_macro_f1": float(f1_score(y, pred, average="macro", labels=list(range(self.num_labels)), zero_division=0)),
-        }
+        m = classification_metrics(y, self.predict(pairs, show_progress=show_progress, precision=precision))
+        return {"eval_loss": m["loss"], "eval_accuracy": m["accuracy"], "eval_macro_f1": m["macro_f1"]}
 
     # ------------------------------------------------------------------ save
     def save(self, path: str | os.PathLike, extra_meta: dict[str, Any] | None = None) -> str:
@@ -540,7 +533,7 @@ class CrossEncoder:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         try:
-            with _quiet_transformers():
+            with quiet_transformers():
                 self.model.save_pretrained(str(tmp), safe_serialization=True)
                 self.tokenizer.save_pretrained(str(tmp))
             fp = model_fingerprint(tmp)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -19,14 +20,13 @@ import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 from sklearn.svm import LinearSVC
 
+from medrank.decision import accuracy_at, em_prior_shift, grouped_folds, keep_labels, select_threshold, submission_score
 from medrank.errors import MedrankError
-from medrank.features import FeatureBuilder
-from medrank.metrics import gold_from_answers, score_task3
+from medrank.evaluation import evaluate, summarize
+from medrank.features import FeatureBuilder, builder_from_json, builder_to_json
+from medrank.params import BaselineParams
 
 log = logging.getLogger(__name__)
-
-METRICS = ("accuracy", "precision", "mrr", "spearman", "spearman_true")
-THRESHOLD_GRID = np.round(np.arange(0.05, 0.951, 0.01), 2)
 
 # data/processed/baseline/predictions.parquet: per-answer predictions for ensembling / error analysis
 PREDICTIONS = pa.schema(
@@ -47,33 +47,20 @@ PREDICTIONS = pa.schema(
 
 @dataclass(frozen=True)
 class BaselineConfig:
-    """Knobs of one baseline run (the stage fills them from params.yaml `baseline`)."""
+    """One baseline run: the params.yaml `baseline` section as is, plus what a run fixes beside it."""
 
-    groups: tuple[str, ...]
+    params: BaselineParams
+    groups: tuple[str, ...]  # feature groups (params.features, or an ablation row)
     n_candidates: int = 3
-    lr_c: float = 1.0
-    svm_c: float = 0.001
-    ranker: Literal["svm", "lr"] = "svm"  # order kept answers by rank-SVM score or by filter probability
-    rank_target: Literal["reference_rank", "reference_score"] = "reference_rank"
-    threshold: float | None = None  # None = chosen by inner question-grouped CV on the training rows
-    prior_shift: Literal["none", "em"] = "none"
-    min_keep: int = 0  # keep at least this many answers per question (highest probability)
-    inner_folds: int = 5
     seed: int = 13
+    ranker: Literal["svm", "lr"] = "svm"  # order kept answers by rank-SVM score or by filter probability
+
+    @property
+    def inner_folds(self) -> int:
+        return self.params.cv_folds
 
 
 # ---------------------------------------------------------------- pieces
-
-
-def grouped_folds(gid: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """Fold index per row; all rows of a question share a fold; questions shuffled with `seed`."""
-    questions = pd.unique(pd.Series(np.asarray(gid)))
-    if k < 2 or k > len(questions):
-        raise MedrankError(f"{k} folds for {len(questions)} questions")
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(questions))
-    fold_of = {q: int(i % k) for i, q in zip(range(len(questions)), questions[perm])}
-    return np.array([fold_of[q] for q in gid], dtype=np.int64)
 
 
 def fit_filter(X: sp.spmatrix, y: np.ndarray, c: float, seed: int) -> LogisticRegression:
@@ -136,60 +123,6 @@ class RankSVM:
         return np.asarray(X @ self.coef_).ravel()
 
 
-def accuracy_at(y: np.ndarray, p: np.ndarray, t: float) -> float:
-    return float(np.mean((np.asarray(p) >= t).astype(int) == np.asarray(y, dtype=int)))
-
-
-def select_threshold(y: np.ndarray, p: np.ndarray, grid: np.ndarray = THRESHOLD_GRID) -> float:
-    """Threshold with the best accuracy on (y, p); ties -> the middle of the best run of grid points."""
-    acc = np.array([accuracy_at(y, p, t) for t in grid])
-    best = np.flatnonzero(np.isclose(acc, acc.max()))
-    # the middle of the longest stretch of consecutive best points is the most stable choice
-    runs = np.split(best, np.flatnonzero(np.diff(best) != 1) + 1)
-    run = max(runs, key=len)
-    return float(grid[run[len(run) // 2]])
-
-
-def em_prior_shift(p: np.ndarray, train_prior: float, max_iter: int = 200, tol: float = 1e-6) -> tuple[float, np.ndarray]:
-    """Saerens et al. (2002) EM: positive rate of the unlabelled rows and their prior-adjusted probabilities."""
-    p = np.clip(np.asarray(p, dtype=float), 1e-6, 1 - 1e-6)
-    pi0 = float(np.clip(train_prior, 1e-6, 1 - 1e-6))
-    pi = pi0
-    adj = p
-    for _ in range(max_iter):
-        num = (pi / pi0) * p
-        adj = num / (num + ((1 - pi) / (1 - pi0)) * (1 - p))
-        new = float(adj.mean())
-        if abs(new - pi) < tol:
-            pi = new
-            break
-        pi = new
-    num = (pi / pi0) * p
-    adj = num / (num + ((1 - pi) / (1 - pi0)) * (1 - p))
-    return pi, adj
-
-
-def keep_labels(p: np.ndarray, t: float, gid: np.ndarray, min_keep: int = 0) -> np.ndarray:
-    """1 where p >= t; with min_keep, also each question's top-min_keep answers by p."""
-    labels = (np.asarray(p) >= t).astype(int)
-    if min_keep > 0:
-        rank = pd.Series(p).groupby(np.asarray(gid), sort=False).rank(ascending=False, method="first").to_numpy()
-        labels[rank <= min_keep] = 1
-    return labels
-
-
-def submission_score(labels: np.ndarray, rank_score: np.ndarray, gid: np.ndarray) -> np.ndarray:
-    """Order key: kept answers first (the official MRR counts every submitted row), each part by rank score.
-
-    = label + (within-question rank of rank_score, in (0, 1)); higher = earlier.
-    """
-    s = pd.Series(np.asarray(rank_score, dtype=float))
-    g = np.asarray(gid)
-    r = s.groupby(g, sort=False).rank(ascending=True, method="first")
-    n = s.groupby(g, sort=False).transform("size")
-    return np.asarray(labels, dtype=float) + (r / (n + 1)).to_numpy()
-
-
 # ---------------------------------------------------------------- the recipe
 
 
@@ -223,10 +156,10 @@ class FittedBaseline:
         X = self.builder.transform(table)
         prob = self.filter.predict_proba(X)[:, 1]
         target_prior = None
-        if self.config.prior_shift == "em":
+        if self.config.params.prior_shift == "em":
             target_prior, prob = em_prior_shift(prob, self.train_prior)
         gid = table["gid"].to_numpy()
-        labels = keep_labels(prob, self.threshold, gid, self.config.min_keep)
+        labels = keep_labels(prob, self.threshold, gid, self.config.params.min_keep)
         rank_score = self.ranker.decision_function(X) if self.ranker is not None else prob
         self.info["target_prior"] = target_prior
         return pd.DataFrame(
@@ -241,14 +174,56 @@ class FittedBaseline:
             }
         )
 
+    # ------------------------------------------------------------ persistence (plain JSON: no pickles)
+    def save(self, path: str | Path) -> None:
+        """One JSON file: the run's params, feature builder state, LR and rank-SVM weights, threshold, prior."""
+        from medrank.io import write_json
+
+        cfg = self.config
+        write_json(path, {
+            "config": {"params": cfg.params.model_dump(mode="json"), "groups": list(cfg.groups), "n_candidates": cfg.n_candidates,
+                       "seed": cfg.seed, "ranker": cfg.ranker},
+            "builder": builder_to_json(self.builder),
+            "filter": {"coef": self.filter.coef_.tolist(), "intercept": self.filter.intercept_.tolist(), "classes": self.filter.classes_.tolist()},
+            "rank_svm": None if self.ranker is None else {"c": self.ranker.c, "coef": self.ranker.coef_.tolist()},
+            "threshold": self.threshold,
+            "train_prior": self.train_prior,
+            "info": self.info,
+        })  # fmt: skip
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FittedBaseline":
+        """The model `save` wrote (predictions equal the saved model's bit for bit)."""
+        import json
+
+        path = Path(path)
+        if not path.is_file():
+            raise MedrankError(f"{path}: no trained baseline model (run the baseline stage)")
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+            c = d["config"]
+            cfg = BaselineConfig(BaselineParams.model_validate(c["params"]), tuple(c["groups"]), int(c["n_candidates"]), int(c["seed"]), c["ranker"])
+            lr = LogisticRegression(C=cfg.params.lr_c, solver="liblinear", max_iter=1000, random_state=cfg.seed)
+            lr.coef_ = np.asarray(d["filter"]["coef"], dtype=np.float64)
+            lr.intercept_ = np.asarray(d["filter"]["intercept"], dtype=np.float64)
+            lr.classes_ = np.asarray(d["filter"]["classes"])
+            lr.n_features_in_ = lr.coef_.shape[1]
+            ranker = None
+            if d["rank_svm"] is not None:
+                ranker = RankSVM(float(d["rank_svm"]["c"]), cfg.seed)
+                ranker.coef_ = np.asarray(d["rank_svm"]["coef"], dtype=np.float64)
+            return cls(cfg, builder_from_json(d["builder"]), lr, ranker, float(d["threshold"]), float(d["train_prior"]), dict(d.get("info", {})))
+        except (ValueError, KeyError, TypeError) as e:
+            raise MedrankError(f"{path}: not a baseline model written by this version ({type(e).__name__}: {e})") from None
+
 
 def _fit_core(table: pd.DataFrame, cfg: BaselineConfig, tfidf) -> tuple[FeatureBuilder, LogisticRegression, RankSVM | None]:
     builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
     X = builder.fit_transform(table)
-    clf = fit_filter(X, _labels(table), cfg.lr_c, cfg.seed)
+    clf = fit_filter(X, _labels(table), cfg.params.lr_c, cfg.seed)
     ranker = None
     if cfg.ranker == "svm":
-        ranker = RankSVM(cfg.svm_c, cfg.seed).fit(X, _relevance(table, cfg.rank_target), table["gid"].to_numpy())
+        ranker = RankSVM(cfg.params.svm_c, cfg.seed).fit(X, _relevance(table, cfg.params.rank_target), table["gid"].to_numpy())
     return builder, clf, ranker
 
 
@@ -260,7 +235,7 @@ def oof_probabilities(table: pd.DataFrame, cfg: BaselineConfig, tfidf, k: int, s
         tr, te = folds != f, folds == f
         builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
         X = builder.fit_transform(table[tr])
-        clf = fit_filter(X, _labels(table[tr]), cfg.lr_c, cfg.seed)
+        clf = fit_filter(X, _labels(table[tr]), cfg.params.lr_c, cfg.seed)
         p[te] = clf.predict_proba(builder.transform(table[te]))[:, 1]
     return p
 
@@ -268,7 +243,7 @@ def oof_probabilities(table: pd.DataFrame, cfg: BaselineConfig, tfidf, k: int, s
 def fit_baseline(table: pd.DataFrame, cfg: BaselineConfig, tfidf=None) -> FittedBaseline:
     """Train the filter and ranker on labelled rows; pick the threshold by inner grouped CV unless fixed."""
     y = _labels(table)
-    threshold = cfg.threshold
+    threshold = cfg.params.threshold
     info: dict = {}
     if threshold is None:
         p = oof_probabilities(table, cfg, tfidf, cfg.inner_folds, cfg.seed + 1)
@@ -281,47 +256,10 @@ def fit_baseline(table: pd.DataFrame, cfg: BaselineConfig, tfidf=None) -> Fitted
 # ---------------------------------------------------------------- evaluation
 
 
-def gold_of(table: pd.DataFrame) -> pd.DataFrame:
-    """Official-style gold (qid = split-unique question key) of labelled rows."""
-    return gold_from_answers(table.assign(qid=table["gid"]))
-
-
-def ranked_rows(pred: pd.DataFrame, key: str = "gid") -> pd.DataFrame:
-    """Rows as a submission file lists them: question order kept, then descending score (stable)."""
-    q_order = pd.Series(range(pred[key].nunique()), index=pd.unique(pred[key]))
-    out = pred.assign(_q=pred[key].map(q_order).to_numpy(), _s=-pred["score"].to_numpy(), _i=np.arange(len(pred)))
-    return out.sort_values(["_q", "_s", "_i"]).drop(columns=["_q", "_s", "_i"]).reset_index(drop=True)
-
-
-def evaluate(pred: pd.DataFrame, table: pd.DataFrame) -> dict:
-    """Official Task 3 metrics of predictions on labelled rows."""
-    sub = ranked_rows(pred)[["gid", "aid", "label"]].rename(columns={"gid": "qid"})
-    return score_task3(gold_of(table), sub)
-
-
-def summarize(per_fold: list[dict]) -> dict:
-    """Mean and sd (ddof=1) of each metric over folds."""
-    out: dict = {}
-    for m in METRICS:
-        v = np.array([f[m] for f in per_fold], dtype=float)
-        out[m] = {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0}
-    return out
-
-
-def rounded_scores(m: dict) -> dict:
-    """The official metrics (+ true Spearman) of one scoring, rounded for a diff-friendly metrics file."""
-    return {k: round(float(m[k]), 4) for k in METRICS}
-
-
-def rounded_summary(m: dict) -> dict:
-    """`summarize` output rounded the same way."""
-    return {k: {"mean": round(float(m[k]["mean"]), 4), "sd": round(float(m[k]["sd"]), 4)} for k in METRICS}
-
-
 def with_variant(model: FittedBaseline, variant: dict) -> FittedBaseline:
     """The same fitted model with prediction-time overrides: prior_shift, min_keep, threshold, ranker='lr'."""
     over = {k: v for k, v in variant.items() if k in ("prior_shift", "min_keep")}
-    out = replace(model, config=replace(model.config, **over), info=dict(model.info))
+    out = replace(model, config=replace(model.config, params=model.config.params.model_copy(update=over)), info=dict(model.info))
     if "threshold" in variant:
         out = replace(out, threshold=float(variant["threshold"]))
     if variant.get("ranker") == "lr":
@@ -386,3 +324,47 @@ def source_transfer(table: pd.DataFrame, cfg: BaselineConfig, tfidf, variants: d
         r["train_positive_rate"] = float(tr["label"].astype(float).mean())
         out[split] = r
     return out
+
+
+# ---------------------------------------------------------------- the baseline stage's tables
+
+LR_RANK = {"lr_rank": {"ranker": "lr"}}
+# prediction-time variants of the configured model reported beside it (label-shift EM, fixed 0.5, keep-one)
+VARIANTS = {
+    "prior_shift_none": {"prior_shift": "none"},
+    "prior_shift_em": {"prior_shift": "em"},
+    "threshold_0.5": {"threshold": 0.5},
+    "min_keep_1": {"min_keep": 1},
+}
+
+
+def ablation_tables(labelled: pd.DataFrame, train: pd.DataFrame, val: pd.DataFrame, configs: dict[str, BaselineConfig], tfidf) -> tuple[dict, dict]:
+    """Paper Table 1 (+ extras) and Table 4: each row's CV on train+val and train -> val, by filter and by ranker."""
+    from medrank.evaluation import rounded_scores, rounded_summary
+
+    table1, table4 = {}, {}
+    for name, cfg in configs.items():
+        cv = cross_validate(labelled, cfg, tfidf, cfg.params.cv_folds, cfg.seed, LR_RANK)
+        ho = holdout(train, val, cfg, tfidf, LR_RANK)
+        table1[name] = {"groups": list(cfg.groups), "cv": rounded_summary(cv["base"]), "val": rounded_scores(ho["base"]), "val_threshold": ho["base"]["threshold"]}
+        table4[name] = {
+            ranker: {"cv_spearman": rounded_summary(cv[key])["spearman"], "cv_spearman_true": rounded_summary(cv[key])["spearman_true"],
+                     "cv_mrr": rounded_summary(cv[key])["mrr"], "val_spearman": rounded_scores(ho[key])["spearman"],
+                     "val_spearman_true": rounded_scores(ho[key])["spearman_true"], "val_mrr": rounded_scores(ho[key])["mrr"]}
+            for ranker, key in (("lr_filter_score", "lr_rank"), ("rank_svm", "base"))
+        }  # fmt: skip
+        log.info("%-40s cv acc %.3f±%.3f prec %.3f | val acc %.3f prec %.3f spearman %.3f", name, cv["base"]["accuracy"]["mean"],
+                 cv["base"]["accuracy"]["sd"], cv["base"]["precision"]["mean"], ho["base"]["accuracy"], ho["base"]["precision"], ho["base"]["spearman"])  # fmt: skip
+    return table1, table4
+
+
+def transfer_report(transfer: dict) -> dict:
+    """`source_transfer` output (none vs em per held-out split) rounded for metrics/baseline.json."""
+    from medrank.evaluation import rounded_scores
+
+    return {
+        split: {"positive_rate": round(r["positive_rate"], 4), "train_positive_rate": round(r["train_positive_rate"], 4),
+                "em_estimated_rate": round(r["prior_shift_em"]["target_prior"], 4),
+                "none": rounded_scores(r["prior_shift_none"]), "em": rounded_scores(r["prior_shift_em"])}
+        for split, r in transfer.items()
+    }  # fmt: skip

@@ -24,10 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medrank.data import sentence_selection as ss
 from medrank.data.sentence_selection import FEATURE_NAMES, Idf, overlap_features, tokenize
-from medrank.embeddings import WordVectors
 from medrank.errors import MedrankError
 from medrank.io import atomic_path, write_json
+from medrank.models.word2vec import WordVectors
 
 log = logging.getLogger(__name__)
 
@@ -373,17 +374,35 @@ def answer_scores(
     )
 
 
-def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Decision threshold maximising accuracy on labelled scores (midpoint between neighbouring scores)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    labels = np.asarray(labels, dtype=np.int64)
-    cand = np.unique(scores)
-    cuts = np.concatenate([[cand[0] - 1e-9], (cand[:-1] + cand[1:]) / 2, [cand[-1] + 1e-9]])
-    acc = [((scores >= c) == labels).mean() for c in cuts]
-    return float(cuts[int(np.argmax(acc))])
+# ---------------------------------------------------------------- SQuAD dev: the CNN beside lexical rankers
 
 
-def relative_to_question_max(scores: pd.Series, qids: pd.Series) -> np.ndarray:
-    """Each score divided by its question's best score: scale-free, so one threshold transfers across sources."""
-    best = scores.groupby(qids.to_numpy()).transform("max").to_numpy(dtype=np.float64)
-    return scores.to_numpy(dtype=np.float64) / np.maximum(best, 1e-12)
+def squad_comparison(
+    dev: pd.DataFrame, ranker: CnnRanker, crossenc_scores: pd.DataFrame, crossenc_meta: dict, sample_size: int, seed: int
+) -> dict[str, dict]:
+    """MRR, MAP, P@1 on SQuAD dev of word overlap, IDF overlap, BM25 and the CNN (every dev question, and a seeded
+    sample of `sample_size`), and of the fine-tuned cross-encoder (its `crossenc_scores`: the sample only)."""
+    scores = {
+        "word_overlap": ss.tie_break(ss.word_overlap_scores(dev), seed),
+        "idf_overlap": ss.tie_break(ss.idf_overlap_scores(dev, ranker.encoder.idf), seed),
+        "bm25": ss.tie_break(ss.bm25_scores(dev), seed),
+        "cnn": ranker.predict(dev["question"].tolist(), dev["sentence"].tolist()),
+    }
+    full = {"n_questions": int(dev["question_id"].nunique())}
+    full.update({name: ss.rank_metrics(dev, s) for name, s in scores.items()})
+
+    # the sample every system is scored on, the cross-encoder included (its inference is the costly part)
+    sample_ids = set(ss.sample_questions(dev, sample_size, seed)["question_id"])
+    mask = dev["question_id"].isin(sample_ids).to_numpy()
+    sample_rows = dev[mask].reset_index(drop=True)
+    sample = {"n_questions": len(sample_ids)}
+    sample.update({name: ss.rank_metrics(sample_rows, s[mask]) for name, s in scores.items()})
+    if crossenc_meta.get("skipped"):
+        sample["cross_encoder"] = "skipped (cnn.crossenc_train_pairs = 0)"
+    else:
+        merged = sample_rows[["question_id", "sent_idx"]].merge(crossenc_scores, on=["question_id", "sent_idx"], how="left")
+        if merged["score"].isna().any():
+            raise MedrankError("the cross-encoder's dev scores do not cover the dev sample: re-run the cnn_crossenc stage")
+        sample["cross_encoder"] = ss.rank_metrics(sample_rows, merged["score"].to_numpy(dtype=np.float64))
+        sample["cross_encoder_train_pairs"] = crossenc_meta["train_pairs"]
+    return {"dev": full, "dev_sample": sample}

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
+import pandas as pd
 
 from medrank.data.sentence_selection import tokenize
 from medrank.errors import MedrankError
@@ -47,6 +48,16 @@ class WordVectors:
         if len(words) != len(vectors):
             raise MedrankError(f"{out_dir}: vocab.txt has {len(words)} words but vectors.npy {len(vectors)} rows")
         return cls(words, vectors)
+
+
+def training_texts(squad: pd.DataFrame, medquad: pd.DataFrame | None) -> tuple[list[str], int]:
+    """SQuAD-train paragraphs (dev text stays unseen until evaluation), each once, plus the non-blank MedQuAD
+    answers when `medquad` is given; and how many texts are SQuAD paragraphs."""
+    texts = squad[squad["split"] == "train"].drop_duplicates("paragraph_id")["paragraph"].tolist()
+    n_squad = len(texts)
+    if medquad is not None:
+        texts += [a for a in medquad["answer"].dropna() if a.strip()]
+    return texts, n_squad
 
 
 def corpus_sentences(texts: Iterable[str]) -> list[list[str]]:

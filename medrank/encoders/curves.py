@@ -1,0 +1,55 @@
+"""dvclive training curves of a cross-encoder fine-tuning run (x = optimizer step)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from medrank.encoders.cross_encoder import CrossEncoder, EpochCallback, Pair
+
+# train loss (mean since the last point) and validation metrics, the curves of every fine-tuned cross-encoder
+CURVES = {"train_loss": "train/loss", "eval_loss": "val/loss", "eval_accuracy": "val/accuracy", "eval_macro_f1": "val/macro_f1"}
+
+
+def live_step_logger(live: Any, keys: dict[str, str]) -> EpochCallback:
+    """A CrossEncoder.fit step_callback writing `keys` (fit metric -> dvclive name) at x = optimizer step."""
+
+    def log_step(step: int, m: dict) -> None:
+        live.step = step
+        for key, name in keys.items():
+            if key in m:
+                live.log_metric(name, m[key])
+        live.next_step()
+
+    return log_step
+
+
+def fit_with_curves(
+    model: CrossEncoder,
+    pairs: Sequence[Pair],
+    labels: np.ndarray,
+    eval_pairs: Sequence[Pair],
+    eval_labels: np.ndarray,
+    knobs: Any,
+    *,
+    seed: int,
+    live_dir: str | os.PathLike,
+) -> tuple[list[dict[str, float]], float]:
+    """`model.fit` with the training knobs of a params section (epochs, lr, batch_size, warmup_ratio, weight_decay,
+    train_precision, threads, eval_every), the section logged as dvclive params and CURVES at `live_dir`.
+    Returns the per-epoch history and the training seconds."""
+    from dvclive import Live
+
+    with Live(dir=str(live_dir), dvcyaml=None, save_dvc_exp=False) as live:
+        live.log_params(knobs.model_dump())
+        t0 = time.perf_counter()
+        history = model.fit(
+            pairs, labels, epochs=knobs.epochs, lr=knobs.lr, batch_size=knobs.batch_size, warmup_ratio=knobs.warmup_ratio,
+            weight_decay=knobs.weight_decay, eval_pairs=eval_pairs, eval_labels=eval_labels, seed=seed,
+            precision=knobs.train_precision, threads=knobs.threads, eval_every=knobs.eval_every,
+            step_callback=live_step_logger(live, CURVES),
+        )  # fmt: skip
+        return history, time.perf_counter() - t0

@@ -1,0 +1,219 @@
+"""Evaluation: gold, ranked rows, official scores of decided rows, CV summaries, the score stage's comparisons
+(final system vs baseline by paired question bootstrap, CV by question set and by answer order) and the paper's
+error analysis (Figures 7-9). Models and stages evaluate through these functions.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from medrank.metrics import gold_from_answers, paired_bootstrap, score_task3, task3_by_question, task3_scores_of
+
+METRICS = ("accuracy", "precision", "mrr", "spearman", "spearman_true")
+SENTENCE_BINS = ((0, 5), (6, 10), (11, 20), (21, 40), (41, 80), (81, None))
+
+
+# ---------------------------------------------------------------- gold and official scores
+
+
+def gold_of(table: pd.DataFrame) -> pd.DataFrame:
+    """Official-style gold (qid = split-unique question key) of labelled rows."""
+    return gold_from_answers(table.assign(qid=table["gid"]))
+
+
+def ranked_rows(pred: pd.DataFrame, key: str = "gid") -> pd.DataFrame:
+    """Rows as a submission file lists them: question order kept, then descending score (stable)."""
+    q_order = pd.Series(range(pred[key].nunique()), index=pd.unique(pred[key]))
+    out = pred.assign(_q=pred[key].map(q_order).to_numpy(), _s=-pred["score"].to_numpy(), _i=np.arange(len(pred)))
+    return out.sort_values(["_q", "_s", "_i"]).drop(columns=["_q", "_s", "_i"]).reset_index(drop=True)
+
+
+def evaluate(pred: pd.DataFrame, table: pd.DataFrame) -> dict:
+    """Official Task 3 metrics of predictions (gid, aid, label, score) on labelled rows."""
+    sub = ranked_rows(pred)[["gid", "aid", "label"]].rename(columns={"gid": "qid"})
+    return score_task3(gold_of(table), sub)
+
+
+def evaluate_decided(rows: pd.DataFrame, cand: pd.DataFrame) -> dict:
+    """Official Task 3 metrics of decided rows (gid, aid, label, score) against the candidate table's truth."""
+    truth = cand[cand["gid"].isin(set(rows["gid"]))]
+    return evaluate(rows[["gid", "aid", "label", "score"]], truth)
+
+
+def evaluate_rows(pred: pd.DataFrame) -> dict:
+    """Official Task 3 metrics of decided rows that carry their truth (label_true, reference_rank/score, split, qid)."""
+    truth = pred[["gid", "aid", "qid", "split", "reference_rank", "reference_score"]].assign(label=pred["label_true"])
+    return evaluate(pred[["gid", "aid", "label", "score"]], truth)
+
+
+# ---------------------------------------------------------------- summaries
+
+
+def summarize(per_fold: list[dict]) -> dict:
+    """Mean and sd (ddof=1) of each metric over folds."""
+    out: dict = {}
+    for m in METRICS:
+        v = np.array([f[m] for f in per_fold], dtype=float)
+        out[m] = {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if len(v) > 1 else 0.0}
+    return out
+
+
+def cv_summary_of(decided: pd.DataFrame, cand: pd.DataFrame) -> dict:
+    """CV mean ± sd of already-decided oof rows (one official score per fold)."""
+    oof = decided[decided["part"] == "oof"]
+    return summarize([evaluate_decided(oof[oof["fold"] == f], cand) for f in sorted(oof["fold"].unique())])
+
+
+def rounded_scores(m: dict) -> dict:
+    """The official metrics (+ true Spearman) of one scoring, rounded for a diff-friendly metrics file."""
+    return {k: round(float(m[k]), 4) for k in METRICS}
+
+
+def rounded_summary(m: dict) -> dict:
+    """`summarize` output rounded the same way."""
+    return {k: {"mean": round(float(m[k]["mean"]), 4), "sd": round(float(m[k]["sd"]), 4)} for k in METRICS}
+
+
+def rounded(obj, digits: int = 4):
+    """Floats rounded (recursively) for a readable, diff-friendly metrics file."""
+    if isinstance(obj, float):
+        return round(obj, digits)
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [rounded(v, digits) for v in obj]
+    return obj
+
+
+# ---------------------------------------------------------------- the score stage's comparisons
+
+
+def oof_by_question(rows: pd.DataFrame, cv_cand: pd.DataFrame, split_of: pd.Series) -> pd.DataFrame:
+    """task3_by_question rows of a system's out-of-fold rows on the candidate table's answers, with each split."""
+    rows = rows[rows["part"] == "oof"].merge(cv_cand[["gid", "aid"]], on=["gid", "aid"])
+    out = task3_by_question(gold_of(cv_cand), ranked_rows(rows)[["gid", "aid", "label"]].rename(columns={"gid": "qid"}))
+    return out.assign(split=out["qid"].map(split_of))
+
+
+def cv_comparisons(
+    final: pd.DataFrame, baseline: pd.DataFrame, cand: pd.DataFrame, orders: dict[str, tuple[str, bool]]
+) -> tuple[dict[str, pd.DataFrame], dict, dict]:
+    """The CV questions' out-of-fold rows per question (each system with its own fold thresholds) ->
+    (per-question rows of final and baseline, scores by question set, the final system's scores by order of its
+    kept answers: as submitted, and re-ordered by each `orders` entry {name: (column, higher value first?)})."""
+    from medrank.decision import submission_score
+
+    split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
+    # the answers of the candidate table: a capped profile's MTL sees fewer answers than the baseline
+    cv_cand = cand[cand["gid"].isin(set(final.loc[final["part"] == "oof", "gid"]))]
+    per_q = {"final": oof_by_question(final, cv_cand, split_of), "baseline": oof_by_question(baseline, cv_cand, split_of)}
+    by_split = {name: {s: rounded_scores(task3_scores_of(g)) for s, g in rows.groupby("split", sort=True)} for name, rows in per_q.items()}
+    # the order of the kept answers trades MRR (the most probably correct first) against Spearman (the reference
+    # order): the final system's CV rows re-ordered, labels unchanged
+    from_cand = [c for c, _ in orders.values() if c not in final.columns]
+    final_oof = final[final["part"] == "oof"].merge(cv_cand[["gid", "aid", *from_cand]], on=["gid", "aid"])
+    gid, kept = final_oof["gid"].to_numpy(), final_oof["label"].to_numpy()
+    by_order = {"rank model (submitted)": rounded_scores(task3_scores_of(per_q["final"]))}
+    for name, (col, higher_first) in orders.items():
+        key = final_oof[col].to_numpy() if higher_first else -final_oof[col].to_numpy()
+        reordered = final_oof.assign(score=submission_score(kept, key, gid))
+        by_order[name] = rounded_scores(task3_scores_of(oof_by_question(reordered, cv_cand, split_of)))
+    return per_q, by_split, by_order
+
+
+def vs_baseline(val: dict[str, pd.DataFrame], cv: dict[str, pd.DataFrame], resamples: int, seed: int) -> dict | None:
+    """Final system minus the baseline by paired question bootstrap, on validation and on the CV questions."""
+    if not resamples:
+        return None
+    return {
+        "resamples": resamples,
+        "val": paired_bootstrap(val["final"], val["baseline"], resamples, seed),
+        "cv": paired_bootstrap(cv["final"], cv["baseline"], resamples, seed),
+    }
+
+
+def question_chars_median(answers: pd.DataFrame) -> dict[str, int]:
+    """Median question length per split (unlabelled text: how each split's questions are written)."""
+    q = answers.drop_duplicates(["split", "qid"]).groupby("split")["question"]
+    return q.apply(lambda s: int(s.fillna("").str.len().median())).to_dict()
+
+
+# ---------------------------------------------------------------- error analysis (paper Figures 7-9)
+
+
+def per_question_scores(decided: pd.DataFrame, cand: pd.DataFrame) -> pd.DataFrame:
+    """Official accuracy and Spearman (official + true; 0 with fewer than 2 kept correct answers, the paper's
+    convention) of each question, with its number of valid answers."""
+    rows = []
+    for g, d in decided.groupby("gid", sort=False):
+        truth = cand[cand["gid"] == g]
+        sub = ranked_rows(d)[["gid", "aid", "label"]].rename(columns={"gid": "qid"})
+        m = score_task3(gold_of(truth), sub)
+        rows.append({"gid": g, "n_valid": int(truth["label"].sum()), "accuracy": m["accuracy"], "spearman": m["spearman"], "spearman_true": m["spearman_true"]})
+    return pd.DataFrame(rows)
+
+
+def error_analysis(decided: pd.DataFrame, cand: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The paper's error analysis (Figures 7-9) of decided rows on labelled questions:
+    filter recall of valid answers by CHiQA rank, accuracy by number of sentences, accuracy and Spearman by
+    number of valid answers per question. Each table has an `n` column (answers or questions per bin)."""
+    d = decided.merge(cand[["gid", "aid", "label", "chiqa_rank", "n_sentences"]].rename(columns={"label": "label_true"}), on=["gid", "aid"], how="left", suffixes=("_x", ""))
+    d = d.drop(columns=[c for c in d.columns if c.endswith("_x")])
+    valid = d[d["label_true"] == 1]
+    fig7 = valid.groupby("chiqa_rank").agg(recall=("label", "mean"), n=("label", "size")).reset_index()
+    fig7["chiqa_rank"] = fig7["chiqa_rank"].astype(int)
+    labels = [f"{lo}-{hi}" if hi is not None else f">{lo - 1}" for lo, hi in SENTENCE_BINS]
+    edges = [lo - 0.5 for lo, _ in SENTENCE_BINS] + [np.inf]
+    d["sentences"] = pd.cut(d["n_sentences"], edges, labels=labels, right=False)
+    d["correct"] = (d["label"] == d["label_true"]).astype(float)
+    fig8 = d.groupby("sentences", observed=False).agg(accuracy=("correct", "mean"), n=("correct", "size")).reset_index()
+    fig8 = fig8[fig8["n"] > 0]
+    fig8["sentences"] = [f"{s} ({n})" for s, n in zip(fig8["sentences"], fig8["n"])]
+    pq_ = per_question_scores(decided, cand)
+    fig9 = pq_.groupby("n_valid").agg(accuracy=("accuracy", "mean"), spearman=("spearman", "mean"), spearman_true=("spearman_true", "mean"),
+                                     n=("accuracy", "size")).reset_index()  # fmt: skip
+    return {"recall_by_chiqa_rank": fig7, "accuracy_by_sentences": fig8, "by_valid_answers": fig9}
+
+
+def rounded_csv(df: pd.DataFrame) -> str:
+    """A plot table as CSV with floats rounded to 4 digits."""
+    out = df.copy()
+    for c in out.columns:
+        if out[c].dtype.kind == "f":
+            out[c] = out[c].round(4)
+    return out.to_csv(index=False)
+
+
+def labelled_split_questions(cand: pd.DataFrame, splits: Sequence[str]) -> list[str]:
+    """Question keys (gid) of the given splits, in table order."""
+    split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
+    return [g for g, s in split_of.items() if s in splits]
+
+
+# ---------------------------------------------------------------- choosing the final system
+
+
+def candidate_systems(mtl_pred: pd.DataFrame, base_pred: pd.DataFrame, cand: pd.DataFrame, train: Sequence[str], weights: Sequence[float]) -> dict:
+    """The MTL as its stage decided it, and its ensemble with the baseline at the weight with the best mean CV
+    accuracy (both systems' out-of-fold rows come from the same question-grouped folds; every weight's CV kept).
+
+    -> {"mtl": {"decided", "cv"}, "ensemble": {"decided", "cv", "mtl_weight", "thresholds", "cv_by_mtl_weight"}}.
+    """
+    from medrank.decision import combine_systems, decide_system
+
+    mine = mtl_pred[["part", "gid", "aid", "fold", "prob_mean", "rank_key"]].rename(columns={"prob_mean": "prob"})
+    theirs = base_pred[["part", "gid", "aid", "prob", "rank_score"]].rename(columns={"rank_score": "rank_key"})
+    by_weight = {}
+    for w in weights:
+        thresholds, decided = decide_system(combine_systems(mine, theirs, w), cand, train)
+        by_weight[w] = (thresholds, decided, cv_summary_of(decided, cand))
+    weight = max(weights, key=lambda w: by_weight[w][2]["accuracy"]["mean"])
+    thresholds, decided, cv = by_weight[weight]
+    return {
+        "mtl": {"decided": mtl_pred, "cv": cv_summary_of(mtl_pred, cand)},
+        "ensemble": {"decided": decided.merge(cand[["gid", "split", "qid"]].drop_duplicates(), on="gid", how="left"), "cv": cv,
+                     "mtl_weight": weight, "thresholds": thresholds, "cv_by_mtl_weight": {str(w): rounded_summary(c) for w, (_, _, c) in by_weight.items()}},
+    }  # fmt: skip

@@ -1,0 +1,32 @@
+"""Multi-task filter + pairwise re-ranker (paper §4.5-4.6, Appendix Tables 7-8), by concept:
+
+- data: MTLData / build_mtl_data - candidates, (candidate, entailed answer) pairs, NLI grids, RQE vectors;
+- network: the conv grid encoder, the joint embedding, the filter and pairwise heads, the loss;
+- training: fit_mtl (early stopping on an inner split), FittedMTL / MTLBag (predict, save, load);
+- recipe: ensembling over the N entailed answers, question-grouped CV, the mtl stage's run_recipe.
+
+The knobs are medrank.params.MtlParams (params.yaml `mtl`) throughout: no copies of them.
+"""
+
+from medrank.models.mtl.data import PAIR_FEATURES, MTLData, build_mtl_data
+from medrank.models.mtl.network import GridEncoder, MaskedBatchNorm2d, MTLNet, mtl_loss, quadrant_pool
+from medrank.models.mtl.recipe import (
+    DECISION_FIELDS,
+    PREDICTIONS_SCHEMA,
+    CVResult,
+    ablation_cv,
+    builder_factory,
+    cross_validate_mtl,
+    cv_metrics,
+    decision_of,
+    ensemble,
+    run_recipe,
+    with_truth,
+)
+from medrank.models.mtl.training import FittedMTL, MTLBag, fit_mtl, fit_mtl_bag, pair_index, set_seed
+
+__all__ = [
+    "DECISION_FIELDS", "PAIR_FEATURES", "PREDICTIONS_SCHEMA", "CVResult", "FittedMTL", "GridEncoder", "MaskedBatchNorm2d", "MTLBag", "MTLData", "MTLNet",
+    "ablation_cv", "build_mtl_data", "builder_factory", "cross_validate_mtl", "cv_metrics", "decision_of", "ensemble", "fit_mtl",
+    "fit_mtl_bag", "mtl_loss", "pair_index", "quadrant_pool", "run_recipe", "set_seed", "with_truth",
+]  # fmt: skip

@@ -1,0 +1,319 @@
+"""The mtl stage's recipe: ensembling over the N entailed answers, question-grouped CV, thresholds and the
+train-only / train+val fits, ablation rows. Decisions go through medrank.decision, scores through medrank.evaluation."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from medrank.decision import ENSEMBLE_MODES, choose_threshold, decide, grouped_folds
+from medrank.errors import MedrankError
+from medrank.evaluation import evaluate_rows, summarize
+from medrank.models.mtl.data import MTLData
+from medrank.models.mtl.training import MTLBag, fit_mtl_bag
+from medrank.params import MtlParams
+
+log = logging.getLogger(__name__)
+
+EnsembleMode = Literal["sum", "mean", "max"]
+
+
+# ---------------------------------------------------------------- ensembling over entailed answers
+
+
+def ensemble(filter_df: pd.DataFrame, pair_df: pd.DataFrame, mode: EnsembleMode = "sum") -> pd.DataFrame:
+    """Per candidate, combining its N entailed answers by `mode`:
+
+    prob = mode_e P_e(valid); pair_score = Σ_j mode_e P_e(i above j) (0 for a single candidate);
+    expected_score = p_i Σ_j [p_j P(i above j) + (1 - p_j)] with p = mean_e P_e(valid): the expected number of
+    answers i outranks when valid answers precede invalid ones. Rows in first-appearance order of (gid, aid).
+    """
+    if mode not in ENSEMBLE_MODES:
+        raise MedrankError(f"ensemble mode '{mode}': expected one of {', '.join(ENSEMBLE_MODES)}")
+    by_c = filter_df.groupby(["gid", "aid"], sort=False)
+    out = getattr(by_c["prob"], mode)().rename("prob").reset_index()
+    p_mean = by_c["prob"].mean()
+    out["prob_mean"] = p_mean.to_numpy()
+    out["n_entailed"] = by_c["entailed"].nunique().to_numpy()
+    out["pair_score"] = 0.0
+    out["expected_score"] = p_mean.to_numpy()  # a lone candidate: its own probability
+    if len(pair_df):
+        pe = getattr(pair_df.groupby(["gid", "aid_i", "aid_j"], sort=False)["prob"], mode)()
+        pm = pair_df.groupby(["gid", "aid_i", "aid_j"], sort=False)["prob"].mean().reset_index()
+        s = pe.groupby(level=[0, 1], sort=False).sum()
+        key = pd.MultiIndex.from_frame(out[["gid", "aid"]])
+        out["pair_score"] = s.reindex(key).fillna(0.0).to_numpy(dtype=float)
+        pi = p_mean.reindex(pd.MultiIndex.from_frame(pm[["gid", "aid_i"]])).to_numpy()
+        pj = p_mean.reindex(pd.MultiIndex.from_frame(pm[["gid", "aid_j"]])).to_numpy()
+        wins = pd.Series(pi * (pj * pm["prob"].to_numpy() + (1 - pj)), index=pd.MultiIndex.from_frame(pm[["gid", "aid_i"]]))
+        w = wins.groupby(level=[0, 1], sort=False).sum()
+        out["expected_score"] = w.reindex(key).fillna(0.0).to_numpy(dtype=float) + 1e-3 * p_mean.reindex(key).to_numpy()
+    return out
+
+
+
+# ---------------------------------------------------------------- the CV recipe
+
+
+def with_truth(ens: pd.DataFrame, cand: pd.DataFrame) -> pd.DataFrame:
+    """Attach label / reference columns of the candidate table to ensembled rows (by gid, aid)."""
+    cols = ["gid", "aid", "split", "qid", "label", "reference_rank", "reference_score", "n_sentences", "chiqa_rank"]
+    return ens.merge(cand[[c for c in cols if c in cand.columns]], on=["gid", "aid"], how="left")
+
+
+@dataclass
+class CVResult:
+    """Out-of-fold predictions (long tables) and per-fold training facts."""
+
+    filter_df: pd.DataFrame
+    pair_df: pd.DataFrame
+    folds: dict[str, int]  # gid -> fold
+    best_epochs: list[list[int]]  # per fold, one per bag member
+    seconds: list[float]
+    histories: list[list[dict]]
+
+
+def cross_validate_mtl(
+    data: MTLData,
+    gids: Sequence[str],
+    cfg: MtlParams,
+    make_builder: Callable[[], object],
+    *,
+    k: int,
+    seed: int,
+    device: str | torch.device = "cpu",
+) -> CVResult:
+    """Question-grouped k-fold CV: each fold's model (early stopping on an inner split of its training
+    questions) predicts the held-out questions."""
+    gids = list(gids)
+    fold_of = grouped_folds(np.asarray(gids), k, seed)
+    fold = dict(zip(gids, fold_of.tolist()))
+    f_parts, p_parts, best, secs, hists = [], [], [], [], []
+    for f in range(k):
+        t0 = time.perf_counter()
+        train = [g for g in gids if fold[g] != f]
+        test = [g for g in gids if fold[g] == f]
+        model = fit_mtl_bag(data, train, cfg, make_builder, seed=seed + f, device=device)
+        fd, pdf = model.predict(data, test, device=device)
+        f_parts.append(fd.assign(fold=f))
+        p_parts.append(pdf.assign(fold=f))
+        best.append(model.best_epoch)
+        secs.append(round(time.perf_counter() - t0, 1))
+        hists.append(model.history)
+        log.info("CV fold %d/%d: best epoch(s) %s, %.0fs", f + 1, k, model.best_epoch, secs[-1])
+    return CVResult(pd.concat(f_parts, ignore_index=True), pd.concat(p_parts, ignore_index=True), fold, best, secs, hists)
+
+
+def cv_metrics(cv: CVResult, cand: pd.DataFrame, decision: MtlParams) -> tuple[dict, pd.DataFrame]:
+    """Per-fold official metrics (threshold for fold f chosen on the out-of-fold rows of the other folds,
+    unless fixed) → (mean/sd summary with thresholds, decided OOF rows)."""
+    ens = with_truth(ensemble(cv.filter_df, cv.pair_df, decision.ensemble), cand)
+    ens = ens.rename(columns={"label": "label_true"})
+    ens["fold"] = ens["gid"].map(cv.folds)
+    per_fold, thresholds, decided = [], [], []
+    for f in sorted(ens["fold"].unique()):
+        rest, part = ens[ens["fold"] != f], ens[ens["fold"] == f]
+        t = decision.threshold if decision.threshold is not None else choose_threshold(rest, rest["label_true"].to_numpy(), decision.ensemble)
+        d = decide(part, t, decision, float(rest["label_true"].mean()))
+        per_fold.append(evaluate_rows(d))
+        thresholds.append(float(t))
+        decided.append(d)
+    out = summarize(per_fold)
+    out["thresholds"] = thresholds
+    return out, pd.concat(decided, ignore_index=True)
+
+
+# ---------------------------------------------------------------- the stage recipe
+
+PREDICTIONS_SCHEMA = pa.schema(
+    [
+        ("part", pa.string()),  # oof (CV over train+val) | val (train-only model) | test (final model)
+        ("split", pa.string()),
+        ("qid", pa.string()),
+        ("aid", pa.string()),
+        ("fold", pa.int16()),  # CV fold (oof), -1 otherwise
+        ("prob", pa.float64()),  # ensembled filter probability (sum: on the 0..N scale)
+        ("prob_mean", pa.float64()),  # mean over the entailed answers (0..1 whatever the ensemble mode)
+        ("pair_score", pa.float64()),  # Σ_j P(i above j), ensembled
+        ("rank_key", pa.float64()),  # the ranking key of the decision rule (pair_score | expected_score | prob)
+        ("n_entailed", pa.int16()),
+        ("threshold", pa.float64()),
+        ("label", pa.int8()),  # kept (1) or filtered out (0)
+        ("score", pa.float64()),  # submission order key within the question (higher = earlier)
+    ]
+)
+
+
+def builder_factory(groups: Sequence[str], n_candidates: int, tfidf=None) -> Callable[[], object]:
+    """A function returning a fresh (unfitted) FeatureBuilder for each fit."""
+    from medrank.features import FeatureBuilder
+
+    return lambda: FeatureBuilder(tuple(groups), n_candidates=n_candidates, tfidf=tfidf)
+
+
+# the decision rule's keys of MtlParams (reported in metrics/mtl.json and saved with each model)
+DECISION_FIELDS = ("ensemble", "rank_by", "threshold", "prior_shift", "min_keep")
+
+
+def decision_of(mp: MtlParams) -> dict:
+    return {k: getattr(mp, k) for k in DECISION_FIELDS}
+
+
+@dataclass
+class RecipeReport:
+    final_model: MTLBag
+    val_model: MTLBag  # trained on the training sets only: what the validation submission comes from
+    predictions: pd.DataFrame
+    metrics: dict
+    decisions: dict[str, dict]  # "final" / "val": the decision rule with the threshold and training prior used
+
+
+def _variants(decision: MtlParams) -> dict[str, MtlParams]:
+    out = {}
+    for mode in ENSEMBLE_MODES:
+        for rank_by in ("pairwise", "expected", "filter"):
+            out[f"{mode}/{rank_by}"] = decision.model_copy(update={"ensemble": mode, "rank_by": rank_by})
+    out["mean/pairwise/em"] = decision.model_copy(update={"ensemble": "mean", "rank_by": "pairwise", "prior_shift": "em"})
+    return out
+
+
+def _rows(part: str, d: pd.DataFrame, threshold: float | np.ndarray, fold: np.ndarray | int = -1) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "part": part,
+            "split": d["split"].to_numpy(),
+            "qid": d["qid"].to_numpy(),
+            "aid": d["aid"].to_numpy(),
+            "fold": np.broadcast_to(np.asarray(fold, dtype=np.int16), (len(d),)),
+            "prob": d["prob"].to_numpy(dtype=float),
+            "prob_mean": d["prob_mean"].to_numpy(dtype=float),
+            "pair_score": d["pair_score"].to_numpy(dtype=float),
+            "rank_key": d["rank_key"].to_numpy(dtype=float),
+            "n_entailed": d["n_entailed"].to_numpy(dtype=np.int16),
+            "threshold": np.broadcast_to(np.asarray(threshold, dtype=float), (len(d),)),
+            "label": d["label"].to_numpy(dtype=np.int8),
+            "score": d["score"].to_numpy(dtype=float),
+        }
+    )
+
+
+def _log_curves(live, runs: dict[str, list[dict]]) -> None:
+    """dvclive: one curve per run and metric, x = epoch."""
+    n = max((len(h) for h in runs.values()), default=0)
+    for e in range(n):
+        for name, hist in runs.items():
+            if e < len(hist):
+                for k, v in hist[e].items():
+                    if k not in ("epoch", "seconds"):
+                        live.log_metric(f"{name}/{k}", float(v), plot=True)
+        live.next_step()
+
+
+def run_recipe(
+    data: MTLData,
+    train_gids: Sequence[str],
+    val_gids: Sequence[str],
+    test_gids: Sequence[str],
+    cfg: MtlParams,
+    make_builder: Callable[[], object],
+    *,
+    seed: int,
+    device: str | torch.device = "cpu",
+    live=None,
+    ablations: dict[str, tuple[MtlParams, Callable[[], object]]] | None = None,
+) -> RecipeReport:
+    """CV over train+val → thresholds and mean ± sd; train-only model → validation check; train+val model → test.
+    `cfg` is the whole recipe (network, training, decision rule, cv_folds); `ablations`: rows (params, feature
+    builder) that get the same CV only (ablation_cv)."""
+    decision, k = cfg, cfg.cv_folds
+    # labelled questions in table order (the baseline's CV sees them in this order: same folds for one seed)
+    lab_set = set(train_gids) | set(val_gids)
+    labelled = [g for g in pd.unique(data.cand["gid"]) if g in lab_set]
+    t0 = time.perf_counter()
+    cv = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device)
+    cv_seconds = time.perf_counter() - t0
+    variants = {}
+    for name, dv in _variants(decision).items():
+        variants[name], _ = cv_metrics(cv, data.cand, dv)
+    cv_summary, oof = cv_metrics(cv, data.cand, decision)
+    ablation = ablation_cv(data, labelled, ablations or {}, k=k, seed=seed, device=device)
+
+    def _threshold(rows: pd.DataFrame) -> float:
+        if decision.threshold is not None:
+            return float(decision.threshold)
+        return choose_threshold(rows, rows["label_true"].to_numpy(), decision.ensemble)
+
+    oof_train = oof[oof["gid"].isin(set(train_gids))]
+    t_val, t_final = _threshold(oof_train), _threshold(oof)
+    prior_train = float(oof_train["label_true"].mean())
+    prior_all = float(oof["label_true"].mean())
+
+    t1 = time.perf_counter()
+    val_model = fit_mtl_bag(data, train_gids, cfg, make_builder, seed=seed + 101, device=device)
+    val_seconds = time.perf_counter() - t1
+    ens_val = with_truth(ensemble(*val_model.predict(data, val_gids, device=device), decision.ensemble), data.cand)
+    ens_val = ens_val.rename(columns={"label": "label_true"})
+    dec_val = decide(ens_val, t_val, decision, prior_train)
+    val_metrics = evaluate_rows(dec_val)
+
+    t2 = time.perf_counter()
+    final = fit_mtl_bag(data, labelled, cfg, make_builder, seed=seed + 202, device=device)
+    final_seconds = time.perf_counter() - t2
+    parts = [_rows("oof", oof, oof["fold"].map(dict(enumerate(cv_summary["thresholds"]))).to_numpy(), oof["fold"].to_numpy()), _rows("val", dec_val, t_val)]
+    if test_gids:
+        ens_test = with_truth(ensemble(*final.predict(data, test_gids, device=device), decision.ensemble), data.cand)
+        parts.append(_rows("test", decide(ens_test, t_final, decision, prior_all), t_final))
+
+    if live is not None:
+        runs = {f"fold{f + 1}": h for f, h in enumerate(cv.histories)}
+        runs["val_model"] = val_model.history
+        runs["final_model"] = final.history
+        with live:
+            live.log_params({"config": cfg.model_dump(mode="json", exclude={"ablations"}), "seed": seed})
+            _log_curves(live, runs)
+
+    decisions = {
+        "final": {**decision_of(decision), "threshold_used": t_final, "train_prior": prior_all},
+        "val": {**decision_of(decision), "threshold_used": t_val, "train_prior": prior_train},
+    }
+    metrics = {
+        "decision": {**decision_of(decision), "threshold_val_model": t_val, "threshold_final_model": t_final},
+        "cv": cv_summary,
+        "cv_variants": variants,
+        "ablations": ablation,
+        "val": {m: val_metrics[m] for m in ("accuracy", "precision", "mrr", "spearman", "spearman_true")},
+        "val_counts": {m: val_metrics[m] for m in ("n_questions", "n_gold_rows", "n_predicted_positive", "n_correct_positive", "n_spearman_questions")},
+        "best_epochs": {"cv_folds": cv.best_epochs, "val_model": val_model.best_epoch, "final_model": final.best_epoch},
+        "seconds": {"cv": round(cv_seconds, 1), "cv_folds": cv.seconds, "val_model": round(val_seconds, 1), "final_model": round(final_seconds, 1)},
+        "n_pairs": {"all": int(len(data.pairs)), "augmented": int(data.pairs["augmented"].sum())},
+        "questions": {"train": len(train_gids), "val": len(val_gids), "test": len(test_gids)},
+    }
+    return RecipeReport(final, val_model, pd.concat(parts, ignore_index=True), metrics, decisions)
+
+
+def ablation_cv(
+    data: MTLData,
+    labelled: Sequence[str],
+    rows: dict[str, tuple[MtlParams, Callable[[], object]]],
+    *,
+    k: int,
+    seed: int,
+    device: str | torch.device = "cpu",
+) -> dict[str, dict]:
+    """CV mean ± sd of each ablation row (its params and feature builder), on the folds of the stage's own CV
+    (same questions, same seed), so rows compare with the default and with each other."""
+    out = {}
+    for name, (cfg, make_builder) in rows.items():
+        t0 = time.perf_counter()
+        cv = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device)
+        summary, _ = cv_metrics(cv, data.cand, cfg)
+        out[name] = {**summary, "seconds": round(time.perf_counter() - t0, 1)}
+        log.info("ablation %s: CV accuracy %.3f ± %.3f", name, summary["accuracy"]["mean"], summary["accuracy"]["sd"])
+    return out

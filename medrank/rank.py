@@ -1,0 +1,344 @@
+"""`medrank rank`: the trained pipeline on one new question, composed of the library functions the stages call.
+
+clean + normalize (medrank.text.normalize.normalize_table) → retrieve (medrank.retrieval.score_candidates,
+select_entailed, attach_entailed) → NLI grids (medrank.grids.answer_grids) → per-answer scores (bienc, heading,
+cnn, qa) → the final system of stage score (models/system.json: the MTL, the baseline, or their ensemble at the
+CV-chosen weight and threshold). Every knob comes from what the stages saved (models/system.json `recipe`, the
+trained models), never from the current params.yaml. The extraction caches are read, never written (they are
+DVC outputs), so a question the pipeline has seen gets the very values the stages computed.
+
+`fit="val"` uses the models trained on the two training sets only (what submissions/task3_val.csv comes from);
+`fit="final"` (default) the models trained on train + validation (the test submission's).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+
+from medrank import layout
+from medrank.errors import MedrankError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from medrank.params import Params
+
+log = logging.getLogger(__name__)
+
+_SPLIT, _QID = "input", "q"  # one question, never a training split (no augmentation pairs)
+Fit = Literal["final", "val"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    text: str
+    url: str
+
+
+@dataclass(frozen=True)
+class RankInput:
+    question: str
+    answers: tuple[Candidate, ...]
+
+
+MAX_ANSWERS = 1000  # more candidates than any MEDIQA question by far; bounds the pairwise work (n²)
+
+
+def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
+    """Validate `{"question": str, "answers": [{"id"?, "text", "url"?}, ...]}`; MedrankError names the problem."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise MedrankError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not raw.strip():
+        raise MedrankError(f"{where}: empty input (expected a JSON object with 'question' and 'answers')")
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise MedrankError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise MedrankError(f"{where}: JSON nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise MedrankError(f"{where}: expected a JSON object with 'question' and 'answers', got {type(obj).__name__}")
+    unknown = sorted(set(obj) - {"question", "answers"})
+    if unknown:
+        raise MedrankError(f"{where}: unknown key(s) {unknown} (expected 'question' and 'answers')")
+    q = obj.get("question")
+    if not isinstance(q, str) or not q.strip():
+        raise MedrankError(f"{where}: 'question' must be a non-empty string")
+    answers = obj.get("answers")
+    if not isinstance(answers, list):
+        raise MedrankError(f"{where}: 'answers' must be a list of objects with 'text' (got {type(answers).__name__})")
+    if len(answers) > MAX_ANSWERS:
+        raise MedrankError(f"{where}: {len(answers)} answers; at most {MAX_ANSWERS} per question")
+    out: list[Candidate] = []
+    seen: dict[str, int] = {}
+    for i, a in enumerate(answers, start=1):
+        what = f"{where}: answers[{i - 1}]"
+        if not isinstance(a, dict):
+            raise MedrankError(f"{what}: expected an object with 'text', got {type(a).__name__}")
+        bad = sorted(set(a) - {"id", "text", "url"})
+        if bad:
+            raise MedrankError(f"{what}: unknown key(s) {bad} (expected 'id', 'text', 'url')")
+        text = a.get("text")
+        if not isinstance(text, str):
+            raise MedrankError(f"{what}: 'text' must be a string")
+        aid = a.get("id", str(i))
+        if isinstance(aid, bool) or not isinstance(aid, (str, int)) or str(aid).strip() == "":
+            raise MedrankError(f"{what}: 'id' must be a non-empty string or an integer")
+        aid = str(aid)
+        if aid in seen:
+            raise MedrankError(f"{what}: duplicate id {aid!r} (first at answers[{seen[aid] - 1}])")
+        seen[aid] = i
+        url = a.get("url", "")
+        if url is None:
+            url = ""
+        if not isinstance(url, str):
+            raise MedrankError(f"{what}: 'url' must be a string")
+        out.append(Candidate(aid, text, url))
+    return RankInput(q, tuple(out))
+
+
+def read_rank_input(path: str) -> RankInput:
+    """Read the JSON input from a file path, or stdin for '-'."""
+    if path == "-":
+        return parse_rank_input(sys.stdin.buffer.read(), "<stdin>")
+    p = Path(path)
+    if not p.is_file():
+        raise MedrankError(f"{path}: input file not found")
+    return parse_rank_input(p.read_bytes(), path)
+
+
+def read_system(models_dir: str | Path = layout.MODELS) -> tuple[dict, Params]:
+    """models/system.json (written by stage score) and the inference recipe it saved, as typed params."""
+    from medrank.params import recipe_params
+
+    path = Path(models_dir) / layout.SYSTEM.name
+    if not path.is_file():
+        raise MedrankError(f"{path}: no trained system (run `dvc repro score`)")
+    try:
+        system = json.loads(path.read_text(encoding="utf-8"))
+        recipe = system["recipe"]
+        for k in ("system", "mtl_weight", "thresholds"):
+            system[k]  # noqa: B018 - presence check
+    except (ValueError, KeyError, TypeError) as e:
+        raise MedrankError(f"{path}: not a system file written by stage score ({type(e).__name__}: {e})") from None
+    return system, recipe_params(recipe, f"{path}: recipe")
+
+
+@dataclass
+class Ranker:
+    """The loaded inference path; `rank` scores one question's candidate answers."""
+
+    recipe: Params
+    system: dict
+    fit: Fit
+    normalizer: Any
+    splitter: Any
+    docs: pd.DataFrame  # MedQuAD documents (medrank.retrieval.medquad_documents)
+    rqe: Any  # CrossEncoder
+    nli: Any
+    prefilter: Any | None  # SentenceEncoder of the grid prefilter
+    baseline: Any | None  # FittedBaseline
+    mtl: Any | None  # MTLBag
+    mtl_meta: dict | None
+    cnn: Any | None  # CnnRanker, when a model reads the cnn group
+    qa: Any | None  # CrossEncoder of stage qa, when a model reads the qa group
+
+    @classmethod
+    def load(cls, models_dir: str | Path = layout.MODELS, fit: Fit = "final") -> "Ranker":
+        from medrank.encoders.cross_encoder import CrossEncoder
+        from medrank.encoders.sentence_encoder import SentenceEncoder
+        from medrank.io import read_parquet
+        from medrank.models.baseline import FittedBaseline
+        from medrank.models.mtl import MTLBag
+        from medrank.retrieval import medquad_documents
+        from medrank.text.normalize import make_pipeline
+
+        models_dir = Path(models_dir)
+        if fit not in ("final", "val"):
+            raise MedrankError(f"fit must be final or val, got {fit!r}")
+        system, p = read_system(models_dir)
+        name = system["system"]
+        baseline = mtl = meta = None
+        if name in ("baseline", "ensemble"):
+            baseline = FittedBaseline.load(models_dir / layout.BASELINE_MODEL.name / f"{fit}.json")
+        if name in ("mtl", "ensemble"):
+            mtl_dir = models_dir / layout.MTL_MODEL.name
+            mtl, meta = MTLBag.load(mtl_dir / "val" if fit == "val" else mtl_dir)
+        groups = set(baseline.builder.groups if baseline else ()) | set(mtl.builder.groups if mtl else ())
+        normalizer, splitter, _ = make_pipeline(p.normalize)  # coreference is optional and slow: not used here
+        qcol = "question_norm" if p.retrieve.question_text == "normalized" else "question"
+        cnn = qa = None
+        if "cnn" in groups:
+            from medrank.models.cnn import CnnRanker
+
+            cnn = CnnRanker.load(_model_dir(models_dir / layout.CNN_MODEL.name, "cnn", "cnn_train"))
+        if "qa" in groups:
+            qa = CrossEncoder.load(_model_dir(models_dir / layout.QA_MODEL.name, "qa", "qa"), device=p.device, precision=p.qa.predict_precision)
+        ep = p.embed
+        return cls(
+            recipe=p, system=system, fit=fit, normalizer=normalizer, splitter=splitter,
+            docs=medquad_documents(read_parquet(layout.MEDQUAD), qcol, "answer_norm"),
+            rqe=CrossEncoder.load(_model_dir(models_dir / layout.RQE_MODEL.name, "rqe", "finetune@rqe"), device=p.device, precision=p.retrieve.precision),
+            nli=CrossEncoder.load(_model_dir(models_dir / layout.NLI_MODEL.name, "nli", "finetune@nli"), device=p.device, precision=ep.precision),
+            prefilter=SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None,
+            baseline=baseline, mtl=mtl, mtl_meta=meta, cnn=cnn, qa=qa,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------ the stages' steps, one question
+    def answers_table(self, inp: RankInput) -> pd.DataFrame:
+        """The question's answers as stages clean + normalize make them (schemas.NORMALIZED_ANSWERS columns)."""
+        import pandas as pd
+
+        from medrank.data.mediqa import source_of
+        from medrank.text.clean import clean_answer, normalize_text
+        from medrank.text.normalize import TABLES, normalize_table
+
+        df = pd.DataFrame(
+            {
+                "split": _SPLIT, "qid": _QID, "question": normalize_text(inp.question), "aid": [a.id for a in inp.answers],
+                "answer": [clean_answer(a.text) for a in inp.answers], "url": [a.url for a in inp.answers],
+                "source": [source_of(a.url) for a in inp.answers], "answer_pos": range(1, len(inp.answers) + 1),
+            }
+        )  # fmt: skip
+        for c in ("system_rank", "reference_rank", "reference_score", "label"):
+            df[c] = pd.Series([None] * len(df), dtype="Float64")
+        df["answer_pos"] = df["answer_pos"].astype("Int32")
+        out, _ = normalize_table(df, TABLES["answers"], self.normalizer, self.splitter, None, desc="rank")
+        return out
+
+    def retrieve(self, answers: pd.DataFrame) -> pd.DataFrame:
+        """The N MedQuAD questions the question entails, as stage retrieve selects them."""
+        from medrank.retrieval import attach_entailed, questions_table, score_candidates, select_entailed
+
+        p = self.recipe
+        qcol = "question_norm" if p.retrieve.question_text == "normalized" else "question"
+        scored = score_candidates(
+            questions_table(answers, qcol, None), self.docs, self.rqe, layout.CACHE_RQE, question_col=qcol, bm25_top_k=p.retrieve.bm25_top_k,
+            precision=p.retrieve.precision, batch_size=p.retrieve.batch_size, read_only=True, show_progress=False,
+        )  # fmt: skip
+        return attach_entailed(select_entailed(scored.table, p.n_candidates, p.rqe_threshold), self.docs, qcol)
+
+    def grids(self, answers: pd.DataFrame, retrieved: pd.DataFrame) -> pd.DataFrame:
+        """NLI_GRID rows of every (answer, entailed answer), as stage embed makes them."""
+        from medrank.grids import answer_grids
+
+        ep = self.recipe.embed
+        a = answers[["split", "qid", "aid", "reference_rank", "answer_sentences"]].rename(columns={"answer_sentences": "sentences"})
+        g = answer_grids(
+            a, retrieved.rename(columns={"entailed_sentences": "sentences"}), self.nli, layout.CACHE_EMBED, max_sentences=ep.max_sentences,
+            prefilter_top_k=ep.prefilter_top_k, bi=self.prefilter, augment_top=ep.augment_top, precision=ep.precision,
+            batch_size=ep.batch_size, bi_batch_size=ep.bi_batch_size, read_only=True, show_progress=False,
+        )  # fmt: skip
+        return g.rows
+
+    def answer_scores(self, answers: pd.DataFrame, groups: set[str]) -> dict[str, Any]:
+        """Per-answer scores of stages bienc (bienc_cos, heading_cos), cnn_mediqa (cnn_score) and qa (qa_score)."""
+        from medrank.answer_scores import answer_bienc_scores
+
+        p, out = self.recipe, {}
+        if groups & {"bienc", "heading"}:
+            bp = p.bienc
+            cos, _ = answer_bienc_scores(answers, bp.model, cache_root=layout.CACHE_BIENC, max_length=bp.max_length, batch_size=bp.batch_size,
+                                         device=p.device, read_only=True)  # fmt: skip
+            out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
+        if "cnn" in groups:
+            from medrank.models.cnn import answer_scores
+            from medrank.text.sentences import split_rule
+
+            out["cnn_score"] = answer_scores(self.cnn, answers, p.cnn.mediqa_aggregation, split_rule)["cnn_score"].to_numpy()
+        if "qa" in groups:
+            from medrank.answer_scores import qa_pairs
+
+            out["qa_score"] = self.qa.predict(qa_pairs(answers), batch_size=p.qa.eval_batch_size, show_progress=False)[:, 1]
+        return out
+
+    # ------------------------------------------------------------ the final system
+    def rank(self, inp: RankInput) -> pd.DataFrame:
+        """One row per input answer: id, url, kept, rank (1.. for kept answers, else None), prob, rank_score."""
+        import numpy as np
+        import pandas as pd
+
+        from medrank.decision import combine_systems, decide, decide_rows
+        from medrank.features import answer_table
+        from medrank.models.mtl import build_mtl_data, ensemble
+
+        if not inp.answers:
+            return empty_result()
+        answers = self.answers_table(inp)
+        retrieved = self.retrieve(answers)
+        grid = self.grids(answers, retrieved)
+        groups = set(self.baseline.builder.groups if self.baseline else ()) | set(self.mtl.builder.groups if self.mtl else ())
+        scores = self.answer_scores(answers, groups)
+        n = self.recipe.n_candidates
+        name, systems = self.system["system"], {}
+        if self.mtl is not None:
+            from medrank.params import MtlParams
+
+            d = self.mtl_meta["decision"]
+            # label shift cannot be re-estimated from one question: EM is skipped here (prior_shift none)
+            rule = MtlParams(**{k: d[k] for k in ("ensemble", "rank_by", "threshold", "min_keep")})
+            data = build_mtl_data(answers, grid, retrieved, n_candidates=n, scores=scores)
+            dec = decide(ensemble(*self.mtl.predict(data), rule.ensemble), float(d["threshold_used"]), rule)
+            systems["mtl"] = dec.assign(prob=dec["prob_mean"]) if name == "ensemble" else dec
+        if self.baseline is not None:
+            anli = grid[["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]]
+            table = answer_table(answers, entailed=retrieved, anli=anli, n_candidates=n, **scores)
+            pred = self.baseline.predict(table)
+            systems["baseline"] = pred.assign(rank_key=pred["rank_score"])
+        if name == "ensemble":
+            part = lambda df: df[["gid", "aid", "prob", "rank_key"]].assign(part=self.fit, fold=-1)  # noqa: E731
+            combined = combine_systems(part(systems["mtl"]), part(systems["baseline"]), float(self.system["mtl_weight"]))
+            out = decide_rows(combined, float(self.system["thresholds"]["val" if self.fit == "val" else "test"]))
+        else:
+            out = systems[name]
+        out = out.set_index("aid").loc[[a.id for a in inp.answers]].reset_index()
+        order = out.sort_values("score", ascending=False, kind="stable")
+        rank = {aid: i for i, aid in enumerate(order.loc[order["label"] == 1, "aid"], start=1)}
+        return pd.DataFrame(
+            {
+                "id": out["aid"].to_numpy(),
+                "url": [a.url for a in inp.answers],
+                "kept": out["label"].to_numpy(dtype=bool),
+                "rank": [rank.get(a) for a in out["aid"]],
+                "prob": out["prob"].to_numpy(dtype=float),
+                "rank_score": out["rank_key"].to_numpy(dtype=float) if "rank_key" in out else np.full(len(out), np.nan),
+                "score": out["score"].to_numpy(dtype=float),
+            }
+        )
+
+
+def _model_dir(path: Path, what: str, stage: str) -> Path:
+    if not path.is_dir():
+        raise MedrankError(f"{path}: the {what} model is missing (run `dvc repro {stage}`)")
+    return path
+
+
+def empty_result() -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame({"id": pd.Series(dtype=object), "url": pd.Series(dtype=object), "kept": pd.Series(dtype=bool), "rank": pd.Series(dtype=object),
+                         "prob": pd.Series(dtype=float), "rank_score": pd.Series(dtype=float), "score": pd.Series(dtype=float)})  # fmt: skip
+
+
+def ranked_ids(result: pd.DataFrame) -> list[str]:
+    """Every answer id in the order a submission file lists them (kept first, each part by descending score)."""
+    return result.sort_values("score", ascending=False, kind="stable")["id"].tolist()
+
+
+def rank_question(inp: RankInput, models_dir: str | Path = layout.MODELS, fit: Fit = "final") -> pd.DataFrame:
+    """Load the trained system and rank one question (an empty answer list loads nothing)."""
+    return Ranker.load(models_dir, fit).rank(inp) if inp.answers else empty_result()
+
+
+def as_input(question: str, answers: Sequence[tuple[str, str, str]]) -> RankInput:
+    """RankInput from (id, text, url) triples."""
+    return RankInput(question, tuple(Candidate(str(i), t, u or "") for i, t, u in answers))
