@@ -172,6 +172,21 @@ def test_cache_roundtrip_and_dedup(tmp_path):
     assert pair_key("ab", "c") != pair_key("a", "bc")
 
 
+def test_read_only_cache_keeps_puts_in_memory_and_writes_nothing(tmp_path):
+    keys = [pair_key("r", str(i)) for i in range(6)]
+    PairCache(tmp_path, "ns", _cols(), meta={"kind": "test"}).put(keys[:3], _values(keys[:3]))
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "ns").iterdir())
+    ro = PairCache(tmp_path, "ns", _cols(), meta={"kind": "test"}, read_only=True)
+    assert ro.missing(keys) == keys[3:]
+    assert ro.put(keys, _values(keys)) is None and len(ro) == 6 and len(ro.shards) == 1
+    ro.release()  # rows only held in memory survive a release
+    got = ro.get(keys[::-1])
+    np.testing.assert_array_equal(got["cls"], _values(keys[::-1])["cls"])
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "ns").iterdir()) == before
+    PairCache(tmp_path / "absent", "ns", _cols(), read_only=True).put(keys, _values(keys))
+    assert not (tmp_path / "absent").exists()
+
+
 def test_crash_mid_write_leaves_no_shard(tmp_path, monkeypatch):
     c = PairCache(tmp_path, "ns", _cols())
     keys = [pair_key("q", str(i)) for i in range(50)]

@@ -20,7 +20,7 @@ from medrank.encoders.base import (
     resolve_device,
     resolve_model_path,
 )
-from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches
+from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches, padded_width
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.errors import MedrankError
 
@@ -301,3 +301,8 @@ def test_hub_id_offline_is_one_line(monkeypatch):
     with pytest.raises(MedrankError, match="hub is unreachable") as e:
         resolve_model_path("sentence-transformers/all-MiniLM-L6-v2")
     assert "\n" not in str(e.value)
+
+
+def test_padded_width_rounds_up_to_16_within_max_length():
+    assert [padded_width(n, 128) for n in (1, 16, 17, 120, 128)] == [16, 16, 32, 128, 128]
+    assert padded_width(5, 8) == 8 and padded_width(130, 128) == 130  # never below the longest item

@@ -6,6 +6,7 @@ import os
 import re
 import urllib.parse
 from pathlib import Path
+from typing import Iterator
 from xml.etree.ElementTree import Element, ParseError
 
 import defusedxml
@@ -85,7 +86,7 @@ def parse_xml(data: bytes, name: str | os.PathLike) -> Element:
 def read_xml_file(path: str | os.PathLike) -> Element:
     path = Path(path)
     if not path.is_file():
-        raise MedrankError(f"{path}: raw file not found (run the acquire stage, or point clean.raw_dir at the data)")
+        raise MedrankError(f"{path}: raw file not found (run the acquire stage)")
     return parse_xml(path.read_bytes(), path)
 
 
@@ -99,6 +100,13 @@ def _int_attr(elem: Element, attr: str, path: Path, what: str) -> int | None:
         raise MedrankError(f"{path}: {what}: {attr}={value!r} is not an integer") from None
 
 
+def _elements(path: str | os.PathLike, tag: str) -> Iterator[tuple[Path, int, Element]]:
+    """(path, 1-based number, element) of every `tag` element of an XML file."""
+    path = Path(path)
+    for n, elem in enumerate(read_xml_file(path).iter(tag), 1):
+        yield path, n, elem
+
+
 def _required(elem: Element, attr: str, path: Path, what: str) -> str:
     value = (elem.get(attr) or "").strip()
     if not value:
@@ -108,10 +116,8 @@ def _required(elem: Element, attr: str, path: Path, what: str) -> str:
 
 def read_task3(path: str | os.PathLike, split: str) -> pd.DataFrame:
     """One row per (question, answer) of a Task 3 file; rank/score/label are null where absent (test)."""
-    path = Path(path)
-    root = read_xml_file(path)
     rows = []
-    for q_no, question in enumerate(root.iter("Question"), 1):
+    for path, q_no, question in _elements(path, "Question"):
         qid = _required(question, "QID", path, f"Question #{q_no}")
         question_raw = question.findtext("QuestionText") or ""
         question_clean = normalize_text(question_raw)
@@ -157,10 +163,8 @@ _BOOL = {"true": 1, "false": 0}
 
 def read_rqe(path: str | os.PathLike, split: str) -> pd.DataFrame:
     """One row per Task 2 pair; `label` 1 = the CHQ entails the FAQ (null when unlabelled, as in test)."""
-    path = Path(path)
-    root = read_xml_file(path)
     rows = []
-    for n, pair in enumerate(root.iter("pair"), 1):
+    for path, n, pair in _elements(path, "pair"):
         pid = _required(pair, "pid", path, f"pair #{n}")
         value = pair.get("value")
         if value is not None and value.strip().lower() not in _BOOL:

@@ -71,7 +71,7 @@ def read_medquad(path: str | os.PathLike) -> tuple[pd.DataFrame, dict[str, int]]
     """All MedQuAD QA pairs (empty answers included) and file/pair counts, read member by member."""
     path = Path(path)
     if not path.is_file():
-        raise MedrankError(f"{path}: raw file not found (run the acquire stage, or point clean.raw_dir at the data)")
+        raise MedrankError(f"{path}: raw file not found (run the acquire stage)")
     rows: list[dict] = []
     n_files = 0
     try:

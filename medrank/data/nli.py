@@ -30,7 +30,7 @@ def read_sick(path: str | os.PathLike) -> pd.DataFrame:
     """SICK pairs (tab-separated, header row); SemEval_set TRAIN/TRIAL/TEST -> train/dev/test."""
     path = Path(path)
     if not path.is_file():
-        raise MedrankError(f"{path}: raw file not found (run the acquire stage, or point clean.raw_dir at the data)")
+        raise MedrankError(f"{path}: raw file not found (run the acquire stage)")
     rows = []
     with path.open(encoding="utf-8", newline="") as f:
         # no quoting: sentences contain bare double quotes

@@ -73,7 +73,7 @@ def read_squad(path: str | os.PathLike, split: str, max_articles: int | None = N
     """All questions of one SQuAD-explorer tarball (articles in name order, the first `max_articles`)."""
     path = Path(path)
     if not path.is_file():
-        raise MedrankError(f"{path}: raw file not found (run the acquire stage, or point clean.raw_dir at the data)")
+        raise MedrankError(f"{path}: raw file not found (run the acquire stage)")
     rows: list[dict] = []
     try:
         with tarfile.open(path, mode="r:gz") as tar:
