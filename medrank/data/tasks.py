@@ -67,19 +67,20 @@ def nli_task(table: pd.DataFrame, dataset: str = "sick") -> TaskData:
     parts = {s: df[df["split"] == s] for s in ("train", "dev", "test")}
     if parts["train"].empty or parts["dev"].empty:
         raise MedrankError(f"nli dataset '{dataset}' needs train and dev rows")
-    lab = lambda d: d["label"].map(idx).to_numpy(np.int64)  # noqa: E731
     test = parts["test"]
+    labelled_test = not test.empty and test["label"].notna().all()
+    return _split_task(NLI_LABELS, parts, ("train", "dev", "test"), ("premise", "hypothesis"), "pair_id",
+                       lambda d: d["label"].map(idx).to_numpy(np.int64), labelled_test)  # fmt: skip
+
+
+def _split_task(labels: tuple[str, ...], parts: dict[str, pd.DataFrame], splits: tuple[str, str, str], columns: tuple[str, str], id_col: str,
+                label_of, labelled_test: bool = False) -> TaskData:  # fmt: skip
+    """TaskData of the (train, eval, test) parts: pairs of `columns`, labels by `label_of`, ids from `id_col`."""
+    train, dev, test = (parts[s] for s in splits)
     return TaskData(
-        NLI_LABELS,
-        _pairs(parts["train"], "premise", "hypothesis"),
-        lab(parts["train"]),
-        _pairs(parts["dev"], "premise", "hypothesis"),
-        lab(parts["dev"]),
-        parts["dev"]["pair_id"].astype(str).tolist(),
-        _pairs(test, "premise", "hypothesis"),
-        test["pair_id"].astype(str).tolist(),
-        lab(test) if not test.empty and test["label"].notna().all() else None,
-    )
+        labels, _pairs(train, *columns), label_of(train), _pairs(dev, *columns), label_of(dev), dev[id_col].astype(str).tolist(),
+        _pairs(test, *columns), test[id_col].astype(str).tolist(), label_of(test) if labelled_test else None,
+    )  # fmt: skip
 
 
 def rqe_task(table: pd.DataFrame) -> TaskData:
@@ -87,17 +88,7 @@ def rqe_task(table: pd.DataFrame) -> TaskData:
     parts = {s: table[table["split"] == s] for s in ("train", "val", "test")}
     if parts["train"].empty or parts["val"].empty:
         raise MedrankError("rqe_pairs table needs train and val rows")
-    lab = lambda d: d["label"].astype(np.int64).to_numpy()  # noqa: E731
-    return TaskData(
-        RQE_LABELS,
-        _pairs(parts["train"], "chq", "faq"),
-        lab(parts["train"]),
-        _pairs(parts["val"], "chq", "faq"),
-        lab(parts["val"]),
-        parts["val"]["pid"].astype(str).tolist(),
-        _pairs(parts["test"], "chq", "faq"),
-        parts["test"]["pid"].astype(str).tolist(),
-    )
+    return _split_task(RQE_LABELS, parts, ("train", "val", "test"), ("chq", "faq"), "pid", lambda d: d["label"].astype(np.int64).to_numpy())
 
 
 def qa_task(medquad: pd.DataFrame, n_train: int, n_eval: int, eval_focus_frac: float, rng: np.random.Generator) -> TaskData:
