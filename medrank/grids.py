@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -220,32 +220,23 @@ def answer_grids(
     nli: CrossEncoder,
     cache_root: str | os.PathLike,
     *,
-    max_sentences: int,
     prefilter_top_k: int | None,
-    bi: SentenceEncoder | None = None,
     augment_top: int = 0,
     precision: str = "auto",
-    batch_size: int = 64,
-    bi_batch_size: int = 128,
-    shard_size: int = 4096,
-    read_only: bool = False,
-    show_progress: bool = True,
+    **grid_kw: Any,
 ) -> Grids:
     """NLI_GRID rows of every (candidate answer, entailed answer) pair (see `answer_pairs` for the two tables).
 
     `precision` is a request (auto | fp32 | bf16 | int8): auto reuses the precision cached for this model under
-    `cache_root`, else probes on real sentence pairs (`choose_precision`). `bi` is the prefilter, needed when
-    `prefilter_top_k` is set. `read_only`: nothing is written under `cache_root`; missing pairs are computed in memory.
+    `cache_root`, else probes on real sentence pairs (`choose_precision`). `grid_kw` go to `nli_grids`
+    (max_sentences, bi: the prefilter, needed when `prefilter_top_k` is set, batch sizes, read_only, show_progress).
     """
     pairs = answer_pairs(answers, retrieved, augment_top)
     log.info("%d answer pairs (%d rqe, %d augment) over %d candidate answers", len(pairs),
              int((pairs.entailed_kind == "rqe").sum()), int((pairs.entailed_kind == "augment").sum()), len(answers))  # fmt: skip
     sample = [(e[0], a[0]) for a, e in zip(pairs["sentences_a"], pairs["sentences_e"]) if len(a) and len(e)]
     chosen = choose_precision(nli, precision, cache_root, "nli", sample[:: max(1, len(sample) // 256)])
-    rows, plan, stats = nli_grids(
-        pairs, nli, chosen, cache_root, max_sentences=max_sentences, top_k=prefilter_top_k, bi=bi, batch_size=batch_size,
-        bi_batch_size=bi_batch_size, shard_size=shard_size, read_only=read_only, show_progress=show_progress,
-    )  # fmt: skip
+    rows, plan, stats = nli_grids(pairs, nli, chosen, cache_root, top_k=prefilter_top_k, **grid_kw)
     return Grids(rows, pairs, plan, chosen, stats)
 
 

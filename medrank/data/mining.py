@@ -64,6 +64,18 @@ def foci_by_type(medquad: pd.DataFrame, text: str, task: str) -> tuple[pd.DataFr
     return df, by_focus, multi
 
 
+def _mining_pools(medquad: pd.DataFrame, text: str, task: str, rng: np.random.Generator):
+    """foci_by_type's groups, every row's `text` and focus key (other-focus negatives), and a random picker."""
+    df, by_focus, multi = foci_by_type(medquad, text, task)
+    return by_focus, multi, df[text].to_numpy(), df["focus_key"].to_numpy(), lambda seq: seq[int(rng.integers(len(seq)))]
+
+
+def _other_focus(rng: np.random.Generator, texts: np.ndarray, foci: np.ndarray, focus_key: str) -> str | None:
+    """A random text about another focus (one draw; None when it hit the same focus: the caller draws again)."""
+    j = int(rng.integers(len(texts)))
+    return None if foci[j] == focus_key else str(texts[j])
+
+
 def medquad_rqe_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Generator) -> tuple[list[Pair], np.ndarray]:
     """Question pairs mined from MedQuAD, shaped like MEDIQA validation pairs (CHQ: 'Focus. what I want').
 
@@ -73,10 +85,7 @@ def medquad_rqe_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Genera
     """
     if n_pairs <= 0:
         return [], np.zeros(0, dtype=np.int64)
-    df, by_focus, multi = foci_by_type(medquad, "question", "RQE")
-    all_q = df["question"].to_numpy()
-    all_focus = df["focus_key"].to_numpy()
-    pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
+    by_focus, multi, all_q, all_focus, pick = _mining_pools(medquad, "question", "RQE", rng)
     pairs: list[Pair] = []
     labels: list[int] = []
     n_pos = n_pairs // 2
@@ -97,10 +106,9 @@ def medquad_rqe_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Genera
                 continue
             faq, label = pick(rest), 0
         else:
-            j = int(rng.integers(len(all_q)))
-            if all_focus[j] == g["focus_key"].iloc[0]:
+            faq, label = _other_focus(rng, all_q, all_focus, g["focus_key"].iloc[0]), 0
+            if faq is None:
                 continue
-            faq, label = str(all_q[j]), 0
         pairs.append((chq, faq))
         labels.append(label)
     order = rng.permutation(len(pairs))
@@ -117,10 +125,7 @@ def medquad_qa_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Generat
     """
     if n_pairs <= 0:
         return [], np.zeros(0, dtype=np.int64)
-    df, by_focus, multi = foci_by_type(medquad, "answer_norm", "QA")
-    all_a = df["answer_norm"].to_numpy()
-    all_focus = df["focus_key"].to_numpy()
-    pick = lambda seq: seq[int(rng.integers(len(seq)))]  # noqa: E731
+    by_focus, multi, all_a, all_focus, pick = _mining_pools(medquad, "answer_norm", "QA", rng)
     pairs: list[Pair] = []
     labels: list[int] = []
     while len(pairs) < n_pairs:
@@ -138,10 +143,9 @@ def medquad_qa_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Generat
         elif r < 0.75:
             answer, label = pick(g[g["question_type"] != qtype]["answer_norm"].tolist()), 0
         else:
-            j = int(rng.integers(len(all_a)))
-            if all_focus[j] == g["focus_key"].iloc[0]:
+            answer, label = _other_focus(rng, all_a, all_focus, g["focus_key"].iloc[0]), 0
+            if answer is None:
                 continue
-            answer, label = str(all_a[j]), 0
         pairs.append((question, answer))
         labels.append(label)
     return pairs, np.asarray(labels, dtype=np.int64)

@@ -81,6 +81,21 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
         return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).to("cpu").eval(), {torch.nn.Linear}, dtype=torch.qint8)
 
 
+class LazyInt8:
+    """Mixin of the encoders: `inference_model(precision)` is `self.model`, or for int8 its quantized copy,
+    made on first use and kept until `_int8_model` is reset (after training, or to free memory)."""
+
+    model: torch.nn.Module
+    _int8_model: torch.nn.Module | None = None
+
+    def inference_model(self, precision: str) -> torch.nn.Module:
+        if precision != "int8":
+            return self.model
+        if self._int8_model is None:
+            self._int8_model = quantize_int8(self.model)
+        return self._int8_model
+
+
 def _verify_sha256(weights: Path, expected: str) -> None:
     got = _cached_sha256(str(weights), *_stat_key(weights))
     if got != expected:

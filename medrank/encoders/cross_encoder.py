@@ -23,19 +23,24 @@ from tqdm.auto import tqdm
 
 from medrank.encoders.base import (
     PRECISIONS,
+    LazyInt8,
     PrecisionReport,
     model_fingerprint,
     pick_threads,
-    set_threads,
     probe_precision,
-    quantize_int8,
     quiet_transformers,
     read_json,
     resolve_device,
     resolve_model_path,
     set_seed,
+    set_threads,
 )
-from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches, padded_width
+from medrank.encoders.batching import (
+    bucketed_shuffle_batches,
+    dedup,
+    length_sorted_batches,
+    padded_width,
+)
 from medrank.errors import MedrankError
 from medrank.io import write_json
 
@@ -95,7 +100,7 @@ def classification_metrics(y: np.ndarray, probs: np.ndarray) -> dict[str, float]
     }
 
 
-class CrossEncoder:
+class CrossEncoder(LazyInt8):
     """Sequence-pair classifier over a transformers checkpoint; probabilities (n, num_labels)."""
 
     def __init__(
@@ -224,13 +229,6 @@ class CrossEncoder:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _inference_model(self, precision: str) -> torch.nn.Module:
-        if precision != "int8":
-            return self.model
-        if self._int8_model is None:
-            self._int8_model = quantize_int8(self.model)
-        return self._int8_model
-
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         logits = logits.float()
         return torch.sigmoid(logits) if logits.shape[-1] == 1 else torch.softmax(logits, dim=-1)
@@ -245,7 +243,7 @@ class CrossEncoder:
             batch = self._collate(enc, np.arange(len(enc["input_ids"])))
 
             def forward(p: str) -> torch.Tensor:
-                m = self._inference_model(p)
+                m = self.inference_model(p)
                 with torch.inference_mode(), self._autocast(p):
                     return self._probs(m(**batch).logits)
 
@@ -298,7 +296,7 @@ class CrossEncoder:
             else:
                 mid = batches[len(batches) // 2]
                 precision = self.resolve_precision([unique[i] for i in mid])
-        model = self._inference_model(precision)
+        model = self.inference_model(precision)
         model.eval()
         t0 = time.perf_counter()  # after the one-off probe: pairs/s is the steady rate
         probs = np.zeros((len(unique), self.num_labels), dtype=np.float32)

@@ -8,11 +8,17 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from medrank.encoders.base import model_fingerprint, quantize_int8, quiet_transformers, resolve_device, resolve_model_path
+from medrank.encoders.base import (
+    LazyInt8,
+    model_fingerprint,
+    quiet_transformers,
+    resolve_device,
+    resolve_model_path,
+)
 from medrank.encoders.batching import length_sorted_batches, padded_width
 
 
-class SentenceEncoder:
+class SentenceEncoder(LazyInt8):
     """Mean-pooled, L2-normalised sentence embeddings; `encode(texts, precision)` -> (n, H) float32."""
 
     def __init__(self, name_or_path: str, device: str = "auto", max_length: int = 128) -> None:
@@ -26,14 +32,7 @@ class SentenceEncoder:
         self.max_length = int(max_length)
         self.fingerprint = model_fingerprint(path)
         self.hidden = int(self.model.config.hidden_size)
-        self._int8: torch.nn.Module | None = None
-
-    def _module(self, precision: str) -> torch.nn.Module:
-        if precision != "int8":
-            return self.model
-        if self._int8 is None:
-            self._int8 = quantize_int8(self.model)
-        return self._int8
+        self._int8_model: torch.nn.Module | None = None
 
     def encode(self, texts: Sequence[str], precision: str = "fp32", batch_size: int = 128) -> np.ndarray:
         """(n, H) float32 unit vectors, in input order; length-sorted batches under inference_mode."""
@@ -42,7 +41,7 @@ class SentenceEncoder:
             return out
         enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=False)
         ids = enc["input_ids"]
-        model = self._module(precision)
+        model = self.inference_model(precision)
         cast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
         with torch.inference_mode(), cast:
             for idx in length_sorted_batches([len(x) for x in ids], batch_size, max_tokens=16384):
