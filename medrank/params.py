@@ -253,19 +253,20 @@ class Params(_Section):
     rqe_threshold: float | None = Field(default=0.5, ge=0.0, le=1.0)
     # the first questions of each split by (split, qid), the same for every stage (tiny profiles cap it); None = all
     max_questions_per_split: int | None = Field(default=None, ge=1)
-    acquire: AcquireParams = Field(default_factory=AcquireParams)
-    clean: CleanParams = Field(default_factory=CleanParams)
-    normalize: NormalizeParams = Field(default_factory=NormalizeParams)
-    chiqa: ChiqaParams = Field(default_factory=ChiqaParams)
-    finetune: FinetuneParams = Field(default_factory=FinetuneParams)
-    cnn: CnnParams = Field(default_factory=CnnParams)
-    retrieve: RetrieveParams = Field(default_factory=RetrieveParams)
-    embed: EmbedParams = Field(default_factory=EmbedParams)
-    bienc: BiencParams = Field(default_factory=BiencParams)
-    qa: QaParams = Field(default_factory=QaParams)
-    mtl: MtlParams = Field(default_factory=MtlParams)
-    score: ScoreParams = Field(default_factory=ScoreParams)
-    baseline: BaselineParams = Field(default_factory=BaselineParams)
+    # one section per stage, in DAG order; a missing section takes its defaults
+    acquire: AcquireParams = AcquireParams()
+    clean: CleanParams = CleanParams()
+    normalize: NormalizeParams = NormalizeParams()
+    chiqa: ChiqaParams = ChiqaParams()
+    finetune: FinetuneParams = FinetuneParams()  # finetune@nli, finetune@rqe
+    cnn: CnnParams = CnnParams()  # cnn_data ... cnn_mediqa
+    retrieve: RetrieveParams = RetrieveParams()
+    embed: EmbedParams = EmbedParams()
+    bienc: BiencParams = BiencParams()
+    qa: QaParams = QaParams()
+    baseline: BaselineParams = BaselineParams()
+    mtl: MtlParams = MtlParams()
+    score: ScoreParams = ScoreParams()
 
 
 def _format_error(path: Path, err: ValidationError) -> str:

@@ -137,15 +137,14 @@ def medquad_qa_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Generat
             question = f"{focus}. " + pick(CONTEXTS).format(f=f) + pick(CONSUMER_ASKS[qtype]).format(f=f)
         else:
             question = pick(g[g["question_type"] == qtype]["question"].tolist())
-        r = rng.random()
-        if r < 0.5:
-            answer, label = pick(g[g["question_type"] == qtype]["answer_norm"].tolist()), 1
-        elif r < 0.75:
-            answer, label = pick(g[g["question_type"] != qtype]["answer_norm"].tolist()), 0
-        else:
-            answer, label = _other_focus(rng, all_a, all_focus, g["focus_key"].iloc[0]), 0
+        r = rng.random()  # < 0.5: the asked type's answer; < 0.75: another type's; else another focus's
+        label = int(r < 0.5)
+        if r >= 0.75:
+            answer = _other_focus(rng, all_a, all_focus, g["focus_key"].iloc[0])
             if answer is None:
                 continue
+        else:
+            answer = pick(g[(g["question_type"] == qtype) == bool(label)]["answer_norm"].tolist())
         pairs.append((question, answer))
         labels.append(label)
     return pairs, np.asarray(labels, dtype=np.int64)
