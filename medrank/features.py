@@ -156,7 +156,9 @@ def read_answer_scores(answers: pd.DataFrame, groups: set[str] | Sequence[str]) 
     from medrank.io import read_parquet
     from medrank.layout import SCORE_FILES
 
-    return {col: answer_scores(answers, read_parquet(path), col, str(path)) for group, (col, path) in SCORE_FILES.items() if group in groups}
+    wanted = [(col, path) for group, (col, path) in SCORE_FILES.items() if group in groups]
+    tables = {path: read_parquet(path) for _, path in wanted}  # bienc and heading share one file: read once
+    return {col: answer_scores(answers, tables[path], col, str(path)) for col, path in wanted}
 
 
 def medquad_tfidf(max_features: int) -> TfidfVectorizer:
@@ -347,9 +349,6 @@ class FeatureBuilder:
         return names
 
 
-# ---------------------------------------------------------------- zero-shot bi-encoder (MiniLM, mean pooling)
-
-
 # ---------------------------------------------------------------- persistence (plain JSON, no pickles)
 
 
@@ -385,5 +384,3 @@ def builder_from_json(d: dict) -> "FeatureBuilder":
     b.dense_names_ = list(d["dense_names_"])
     return b
 
-
-# ---------------------------------------------------------------- training

@@ -125,11 +125,12 @@ def read_system(models_dir: str | Path = layout.MODELS) -> tuple[dict, Params]:
         raise MedrankError(f"{path}: no trained system (run `dvc repro score`)")
     try:
         system = json.loads(path.read_text(encoding="utf-8"))
-        recipe = system["recipe"]
-        for k in ("system", "mtl_weight", "thresholds"):
-            system[k]  # noqa: B018 - presence check
-    except (ValueError, KeyError, TypeError) as e:
+        missing = [k for k in ("system", "mtl_weight", "thresholds", "recipe") if k not in system]
+    except (ValueError, TypeError) as e:
         raise MedrankError(f"{path}: not a system file written by stage score ({type(e).__name__}: {e})") from None
+    if missing:
+        raise MedrankError(f"{path}: not a system file written by stage score (no {', '.join(missing)})")
+    recipe = system["recipe"]
     return system, recipe_params(recipe, f"{path}: recipe")
 
 
@@ -146,6 +147,7 @@ class Ranker:
     rqe: Any  # CrossEncoder
     nli: Any
     prefilter: Any | None  # SentenceEncoder of the grid prefilter
+    bienc: Any | None  # SentenceEncoder of groups bienc / heading, when a model reads them
     baseline: Any | None  # FittedBaseline
     mtl: Any | None  # MTLBag
     mtl_meta: dict | None
@@ -176,7 +178,9 @@ class Ranker:
         groups = set(baseline.builder.groups if baseline else ()) | set(mtl.builder.groups if mtl else ())
         normalizer, splitter, _ = make_pipeline(p.normalize)  # coreference is optional and slow: not used here
         qcol = "question_norm" if p.retrieve.question_text == "normalized" else "question"
-        cnn = qa = None
+        cnn = qa = bienc = None
+        if groups & {"bienc", "heading"}:
+            bienc = SentenceEncoder(p.bienc.model, device=p.device, max_length=p.bienc.max_length)
         if "cnn" in groups:
             from medrank.models.cnn import CnnRanker
 
@@ -190,7 +194,7 @@ class Ranker:
             rqe=CrossEncoder.load(_model_dir(models_dir / layout.RQE_MODEL.name, "rqe", "finetune@rqe"), device=p.device, precision=p.retrieve.precision),
             nli=CrossEncoder.load(_model_dir(models_dir / layout.NLI_MODEL.name, "nli", "finetune@nli"), device=p.device, precision=ep.precision),
             prefilter=SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None,
-            baseline=baseline, mtl=mtl, mtl_meta=meta, cnn=cnn, qa=qa,
+            bienc=bienc, baseline=baseline, mtl=mtl, mtl_meta=meta, cnn=cnn, qa=qa,
         )  # fmt: skip
 
     # ------------------------------------------------------------ the stages' steps, one question
@@ -247,8 +251,8 @@ class Ranker:
         p, out = self.recipe, {}
         if groups & {"bienc", "heading"}:
             bp = p.bienc
-            cos, _ = answer_bienc_scores(answers, bp.model, cache_root=layout.CACHE_BIENC, max_length=bp.max_length, batch_size=bp.batch_size,
-                                         device=p.device, read_only=True)  # fmt: skip
+            cos, _ = answer_bienc_scores(answers, self.bienc, cache_root=layout.CACHE_BIENC, batch_size=bp.batch_size,
+                                         read_only=True)  # fmt: skip
             out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
         if "cnn" in groups:
             from medrank.models.cnn import answer_scores

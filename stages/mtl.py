@@ -22,7 +22,7 @@ def main(params_path: str = "params.yaml") -> None:
 
     from medrank import layout as L
     from medrank.encoders.base import resolve_device
-    from medrank.evaluation import labelled_split_questions, rounded
+    from medrank.evaluation import split_questions, rounded
     from medrank.features import medquad_tfidf, read_answer_scores
     from medrank.io import read_parquet, write_json, write_parquet
     from medrank.models import mtl
@@ -49,9 +49,9 @@ def main(params_path: str = "params.yaml") -> None:
         return mtl.builder_factory(r.feature_groups, p.n_candidates, tfidf.get(r.tfidf_max_features))
 
     # question order as in the answers table: the same question-grouped folds as the baseline's CV (same seed)
-    train_gids = labelled_split_questions(data.cand, L.TRAIN_SPLITS)
-    val_gids = labelled_split_questions(data.cand, [L.VAL_SPLIT])
-    test_gids = labelled_split_questions(data.cand, [L.TEST_SPLIT])
+    train_gids = split_questions(data.cand, L.TRAIN_SPLITS)
+    val_gids = split_questions(data.cand, [L.VAL_SPLIT])
+    test_gids = split_questions(data.cand, [L.TEST_SPLIT])
     log.info("%d candidates, %d (candidate, entailed) pairs; questions: %d train, %d val, %d test",
              len(data.cand), len(data.pairs), len(train_gids), len(val_gids), len(test_gids))  # fmt: skip
 

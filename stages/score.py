@@ -45,7 +45,7 @@ def main(params_path: str = "params.yaml") -> None:
     base = read_parquet(L.BASELINE_PREDICTIONS)
     base = base.assign(gid=question_key(base))
     gold_val = gold_from_answers(all_answers, L.VAL_SPLIT)
-    systems = E.candidate_systems(pred, base, cand, E.labelled_split_questions(cand, L.TRAIN_SPLITS), sp.mtl_weights)
+    systems = E.candidate_systems(pred, base, cand, E.split_questions(cand, L.TRAIN_SPLITS), sp.mtl_weights)
     # auto: the best mean CV accuracy as reported (4 digits; ties: the MTL)
     final = max(("mtl", "ensemble"), key=lambda s: E.rounded_summary(systems[s]["cv"])["accuracy"]["mean"]) if sp.system == "auto" else sp.system
     systems["baseline"] = {"decided": base}
