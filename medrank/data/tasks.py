@@ -1,7 +1,8 @@
 """Labelled pair tasks for fine-tuning cross-encoders: pairs and integer labels per split.
 
 nli: SICK (or a user-supplied NLI set in the clean `nli` table), train -> dev.
-rqe: MEDIQA Task 2 (AMIA 2016) train -> validation, plus pairs mined from MedQuAD; the blind test pairs are only predicted.
+rqe: MEDIQA Task 2 (AMIA 2016) train and validation pairs; the blind test pairs are only predicted (the training
+sources and the CV over the validation pairs: medrank.models.rqe).
 qa: (question, answer) relevance pairs mined from MedQuAD, validated on held-out foci.
 """
 
@@ -14,14 +15,14 @@ import numpy as np
 import pandas as pd
 
 from medrank import layout
-from medrank.data.mining import Pair, medquad_qa_pairs, medquad_rqe_pairs
+from medrank.data.mining import Pair, medquad_qa_pairs
 from medrank.errors import MedrankError
 from medrank.io import read_parquet
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 RQE_LABELS = ("not_entailed", "entailed")  # index = the official 0/1 label
 QA_LABELS = ("not_answered", "answered")
-TASKS = ("nli", "rqe")  # the finetune@<task> stages
+TASKS = ("nli", "rqe")  # tasks with a clean table: stages finetune_nli, finetune_rqe
 TASK_TABLES = {"nli": layout.CLEAN_NLI, "rqe": layout.CLEAN_RQE_PAIRS}
 
 
@@ -120,16 +121,3 @@ def load_task(task: str, dataset: str = "sick") -> TaskData:
         raise MedrankError(f"unknown finetune task '{task}' (expected one of {', '.join(TASKS)})")
     table = read_parquet(TASK_TABLES[task])
     return nli_task(table, dataset) if task == "nli" else rqe_task(table)
-
-
-def training_set(task: str, data: TaskData, tp: Any, rng: np.random.Generator) -> tuple[list[Pair], np.ndarray, int]:
-    """Task pairs capped by `max_train_pairs`, plus `medquad_pairs` mined pairs for rqe; returns n mined."""
-    pairs, labels = cap_pairs(data.train_pairs, data.train_labels, tp.max_train_pairs, rng)
-    n_mined = 0
-    if task == "rqe" and tp.medquad_pairs:
-        mined, mined_y = medquad_rqe_pairs(read_parquet(layout.CLEAN_MEDQUAD), tp.medquad_pairs, rng)
-        n_mined = len(mined)
-        pairs, labels = pairs + mined, np.concatenate([labels, mined_y])
-        order = rng.permutation(len(pairs))
-        pairs, labels = [pairs[i] for i in order], labels[order]
-    return pairs, labels, n_mined

@@ -1,0 +1,474 @@
+"""Question entailment for consumer questions: training-pair sources, the question-type signal, and selection by
+question-grouped CV over the MEDIQA Task 2 validation pairs (the only labelled pairs with consumer CHQs).
+
+Training is two-step: a cross-encoder is first trained on a set of *extra* sources (AMIA clinician pairs, MeQSum
+and LiveQA consumer -> summary pairs, MedQuAD-mined pairs; none holds a validation pair, so one model per source
+set serves every fold), then fine-tuned on the validation pairs of the other folds. Rows evaluated side by side:
+each source set alone (no validation pairs: "AMIA only" is yesterday's recipe), each set + validation fine-tuning,
+validation pairs only, the zero-shot bi-encoder cosine, and stacks of the best cross-encoder with the cosine and
+the question-type agreement (logistic regression, fitted on the other folds).
+
+The error slices (`pair_slices`): a pair is *same-focus* when the FAQ names something the CHQ names (they share a
+content word): there the topic agrees and only what is asked can decide; the word-overlap bucket is the share of
+the FAQ's content words found in the CHQ.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from medrank.data.mining import Pair, medquad_rqe_pairs
+from medrank.errors import MedrankError
+
+log = logging.getLogger(__name__)
+
+EXTRA_SOURCES = ("amia", "meqsum", "liveqa", "medquad")  # training-pair sources besides the validation pairs
+VAL = "val"
+
+_WORD = re.compile(r"[a-z0-9]+")
+# question words, pronouns and filler: what is left of a question is (mostly) its focus and aspect words
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being below between both
+    but by can could did do does doing done down during each few for from further get gets getting had has have having
+    he her here hers him his how i if in into is it its itself just know like me more most my no nor not now of off on
+    once only or other our out over own please same she should so some such than that the their them then there these
+    they this those through to too under until up very was we were what when where which while who whom why will with
+    would you your yours also any anything something thank thanks hello hi dear sir madam want wanted need needs
+    tell help information info question questions ask asking regarding re per may might must shall us let lets im ive
+    dont doesnt cant wont""".split()
+)
+
+
+def content_tokens(text: str) -> set[str]:
+    """Lower-cased words of 3+ characters minus STOPWORDS, a plural 's' stripped (crude, for overlap only)."""
+    out = set()
+    for w in _WORD.findall(str(text).lower()):
+        if len(w) < 3 or w in STOPWORDS:
+            continue
+        out.add(w[:-1] if len(w) > 4 and w.endswith("s") and not w.endswith("ss") else w)
+    return out
+
+
+OVERLAP_BUCKETS = ("none", "low", "high")  # share of FAQ content words in the CHQ: 0 | (0, 0.5] | > 0.5
+
+
+def pair_slices(chqs: Sequence[str], faqs: Sequence[str]) -> pd.DataFrame:
+    """Per pair: `overlap` (share of the FAQ's content words found in the CHQ), `bucket` (OVERLAP_BUCKETS) and
+    `same_focus` (overlap > 0: the FAQ names something the CHQ names, so topic alone cannot decide)."""
+    overlap = []
+    for c, f in zip(chqs, faqs):
+        ft = content_tokens(f)
+        overlap.append(len(ft & content_tokens(c)) / len(ft) if ft else 0.0)
+    ov = np.asarray(overlap, dtype=float)
+    bucket = np.where(ov == 0, OVERLAP_BUCKETS[0], np.where(ov <= 0.5, OVERLAP_BUCKETS[1], OVERLAP_BUCKETS[2]))
+    return pd.DataFrame({"overlap": ov, "bucket": bucket, "same_focus": ov > 0})
+
+
+# ---------------------------------------------------------------- question type
+
+
+# more consumer wordings of some types (beside mining.CONSUMER_ASKS, which also drives the mined pairs' draws)
+MORE_ASKS: dict[str, tuple[str, ...]] = {
+    "treatment": ("What therapy is there for {f}?", "What is the best medication for {f}?", "How is {f} treated?"),
+    "inheritance": ("Is {f} hereditary?", "Is {f} genetic?", "Can I pass {f} to my baby?"),
+    "exams and tests": ("Where can I get tested for {f}?", "Is there a test for {f}?", "Where can I get genetic testing for {f}?"),
+    "outlook": ("What is the prognosis for {f}?", "Will {f} come back?"),
+    "causes": ("What is the cause of {f}?", "Can {f} be caused by stress?"),
+}
+
+
+class QuestionTypes:
+    """A classifier of MedQuAD's question types (TF-IDF word 1-2 grams + logistic regression), trained on MedQuAD
+    questions with their focus masked so that it learns the asking words, not the topic; `proba(texts)` gives the
+    type distribution of any question (consumer or FAQ), `agreement(a, b)` the chance both ask the same type."""
+
+    def __init__(self, medquad: pd.DataFrame, seed: int = 13, min_count: int = 20) -> None:
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_union
+
+        from medrank.data.mining import CONSUMER_ASKS
+
+        df = medquad[["focus", "question_type", "question"]].dropna()
+        counts = df["question_type"].value_counts()
+        if (counts >= min_count).sum() >= 2:  # rare types (support groups: 1 question) are dropped
+            df = df[df["question_type"].isin(counts[counts >= min_count].index)]
+        if df["question_type"].nunique() < 2:
+            raise MedrankError("medquad table: fewer than two question types to learn the question type from")
+        texts = [self._mask(q, f) for q, f in zip(df["question"], df["focus"])]
+        labels = df["question_type"].tolist()
+        # MedQuAD asks in a few templates per type: the consumer wordings of each type (mining.CONSUMER_ASKS,
+        # weighted like 50 template questions each) teach the other ways people ask it
+        asks = [(a.format(f=" "), t) for t in sorted(set(labels)) for a in CONSUMER_ASKS.get(t, ()) + MORE_ASKS.get(t, ())]
+        texts += [a for a, _ in asks] * 50
+        labels += [t for _, t in asks] * 50
+        # words and character n-grams within words ("treated" ~ "treatments")
+        self.vectorizer = make_union(
+            TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True),
+            TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), min_df=3, sublinear_tf=True, max_features=20000),
+        )
+        x = self.vectorizer.fit_transform(texts)
+        self.model = LogisticRegression(max_iter=2000, C=4.0, class_weight="balanced", random_state=seed).fit(x, labels)
+        self.types = list(self.model.classes_)
+
+    @staticmethod
+    def _mask(question: str, focus: str) -> str:
+        return re.sub(re.escape(str(focus)), " ", str(question), flags=re.IGNORECASE)
+
+    def proba(self, texts: Sequence[str]) -> np.ndarray:
+        return self.model.predict_proba(self.vectorizer.transform([str(t) for t in texts]))
+
+    def predict(self, texts: Sequence[str]) -> np.ndarray:
+        return np.asarray(self.types)[self.proba(texts).argmax(1)]
+
+    def agreement(self, a: Sequence[str], b: Sequence[str]) -> np.ndarray:
+        """sum_t P(type t | a) P(type t | b), per pair."""
+        return (self.proba(a) * self.proba(b)).sum(1)
+
+
+# ---------------------------------------------------------------- training-pair sources
+
+
+def _tfidf_neighbours(texts: Sequence[str], vocab: frozenset[str] | None = None) -> np.ndarray:
+    """(n, n) cosine of TF-IDF vectors over content words (diagonal set to -1); with `vocab`, over the content words
+    in it (e.g. words of MedQuAD foci: neighbours then share a topic, not an asking word), else over all of them."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    def words(t: str) -> list[str]:
+        toks = content_tokens(t)
+        focus = toks & vocab if vocab else toks
+        return sorted(focus or toks)
+
+    x = TfidfVectorizer(analyzer=words, sublinear_tf=True).fit_transform(list(texts))
+    sim = (x @ x.T).toarray()
+    np.fill_diagonal(sim, -1.0)
+    return sim
+
+
+def focus_vocabulary(medquad: pd.DataFrame) -> frozenset[str]:
+    """Content words of MedQuAD's foci (disease, drug, test names): the topic words of a question."""
+    return frozenset(w for f in medquad["focus"].dropna().unique() for w in content_tokens(f))
+
+
+def _norm(text: str) -> str:
+    return " ".join(_WORD.findall(str(text).lower()))
+
+
+def summary_pairs(
+    chqs: Sequence[str], positives: Sequence[Sequence[str]], qtypes: QuestionTypes, rng: np.random.Generator,
+    hard: int = 1, easy: int = 1, focus_vocab: frozenset[str] | None = None,
+) -> tuple[list[Pair], np.ndarray]:  # fmt: skip
+    """Consumer question -> short question pairs: (chq_i, each of its positives) labelled 1; negatives are other
+    questions' summaries (the first positive of each): `hard` per CHQ = the most similar summaries (TF-IDF over
+    the content words in `focus_vocab`: the same topic) whose predicted question type differs from the CHQ's own summary's (so a
+    paraphrase of the same ask is not made a negative), `easy` per CHQ = random other summaries."""
+    summaries = [str(p[0]) for p in positives]
+    n = len(summaries)
+    if n < 2:
+        raise MedrankError(f"{n} consumer questions with summaries: need at least 2 to build negatives")
+    sim = _tfidf_neighbours(summaries, focus_vocab)
+    types = qtypes.predict(summaries)
+    norms = [_norm(s) for s in summaries]
+    pairs: list[Pair] = []
+    labels: list[int] = []
+    for i, chq in enumerate(chqs):
+        seen = set()
+        for pos in positives[i]:
+            if pos and _norm(pos) not in seen:
+                seen.add(_norm(pos))
+                pairs.append((str(chq), str(pos)))
+                labels.append(1)
+        taken = 0
+        for j in np.argsort(-sim[i], kind="stable"):
+            if taken >= hard or sim[i, j] <= 0:
+                break
+            if types[j] != types[i] and norms[j] not in seen:
+                pairs.append((str(chq), summaries[j]))
+                labels.append(0)
+                seen.add(norms[j])
+                taken += 1
+        for _ in range(easy):
+            j = int(rng.integers(n))
+            if j != i and norms[j] not in seen:
+                pairs.append((str(chq), summaries[j]))
+                labels.append(0)
+                seen.add(norms[j])
+    return pairs, np.asarray(labels, dtype=np.int64)
+
+
+@dataclass
+class PairSources:
+    """Everything the training-pair sources are built from (clean/normalized tables, already hygiene-filtered)."""
+
+    amia: pd.DataFrame  # rqe_pairs split train: chq, faq, label
+    meqsum: pd.DataFrame  # chq, summary
+    liveqa: pd.DataFrame  # question, nlm_summary, nist_paraphrase
+    medquad: pd.DataFrame  # focus, question_type, question
+    medquad_pairs: int = 2000
+    hard_negatives: int = 1
+    easy_negatives: int = 1
+    max_pairs: int | None = None  # stratified cap on each source's pairs (tiny profiles); None = all
+
+    def __post_init__(self) -> None:
+        self.focus_vocab = focus_vocabulary(self.medquad)
+
+    def pairs(self, source: str, qtypes: QuestionTypes, seed: int) -> tuple[list[Pair], np.ndarray]:
+        """The training pairs of one source, deterministic in `seed` (the same draw for every row using it)."""
+        from medrank.data.tasks import cap_pairs
+
+        if source not in EXTRA_SOURCES:
+            raise MedrankError(f"unknown RQE training source '{source}' (expected one of {', '.join(EXTRA_SOURCES)})")
+        rng = np.random.default_rng([seed, EXTRA_SOURCES.index(source)])
+        if source == "amia":
+            pairs, y = list(zip(self.amia["chq"].astype(str), self.amia["faq"].astype(str))), self.amia["label"].to_numpy(np.int64)
+        elif source == "meqsum":
+            pairs, y = summary_pairs(self.meqsum["chq"].tolist(), [[s] for s in self.meqsum["summary"]], qtypes, rng,
+                                     self.hard_negatives, self.easy_negatives, self.focus_vocab)  # fmt: skip
+        elif source == "liveqa":
+            pos = [[s, p] for s, p in zip(self.liveqa["nlm_summary"].fillna(""), self.liveqa["nist_paraphrase"].fillna(""))]
+            pairs, y = summary_pairs(self.liveqa["question"].tolist(), pos, qtypes, rng, self.hard_negatives, self.easy_negatives,
+                                     self.focus_vocab)  # fmt: skip
+        else:
+            pairs, y = medquad_rqe_pairs(self.medquad, self.medquad_pairs, rng)
+        return cap_pairs(list(pairs), y, self.max_pairs, rng)
+
+
+def mixed(parts: Sequence[tuple[list[Pair], np.ndarray]], seed: int) -> tuple[list[Pair], np.ndarray]:
+    """Concatenated and shuffled (seeded) pair sets."""
+    pairs = [p for ps, _ in parts for p in ps]
+    labels = np.concatenate([y for _, y in parts]) if parts else np.zeros(0, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(len(pairs))
+    return [pairs[i] for i in order], labels[order]
+
+
+# ---------------------------------------------------------------- cross-validation
+
+
+@dataclass
+class CvData:
+    """The Task 2 validation pairs, their folds (grouped by CHQ) and slices."""
+
+    chq: list[str]
+    faq: list[str]
+    y: np.ndarray
+    folds: np.ndarray
+    slices: pd.DataFrame = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.slices = pair_slices(self.chq, self.faq)
+
+    @property
+    def pairs(self) -> list[Pair]:
+        return list(zip(self.chq, self.faq))
+
+    def subset(self, mask: np.ndarray) -> tuple[list[Pair], np.ndarray]:
+        idx = np.flatnonzero(mask)
+        return [(self.chq[i], self.faq[i]) for i in idx], self.y[idx]
+
+
+def fold_accuracies(y: np.ndarray, pred: np.ndarray, folds: np.ndarray, mask: np.ndarray | None = None) -> list[float]:
+    """Accuracy per fold (over the rows of `mask`; a fold without such rows is skipped)."""
+    mask = np.ones(len(y), dtype=bool) if mask is None else mask
+    return [float(np.mean(pred[(folds == k) & mask] == y[(folds == k) & mask])) for k in np.unique(folds) if ((folds == k) & mask).any()]
+
+
+def row_report(data: CvData, prob: np.ndarray, pred: np.ndarray | None = None) -> dict:
+    """CV accuracy mean ± sd over folds, pooled AUC, and accuracy on the same-focus pairs and per overlap bucket."""
+    from sklearn.metrics import roc_auc_score
+
+    pred = (prob >= 0.5).astype(int) if pred is None else pred
+    acc = fold_accuracies(data.y, pred, data.folds)
+    same = data.slices["same_focus"].to_numpy()
+    same_acc = fold_accuracies(data.y, pred, data.folds, same)
+    out = {
+        "accuracy": round(float(np.mean(acc)), 4),
+        "accuracy_sd": round(float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0, 4),
+        "accuracy_folds": [round(a, 4) for a in acc],
+        "auc": round(float(roc_auc_score(data.y, prob)), 4) if len(np.unique(data.y)) == 2 else None,
+        "same_focus": {
+            "n": int(same.sum()),
+            "accuracy": round(float(np.mean(same_acc)), 4) if same_acc else None,
+            "accuracy_sd": round(float(np.std(same_acc, ddof=1)), 4) if len(same_acc) > 1 else None,
+            "accuracy_folds": [round(a, 4) for a in same_acc],
+        },
+        "by_overlap": {},
+    }
+    for b in OVERLAP_BUCKETS:
+        m = (data.slices["bucket"] == b).to_numpy()
+        if m.any():
+            out["by_overlap"][b] = {"n": int(m.sum()), "accuracy": round(float(np.mean(pred[m] == data.y[m])), 4)}
+    return out
+
+
+def cosine_oof(data: CvData, cos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Zero-shot cosine: per fold, the threshold with the best accuracy on the other folds -> (score, predictions)."""
+    from medrank.decision import select_threshold
+
+    pred = np.zeros(len(cos), dtype=int)
+    grid = np.round(np.arange(0.0, 1.0001, 0.01), 2)
+    for k in np.unique(data.folds):
+        test = data.folds == k
+        t = select_threshold(data.y[~test], cos[~test], grid)
+        pred[test] = (cos[test] >= t).astype(int)
+    return cos, pred
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-4, 1 - 1e-4)
+    return np.log(p / (1 - p))
+
+
+def stack_features(ce: np.ndarray, cos: np.ndarray, qtype: np.ndarray | None) -> np.ndarray:
+    cols = [_logit(ce), cos] + ([qtype] if qtype is not None else [])
+    return np.column_stack(cols)
+
+
+def fit_stack(x: np.ndarray, y: np.ndarray, seed: int):
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=1.0, max_iter=1000, random_state=seed).fit(x, y)
+
+
+def stack_oof(data: CvData, x: np.ndarray, seed: int) -> np.ndarray:
+    """Logistic regression over out-of-fold features, fitted on the other folds: out-of-fold probabilities."""
+    prob = np.zeros(len(data.y))
+    for k in np.unique(data.folds):
+        test = data.folds == k
+        prob[test] = fit_stack(x[~test], data.y[~test], seed).predict_proba(x[test])[:, 1]
+    return prob
+
+
+TrainFn = Callable[[list[Pair], np.ndarray, object], object]  # (pairs, labels, init model or None) -> model
+PredictFn = Callable[[object, list[Pair]], np.ndarray]  # (model, pairs) -> P(entailed)
+
+
+def cv_cross_encoder(
+    data: CvData, pretrained: object | None, train: TrainFn, predict: PredictFn, repeats: int = 1
+) -> np.ndarray:
+    """Out-of-fold P(entailed): per fold, `train` on the other folds' pairs (repeated `repeats` times) starting from
+    a copy of `pretrained` (None = the base model)."""
+    prob = np.zeros(len(data.y))
+    for k in np.unique(data.folds):
+        test = data.folds == k
+        pairs, y = data.subset(~test)
+        model = train(pairs * repeats, np.tile(y, repeats), pretrained)
+        prob[test] = predict(model, data.subset(test)[0])
+    return prob
+
+
+def row_name(sources: Sequence[str], val_stage: bool) -> str:
+    """'meqsum+medquad' (trained on those sources), '... > val' (then on validation pairs), 'val' (only on them)."""
+    parts = (["+".join(sources)] if sources else []) + ([VAL] if val_stage else [])
+    return " > ".join(parts) if parts else VAL
+
+
+def check_row_sources(rows: Sequence[Sequence[str]]) -> None:
+    for srcs in rows:
+        bad = [s for s in srcs if s not in EXTRA_SOURCES]
+        if bad:
+            raise MedrankError(f"finetune.rqe.extra_sets: unknown source(s) {bad} (expected {list(EXTRA_SOURCES)})")
+
+
+# ---------------------------------------------------------------- selection
+
+
+@dataclass
+class Selection:
+    """What `select` measured and chose: the rows, the chosen row, and what the final model is made of."""
+
+    rows: dict[str, dict]
+    chosen: str
+    extras: tuple[str, ...]  # pretraining sources of the chosen cross-encoder (empty: base model)
+    val_stage: bool  # the chosen cross-encoder is fine-tuned on validation pairs
+    stack: tuple[str, ...]  # () or ("cosine",) or ("cosine", "qtype"): features stacked with the cross-encoder
+    oof: np.ndarray  # out-of-fold P(entailed) of the chosen row (the honest validation predictions)
+    pretrained: dict[tuple[str, ...], object]  # extra-source set -> its pretrained model (reused by the final fit)
+    stack_x: np.ndarray | None = None  # out-of-fold stack features (fit the final combiner on them)
+    pretrain_pairs: dict[str, int] = field(default_factory=dict)
+
+
+def _better(a: dict, b: dict | None) -> bool:
+    """Row `a` beats `b` on the CV: higher mean accuracy (a tie keeps the earlier, simpler row)."""
+    return b is None or a["accuracy"] > b["accuracy"] + 1e-9
+
+
+def select(
+    data: CvData, sources: PairSources, qtypes: QuestionTypes, extra_sets: Sequence[Sequence[str]],
+    pretrain: Callable[[list[Pair], np.ndarray, str], object], train_val: TrainFn, predict: PredictFn,
+    cos: np.ndarray, seed: int, val_only: bool = True,
+) -> Selection:  # fmt: skip
+    """Every row side by side (see the module docstring) and the choice: the cross-encoder row with the best mean CV
+    accuracy, then a stack on top of it only if the stack's mean CV accuracy is higher."""
+    check_row_sources(extra_sets)
+    rows: dict[str, dict] = {}
+    oofs: dict[str, np.ndarray] = {}
+    recipe: dict[str, tuple[tuple[str, ...], bool]] = {}
+    pretrained: dict[tuple[str, ...], object] = {}
+    n_pairs: dict[str, int] = {}
+
+    cos_score, cos_pred = cosine_oof(data, cos)
+    rows["zero-shot bi-encoder cosine"] = {"kind": "cosine", **row_report(data, cos_score, cos_pred)}
+
+    def add(name: str, prob: np.ndarray, extras: tuple[str, ...], val_stage: bool, kind: str) -> None:
+        rows[name] = {"kind": kind, "extras": list(extras), "val_stage": val_stage, **row_report(data, prob)}
+        oofs[name], recipe[name] = prob, (extras, val_stage)
+        log.info("rqe row %-40s CV accuracy %.3f ± %.3f (same-focus %.3f)", name, rows[name]["accuracy"],
+                 rows[name]["accuracy_sd"], rows[name]["same_focus"]["accuracy"] or float("nan"))  # fmt: skip
+
+    if val_only:
+        add(row_name((), True), cv_cross_encoder(data, None, train_val, predict), (), True, "cross_encoder")
+    for srcs in extra_sets:
+        key = tuple(srcs)
+        parts = [sources.pairs(s, qtypes, seed) for s in key]
+        for s, (ps, _) in zip(key, parts):
+            n_pairs[s] = len(ps)
+        pairs, y = mixed(parts, seed)
+        model = pretrain(pairs, y, "+".join(key))
+        pretrained[key] = model
+        add(row_name(key, False), predict(model, data.pairs), key, False, "cross_encoder")
+        add(row_name(key, True), cv_cross_encoder(data, model, train_val, predict), key, True, "cross_encoder")
+
+    best = None
+    for name, r in rows.items():
+        if r["kind"] == "cross_encoder" and _better(r, rows.get(best) if best else None):
+            best = name
+    extras, val_stage = recipe[best]
+    chosen, stack, stack_x = best, (), None
+    qt = qtypes.agreement(data.chq, data.faq)
+    for feats in (("cosine",), ("cosine", "qtype")):
+        x = stack_features(oofs[best], cos, qt if "qtype" in feats else None)
+        prob = stack_oof(data, x, seed)
+        name = f"{best} + " + " + ".join(feats)
+        rows[name] = {"kind": "stack", "extras": list(extras), "val_stage": val_stage, "stack": list(feats), **row_report(data, prob)}
+        oofs[name] = prob
+        if _better(rows[name], rows[chosen]):
+            chosen, stack, stack_x = name, feats, x
+    # keep only the chosen set's pretrained model (the final fit reuses it)
+    keep = {extras: pretrained[extras]} if extras in pretrained else {}
+    return Selection(rows, chosen, extras, val_stage, stack, oofs[chosen], keep, stack_x, n_pairs)
+
+
+def paired_differences(sel: Selection, data: CvData, baselines: Sequence[str] = ("amia", "zero-shot bi-encoder cosine")) -> dict:
+    """Chosen row minus each baseline row, per fold (the same folds: a paired comparison), on all pairs and on the
+    same-focus pairs: mean and sd of the per-fold differences."""
+    out = {}
+    chosen = sel.rows[sel.chosen]
+    for name in baselines:
+        if name not in sel.rows or name == sel.chosen:
+            continue
+        row = sel.rows[name]
+        d_all = np.subtract(chosen["accuracy_folds"], row["accuracy_folds"])
+        d_same = np.subtract(chosen["same_focus"]["accuracy_folds"], row["same_focus"]["accuracy_folds"])
+        out[name] = {
+            "accuracy_diff": round(float(d_all.mean()), 4),
+            "accuracy_diff_sd": round(float(d_all.std(ddof=1)), 4) if len(d_all) > 1 else None,
+            "same_focus_diff": round(float(d_same.mean()), 4),
+            "same_focus_diff_sd": round(float(d_same.std(ddof=1)), 4) if len(d_same) > 1 else None,
+        }
+    return out

@@ -1,0 +1,65 @@
+"""DVC stage `finetune_nli`: fine-tune the NLI cross-encoder (SICK train -> dev, or a user-supplied set), log curves,
+write metrics and the dev/test predictions (`pair_id,label`). The RQE cross-encoder has its own stage (finetune_rqe).
+"""
+
+from medrank.runner import run
+
+
+def main(params_path: str = "params.yaml") -> None:
+    # heavy imports (torch, transformers) inside main
+    import numpy as np
+    import pandas as pd
+
+    from medrank import layout
+    from medrank.data.tasks import cap_pairs, load_task
+    from medrank.encoders.cross_encoder import CrossEncoder, classification_metrics
+    from medrank.encoders.curves import fit_with_curves
+    from medrank.io import write_json, write_text
+    from medrank.params import load_params
+
+    task = "nli"
+    p = load_params(params_path)
+    tp = p.finetune.nli
+    rng = np.random.default_rng(p.seed)
+    data = load_task(task, tp.dataset).capped(tp.max_eval_pairs)
+    pairs, labels = cap_pairs(data.train_pairs, data.train_labels, tp.max_train_pairs, rng)
+    model = CrossEncoder.from_base(
+        tp.base_model, len(data.label_names), tp.max_length, device=p.device, seed=p.seed,
+        label_names=data.label_names, precision=tp.predict_precision,
+    )  # fmt: skip
+    history, train_seconds = fit_with_curves(
+        model, pairs, labels, data.eval_pairs, data.eval_labels, tp, seed=p.seed, live_dir=layout.plots_dir(f"finetune_{task}")
+    )
+    val_probs = model.predict(data.eval_pairs, batch_size=tp.eval_batch_size)
+    speed = dict(model.last_predict_stats)  # steady-state rate on validation, after the precision probe
+    metrics = {
+        "task": task,
+        "base_model": tp.base_model,
+        "base_fingerprint": model.base_fingerprint,
+        "n_train_pairs": len(pairs),
+        "train_seconds": round(train_seconds, 1),
+        "train_precision": model.train_precision,
+        "threads": model.threads,
+        "predict_precision": speed["precision"],
+        "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
+        "val": classification_metrics(data.eval_labels, val_probs),
+        "history": history,
+    }
+    test_probs = model.predict(data.test_pairs, batch_size=tp.eval_batch_size) if data.test_pairs else None
+    if test_probs is not None:
+        speed["test"] = dict(model.last_predict_stats)
+    val_out, test_out = layout.NLI_SUBMISSIONS["val"], layout.NLI_SUBMISSIONS["test"]
+    names = np.asarray(data.label_names)
+    write_text(val_out, pd.DataFrame({"pair_id": data.eval_ids, "label": names[val_probs.argmax(1)]}).to_csv(index=False))
+    preds = names[test_probs.argmax(1)] if test_probs is not None else []
+    write_text(test_out, pd.DataFrame({"pair_id": data.test_ids, "label": preds}).to_csv(index=False))
+    if data.test_labels is not None:
+        # SICK's test labels are public (not a MEDIQA blind set): reported, never used for selection
+        metrics["test"] = classification_metrics(data.test_labels, test_probs)
+    metrics["predict_speed"] = speed
+    metrics["model_fingerprint"] = model.save(layout.finetuned_model(task), extra_meta={"task": task})
+    write_json(layout.metrics_file(f"finetune_{task}"), metrics)
+
+
+if __name__ == "__main__":
+    run(main)
