@@ -192,3 +192,58 @@ def attach_entailed(chosen: pd.DataFrame, docs: pd.DataFrame, question_col: str)
         entailed_sentences=[list(s) for s in d["answer_sentences"]],
         entailed_collection=d["collection"].to_numpy(),
     )
+
+
+RELEVANT_GRADE = 3  # MEDIQA's rule (ReferenceScore >= 3): a judged answer graded 3-4 answers the question
+
+
+def judged_retrieval(cands: pd.DataFrame, chosen: pd.DataFrame, qrels: pd.DataFrame, liveqa: pd.DataFrame,
+                     ks: Sequence[int] = (1, 3, 5, 10)) -> dict:  # fmt: skip
+    """Retrieval quality where judgments exist: the TREC 2017 LiveQA-Med questions (= MEDIQA train_liveqa) have
+    MedQuAD answers judged 1-4; a MedQuAD question is relevant when its answer is graded >= RELEVANT_GRADE (a pair
+    judged twice: its best grade); unjudged candidates count as not relevant (the TREC convention).
+
+    Over the questions with at least one relevant answer in our MedQuAD table: MRR and recall@k of the BM25
+    candidates ordered by RQE score and, for reference, by BM25 rank (a relevant answer outside the BM25 top-k scores
+    0), and of the selected entailed questions (`chosen`: N/T applied): hit rate, precision and MRR.
+    """
+    rel = qrels[(qrels["source"] == "medquad") & qrels["medquad_qa_id"].notna()]
+    rel = rel.groupby(["number", "medquad_qa_id"], as_index=False)["grade"].max()
+    rel = rel[rel["grade"] >= RELEVANT_GRADE]
+    qid_of = dict(zip(liveqa["number"].astype(int), liveqa["mediqa_qid"].astype(str)))
+    relevant: dict[str, set[str]] = {}
+    for n, qa in zip(rel["number"].astype(int), rel["medquad_qa_id"]):
+        if n in qid_of:
+            relevant.setdefault(qid_of[n], set()).add(qa)
+    c = cands[(cands["split"] == "train_liveqa") & cands["qid"].astype(str).isin(relevant)]
+    s = chosen[(chosen["split"] == "train_liveqa") & chosen["qid"].astype(str).isin(relevant)]
+    out: dict = {"questions_judged": len(relevant), "questions_scored": int(c["qid"].nunique()), "relevant_grade": RELEVANT_GRADE,
+                 "relevant_pairs": int(sum(len(v) for v in relevant.values()))}  # fmt: skip
+    if c.empty:
+        return out
+
+    def ranking_scores(order_col: str, ascending: bool) -> dict:
+        rr, rec = [], {k: [] for k in ks}
+        for qid, g in c.groupby(c["qid"].astype(str)):
+            ids = g.sort_values([order_col, "bm25_rank"], ascending=[ascending, True])["qa_id"].tolist()
+            hits = [i for i, qa in enumerate(ids) if qa in relevant[qid]]
+            rr.append(1.0 / (hits[0] + 1) if hits else 0.0)
+            for k in ks:
+                rec[k].append(sum(h < k for h in hits) / len(relevant[qid]))
+        return {"mrr": round(float(np.mean(rr)), 4), **{f"recall@{k}": round(float(np.mean(v)), 4) for k, v in rec.items()}}
+
+    out["by_rqe"] = ranking_scores("rqe_score", False)
+    out["by_bm25"] = ranking_scores("bm25_rank", True)
+    if not s.empty:
+        is_rel = np.array([qa in relevant[str(q)] for q, qa in zip(s["qid"], s["qa_id"])])
+        per_q = pd.DataFrame({"qid": s["qid"].astype(str).to_numpy(), "rank": s["rank"].to_numpy(), "rel": is_rel})
+        first = per_q[per_q["rel"]].groupby("qid")["rank"].min()
+        n_q = per_q["qid"].nunique()
+        out["selected"] = {
+            "questions": int(n_q),
+            "hit_rate": round(float(len(first) / n_q), 4),
+            "precision": round(float(is_rel.mean()), 4),
+            "mrr": round(float((1.0 / first).sum() / n_q), 4),
+            "per_question": round(float(len(per_q) / n_q), 3),
+        }
+    return out

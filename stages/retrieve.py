@@ -1,7 +1,8 @@
 """DVC stage `retrieve`: for every MEDIQA question, the MedQuAD questions it entails (BM25 -> RQE cross-encoder).
 
 Writes data/processed/rqe_candidates.parquet (every candidate, scored), data/processed/retrieved.parquet
-(top `n_candidates` with score >= `rqe_threshold`, else top-1) and metrics/retrieve.json (coverage per T).
+(top `n_candidates` with score >= `rqe_threshold`, else top-1) and metrics/retrieve.json (coverage per T, and
+retrieval quality against the TREC 2017 LiveQA-Med judgments of MedQuAD answers: `judged`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import logging
 import time
 
 from medrank import layout
-from medrank.encoders.base import set_threads
-from medrank.encoders.cross_encoder import CrossEncoder
+from medrank.encoders.base import read_json, set_threads
+from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.errors import MedrankError
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
@@ -19,6 +20,7 @@ from medrank.retrieval import (
     CANDIDATES,
     attach_entailed,
     coverage,
+    judged_retrieval,
     medquad_documents,
     questions_table,
     retrieved_schema,
@@ -61,7 +63,10 @@ def main(params_path: str = "params.yaml") -> None:
         "coverage": coverage(cands, rp.coverage_thresholds),
         "retrieved_per_question_mean": round(float(per_q.mean()), 3),
         "fallback_questions": int((~chosen["passes_threshold"]).sum()),
+        "judged": judged_retrieval(cands, chosen, read_parquet(layout.CLEAN_LIVEQA_QRELS), read_parquet(layout.CLEAN_LIVEQA_QUESTIONS)),
         "rqe_model_fingerprint": model.fingerprint,
+        # its training sources: a model trained on the LiveQA summaries has seen the judged questions (`judged` flatters)
+        "rqe_recipe": read_json(layout.RQE_MODEL / META_FILE).get("recipe"),
         "precision": scored.precision,
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
         "threads": model.threads or threads,

@@ -88,3 +88,25 @@ def test_medquad_documents_drop_empty_and_duplicate_pairs():
                        "answer_norm": ["x", "x", "y", " "]})  # fmt: skip
     docs = medquad_documents(mq, "question_norm", "answer_norm")
     assert docs["qa_id"].tolist() == ["a", "c"]  # the smallest qa_id of duplicates, whatever the input order
+
+
+def test_judged_retrieval_scores_rankings_and_selection_against_graded_judgments():
+    from medrank.retrieval import judged_retrieval
+
+    # question 1 (MEDIQA qid "7"): relevant m2 (grade 4) and m3 (judged 2 and 3: best grade counts); m1 graded 1
+    qrels = pd.DataFrame(
+        {"number": [1, 1, 1, 1, 2, 1], "answer_id": ["a1", "a2", "a3", "a3", "b1", "x"], "grade": [1, 4, 2, 3, 4, 4],
+         "source": ["medquad"] * 5 + ["nist"], "medquad_qa_id": ["m1", "m2", "m3", "m3", None, None]}
+    )  # fmt: skip
+    liveqa = pd.DataFrame({"number": [1, 2], "mediqa_qid": ["7", "8"]})
+    cands = pd.DataFrame(
+        {"split": "train_liveqa", "qid": "7", "bm25_rank": [1, 2, 3, 4], "qa_id": ["m1", "m9", "m3", "m2"], "rqe_score": [0.2, 0.9, 0.8, 0.1]}
+    )
+    chosen = pd.DataFrame({"split": "train_liveqa", "qid": "7", "rank": [1, 2], "qa_id": ["m9", "m3"]})
+    out = judged_retrieval(cands, chosen, qrels, liveqa, ks=(1, 2, 4))
+    # question 2 has no relevant answer in the MedQuAD table (its judged answer has no qa_id): not judged here
+    assert out["questions_judged"] == 1 and out["relevant_pairs"] == 2
+    # by RQE: m9, m3, m1, m2 -> first relevant at 2; by BM25: m1, m9, m3, m2 -> first relevant at 3
+    assert out["by_rqe"] == {"mrr": 0.5, "recall@1": 0.0, "recall@2": 0.5, "recall@4": 1.0}
+    assert out["by_bm25"]["mrr"] == round(1 / 3, 4) and out["by_bm25"]["recall@2"] == 0.0
+    assert out["selected"] == {"questions": 1, "hit_rate": 1.0, "precision": 0.5, "mrr": 0.5, "per_question": 2.0}
