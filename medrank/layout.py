@@ -65,8 +65,8 @@ SCORE_FILES = {
 
 # ---------------------------------------------------------------- models
 MODELS = Path("models")
-NLI_MODEL = MODELS / "nli"  # finetune@nli
-RQE_MODEL = MODELS / "rqe"  # finetune@rqe
+NLI_MODEL = MODELS / "nli"  # finetune_nli
+RQE_MODEL = MODELS / "rqe"  # finetune_rqe
 QA_MODEL = MODELS / "qa"
 WORD2VEC_MODEL = MODELS / "word2vec"
 CNN_MODEL = MODELS / "cnn"

@@ -191,8 +191,8 @@ class Ranker:
         return cls(
             recipe=p, system=system, fit=fit, normalizer=normalizer, splitter=splitter,
             docs=medquad_documents(read_parquet(layout.MEDQUAD), qcol, "answer_norm"),
-            rqe=CrossEncoder.load(_model_dir(models_dir / layout.RQE_MODEL.name, "rqe", "finetune@rqe"), device=p.device, precision=p.retrieve.precision),
-            nli=CrossEncoder.load(_model_dir(models_dir / layout.NLI_MODEL.name, "nli", "finetune@nli"), device=p.device, precision=ep.precision),
+            rqe=CrossEncoder.load(_model_dir(models_dir / layout.RQE_MODEL.name, "rqe", "finetune_rqe"), device=p.device, precision=p.retrieve.precision),
+            nli=CrossEncoder.load(_model_dir(models_dir / layout.NLI_MODEL.name, "nli", "finetune_nli"), device=p.device, precision=ep.precision),
             prefilter=SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None,
             bienc=bienc, baseline=baseline, mtl=mtl, mtl_meta=meta, cnn=cnn, qa=qa,
         )  # fmt: skip

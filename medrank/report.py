@@ -46,6 +46,11 @@ def _pm(d: dict | None) -> str:
     return "—" if not d else f"{d['mean']:.3f} ± {d['sd']:.3f}"
 
 
+def _acc(d: dict | None) -> str:
+    """An RQE CV cell: accuracy mean ± sd over folds."""
+    return "—" if not d or d.get("accuracy") is None else f"{d['accuracy']:.3f} ± {d.get('accuracy_sd') or 0:.3f}"
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
 
@@ -79,9 +84,10 @@ def _headline(metrics: dict[str, dict]) -> list[str]:
            f"{f'{n_cv} ' if n_cv else ''}train + validation questions (mean ± sd), which selects every model. The 2019 bar is on the "
            "blind test questions: where we stand, not a paired comparison.", ""]  # fmt: skip
     out += _table(["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "CV Spearman (true)"], rows) + _final_line(final)
-    rqe = (metrics.get("finetune_rqe") or {}).get("val", {}).get("accuracy")
-    if rqe is not None:
-        out += [f"**MEDIQA 2019 Task 2** (question entailment): our RQE cross-encoder, validation accuracy {_fmt(rqe)}; "
+    rqe = metrics.get("finetune_rqe") or {}
+    if rqe.get("cv"):
+        out += [f"**MEDIQA 2019 Task 2** (question entailment): `{rqe.get('chosen')}`, question-grouped CV accuracy over the "
+                f"{rqe.get('n_val_pairs')} validation pairs {_acc(rqe['cv'])} (same-focus pairs {_acc(rqe['cv'].get('same_focus'))}); "
                 f"the best 2019 team, blind test: {_fmt(MEDIQA2019_BEST_TASK2['accuracy'])}.", ""]  # fmt: skip
     return out
 
@@ -174,19 +180,54 @@ def _retrieve(m: dict) -> list[str]:
         return []
     rows = [[t, f"{c['covered']} / {c['questions']}", _fmt(c["fraction"])] for t, c in cov.items()]
     out = [f"**Questions with an entailed MedQuAD question** (paper Table 3; RQE over the BM25 top {m.get('bm25_top_k')})", ""]
-    return out + _table(["threshold", "questions", "fraction"], rows)
+    out += _table(["threshold", "questions", "fraction"], rows)
+    j = m.get("judged") or {}
+    if j.get("by_rqe"):
+        ks = [k for k in j["by_rqe"] if k.startswith("recall@")]
+        rows = [[name, _fmt(j[key]["mrr"])] + [_fmt(j[key][k]) for k in ks] for key, name in (("by_rqe", "RQE score"), ("by_bm25", "BM25"))]
+        sel = j.get("selected") or {}
+        out += [f"**Retrieval against the TREC 2017 LiveQA-Med judgments** ({j['questions_judged']} train_liveqa questions with a "
+                f"MedQuAD answer graded ≥ {j['relevant_grade']}; BM25 top {m.get('bm25_top_k')} ordered by):", ""]  # fmt: skip
+        out += _table(["order", "MRR"] + ks, rows)
+        if sel:
+            out += [f"Selected entailed questions (N = {m.get('n_candidates')}, T = {m.get('rqe_threshold')}): a relevant one for "
+                    f"{_fmt(sel['hit_rate'])} of the questions, precision {_fmt(sel['precision'])}, MRR {_fmt(sel['mrr'])}.", ""]  # fmt: skip
+    return out
 
 
 def _finetune(metrics: dict[str, dict]) -> list[str]:
-    rows = []
-    for task, name in (("rqe", "RQE (MEDIQA Task 2 validation)"), ("nli", "NLI (SICK dev)")):
-        m = metrics.get(f"finetune_{task}")
-        if m:
-            v = m.get("val", {})
-            rows.append([name, _fmt(v.get("accuracy")), _fmt(v.get("macro_f1")), str(m.get("n_train_pairs")), str(m.get("train_precision")), _fmt(m.get("train_seconds"))])
+    out = []
+    nli = metrics.get("finetune_nli")
+    if nli:
+        v = nli.get("val", {})
+        row = ["NLI (SICK dev)", _fmt(v.get("accuracy")), _fmt(v.get("macro_f1")), str(nli.get("n_train_pairs")), str(nli.get("train_precision")),
+               _fmt(nli.get("train_seconds"))]  # fmt: skip
+        out += ["**NLI cross-encoder** (MiniLM-L6)", ""] + _table(["model", "accuracy", "macro F1", "train pairs", "train precision", "train seconds"], [row])
+    return out + _rqe_rows(metrics.get("finetune_rqe", {}))
+
+
+def _rqe_rows(m: dict) -> list[str]:
+    """Every RQE row of finetune_rqe side by side: CV over the Task 2 validation pairs, same-focus pairs, overlap buckets."""
+    rows = m.get("rows")
     if not rows:
         return []
-    return ["**Fine-tuned cross-encoders** (MiniLM-L6)", ""] + _table(["model", "accuracy", "macro F1", "train pairs", "train precision", "train seconds"], rows)
+    buckets = list(next(iter(rows.values())).get("by_overlap", {}))
+    table = []
+    for name, r in rows.items():
+        mark = f"**{name}** (chosen)" if name == m.get("chosen") else name
+        table.append([mark, _acc(r), _fmt(r.get("auc")), _acc(r.get("same_focus"))]
+                     + [_fmt(r["by_overlap"].get(b, {}).get("accuracy")) for b in buckets])  # fmt: skip
+    sf = (next(iter(rows.values())).get("same_focus") or {}).get("n")
+    out = [f"**Question entailment (Task 2)**: question-grouped {len(next(iter(rows.values()))['accuracy_folds'])}-fold CV over the "
+           f"{m.get('n_val_pairs')} validation pairs ({m.get('n_val_questions')} CHQs; mean ± sd over folds). `a+b` = trained on "
+           f"sources a and b, `> val` = then on the other folds' validation pairs; same-focus = the {sf} pairs whose FAQ names "
+           "something the CHQ names; overlap = share of the FAQ's content words in the CHQ. Rule: "
+           f"{m.get('selection_rule')}.", ""]  # fmt: skip
+    out += _table(["row", "CV accuracy", "AUC", "same-focus accuracy"] + [f"overlap {b}" for b in buckets], table)
+    for name, d in (m.get("vs") or {}).items():
+        out += [f"Chosen − `{name}`, paired per fold: accuracy {_fmt(d.get('accuracy_diff'))} ± {_fmt(d.get('accuracy_diff_sd'))}, "
+                f"same-focus {_fmt(d.get('same_focus_diff'))} ± {_fmt(d.get('same_focus_diff_sd'))}.", ""]  # fmt: skip
+    return out
 
 
 def _cnn(m: dict) -> list[str]:

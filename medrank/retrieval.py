@@ -32,7 +32,8 @@ CANDIDATES = pa.schema(
         ("bm25_rank", pa.int16()),  # 1 = best BM25 score
         ("bm25_score", pa.float32()),
         ("qa_id", pa.string()),  # MedQuAD pair (medrank.data.schemas.MEDQUAD)
-        ("rqe_score", pa.float32()),  # P(question entails the MedQuAD question)
+        ("rqe_score", pa.float32()),  # P(question entails the MedQuAD question): the RQE scorer's (stacked if its recipe is)
+        ("rqe_ce", pa.float32()),  # the cross-encoder's own P (= rqe_score unless stacked)
     ]
 )
 
@@ -158,7 +159,9 @@ def score_candidates(
     show_progress: bool = True,
 ) -> ScoredCandidates:
     """The `bm25_top_k` MedQuAD candidates of each question (split, qid, question), each scored by the RQE
-    cross-encoder: P(question entails the MedQuAD question `docs[question_col]`) and its [CLS] vector (float16).
+    cross-encoder: P(question entails the MedQuAD question `docs[question_col]`) and its [CLS] vector (float16);
+    when the model's recipe is a stack (its metadata `recipe.stack`), `rqe_score` is the stacked probability
+    (`stacked_rqe_scores`) and `rqe_ce` the cross-encoder's own.
 
     `docs` come from `medquad_documents`. `precision` is a request (auto | fp32 | bf16 | int8): auto reuses the
     precision cached for this model under `cache_root`, else probes (`choose_precision`). `read_only`: nothing is
@@ -177,8 +180,11 @@ def score_candidates(
     chosen = choose_precision(rqe, precision, cache_root, "rqe", pairs)
     cache = open_cache(rqe, "rqe", cache_root, chosen, read_only)
     out, stats = cached_extract(rqe, pairs, cache, chosen, batch_size=batch_size, shard_size=shard_size, desc="rqe", show_progress=show_progress)
-    cands["rqe_score"] = out["probs"][:, label_index(rqe.label_names, "entail", 1)]
+    cands["rqe_score"] = cands["rqe_ce"] = out["probs"][:, label_index(rqe.label_names, "entail", 1)]
     cands["rqe_cls"] = list(out["cls"])
+    stack = (getattr(rqe, "meta", {}).get("recipe") or {}).get("stack")
+    if stack:  # the model's recipe stacks it with the bi-encoder cosine (stage finetune_rqe chose it by CV)
+        cands["rqe_score"] = stacked_rqe_scores(cands, docs, question_col, stack, device=str(rqe.device), medquad=docs)
     return ScoredCandidates(cands, chosen, stats, bm25_seconds)
 
 
@@ -247,3 +253,26 @@ def judged_retrieval(cands: pd.DataFrame, chosen: pd.DataFrame, qrels: pd.DataFr
             "per_question": round(float(len(per_q) / n_q), 3),
         }
     return out
+
+
+def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: str, stack: dict, device: str = "auto",
+                       medquad: pd.DataFrame | None = None) -> np.ndarray:  # fmt: skip
+    """P(entailed) of a stacked RQE scorer (models/rqe metadata `recipe.stack`, chosen by stage finetune_rqe): logistic
+    regression over the cross-encoder's logit (`cands.rqe_score`), the zero-shot bi-encoder cosine of (question,
+    MedQuAD question) and, when stacked, the question-type agreement (classifier refit on `medquad`, seeded)."""
+    from medrank.encoders.sentence_encoder import SentenceEncoder
+    from medrank.models.rqe import QuestionTypes, stack_features
+
+    q_texts = cands["question"].astype(str).to_numpy()
+    d_texts = docs[question_col].astype(str).to_numpy()[cands["doc"].to_numpy()]
+    bi = SentenceEncoder(stack["bi_encoder"], device=device, max_length=int(stack.get("max_length", 256)))
+    uq, q_inv = np.unique(q_texts, return_inverse=True)
+    ud, d_inv = np.unique(d_texts, return_inverse=True)
+    cos = (bi.encode(list(uq))[q_inv] * bi.encode(list(ud))[d_inv]).sum(1)
+    qt = None
+    if "qtype" in stack["features"]:
+        if medquad is None:
+            raise MedrankError("the RQE stack uses the question type: give the MedQuAD table to refit its classifier")
+        qt = QuestionTypes(medquad, int(stack["seed"])).agreement(q_texts, d_texts)
+    z = stack_features(cands["rqe_score"].to_numpy(), cos, qt) @ np.asarray(stack["coef"]) + float(stack["intercept"])
+    return 1.0 / (1.0 + np.exp(-z))

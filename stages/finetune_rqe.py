@@ -48,7 +48,7 @@ def main(params_path: str = "params.yaml") -> None:
         medquad=medquad, medquad_pairs=tp.medquad_pairs, hard_negatives=tp.hard_negatives, easy_negatives=tp.easy_negatives,
         max_pairs=tp.max_train_pairs,
     )  # fmt: skip
-    bi = SentenceEncoder(tp.bi_encoder, device=p.device, max_length=256)
+    bi = SentenceEncoder(tp.bi_encoder, device=p.device, max_length=256)  # 256: as retrieval's stacked scores
     cosine = lambda a, b: (bi.encode(a) * bi.encode(b)).sum(1)  # noqa: E731  (unit vectors)
     cos = cosine(chq, faq)
     seconds: dict[str, float] = {}
@@ -98,7 +98,9 @@ def main(params_path: str = "params.yaml") -> None:
         t_chq, t_faq = [a for a, _ in task.test_pairs], [b for _, b in task.test_pairs]
         qt = qtypes.agreement(t_chq, t_faq) if "qtype" in sel.stack else None
         test_prob = combiner.predict_proba(rqe.stack_features(test_prob, cosine(t_chq, t_faq), qt))[:, 1]
-        stack = {"features": list(sel.stack), "coef": combiner.coef_[0].round(6).tolist(), "intercept": round(float(combiner.intercept_[0]), 6)}
+        # what retrieval needs to score candidates the same way (medrank.retrieval.stacked_rqe_scores)
+        stack = {"features": list(sel.stack), "coef": combiner.coef_[0].round(6).tolist(), "intercept": round(float(combiner.intercept_[0]), 6),
+                 "bi_encoder": tp.bi_encoder, "max_length": 256, "seed": p.seed}  # fmt: skip
     val_out, test_out = layout.TASK2_SUBMISSIONS["val"], layout.TASK2_SUBMISSIONS["test"]
     write_task2_submission(val_out, pd.DataFrame({"pair_id": task.eval_ids, "label": (sel.oof >= 0.5).astype(int)}))
     write_task2_submission(test_out, pd.DataFrame({"pair_id": task.test_ids, "label": (test_prob >= 0.5).astype(int)}))

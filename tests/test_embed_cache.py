@@ -22,6 +22,7 @@ import torch
 import yaml
 
 from medrank import layout
+from medrank.data.schemas import LIVEQA_QRELS, LIVEQA_QUESTIONS
 from medrank.encoders import cache as cache_mod
 from medrank.encoders import extract as extract_mod
 from medrank.encoders.cache import PairCache, existing_precisions, namespace_name, pair_key
@@ -338,6 +339,10 @@ def _write_inputs(work: Path, tables, models: dict[str, Path], n_candidates: int
     (work / layout.NORMALIZED).mkdir(parents=True, exist_ok=True)
     answers.to_parquet(work / layout.ANSWERS)
     medquad.to_parquet(work / layout.MEDQUAD)
+    # no LiveQA judgments for the fixture questions: retrieve's `judged` block is empty
+    for path, schema in ((layout.CLEAN_LIVEQA_QRELS, LIVEQA_QRELS), (layout.CLEAN_LIVEQA_QUESTIONS, LIVEQA_QUESTIONS)):
+        (work / path).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(schema.empty_table(), work / path)
     for task, model in ((layout.RQE_MODEL, models["rqe"]), (layout.NLI_MODEL, models["nli"])):
         if not (work / task).exists():
             shutil.copytree(model, work / task)

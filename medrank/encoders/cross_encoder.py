@@ -128,6 +128,7 @@ class CrossEncoder(LazyInt8):
         self.last_predict_stats: dict[str, float] = {}
         self.train_precision: str | None = None
         self.threads: int | None = None  # CPU threads chosen by fit's probe (None: torch's default)
+        self.meta: dict[str, Any] = {}  # the saved metadata, when loaded
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -170,7 +171,7 @@ class CrossEncoder(LazyInt8):
         if meta.get("fingerprint") and meta["fingerprint"] != fp:
             raise MedrankError(f"{path}: weights/config changed since save (fingerprint {fp[:12]}… != {meta['fingerprint'][:12]}…)")
         model, tok = _load_hf(path)
-        return cls(
+        out = cls(
             model,
             tok,
             max_length=meta["max_length"],
@@ -180,6 +181,8 @@ class CrossEncoder(LazyInt8):
             base_fingerprint=meta.get("base_fingerprint"),
             fingerprint=fp,
         )
+        out.meta = meta  # what `save(extra_meta=...)` added, e.g. the RQE recipe
+        return out
 
     @property
     def num_labels(self) -> int:
