@@ -55,13 +55,15 @@ def test_render_headline_beside_baseline_chiqa_and_the_2019_bar(tmp_path):
     (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": {"accuracy": cv}}}}))
     (tmp_path / "task3_val_baseline.json").write_text(json.dumps({**val, "accuracy": 0.7, "cv": {"accuracy": cv}, "cv_questions": 9}))
     (tmp_path / "task3_val_chiqa.json").write_text(json.dumps({**val, "accuracy": 0.4, "n_questions": 3}))
-    (tmp_path / "finetune_rqe.json").write_text(json.dumps({"val": {"accuracy": 0.76}}))
+    rqe = {"chosen": "meqsum > val", "n_val_pairs": 302, "cv": {"accuracy": 0.84, "accuracy_sd": 0.05, "same_focus": {"accuracy": 0.8, "accuracy_sd": 0.06}}}
+    (tmp_path / "finetune_rqe.json").write_text(json.dumps(rqe))
     out = render_headline(tmp_path)
     assert "the 3 validation questions" in out and "over the 9 train + validation questions" in out
     assert "| **mtl** (final: `submissions/task3_{val,test}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.800 ± 0.020 | — |" in out
     assert "| baseline (LR filter + rank SVM) | 0.700 |" in out and "| CHiQA order (every answer kept) | 0.400 |" in out
     assert "| MEDIQA 2019 bar: best team per metric, blind test | 0.783 | 0.819 | 0.962 | 0.338 | — | — | — |" in out
-    assert "validation accuracy 0.760; the best 2019 team, blind test: 0.749" in out
+    assert "`meqsum > val`, question-grouped CV accuracy over the 302 validation pairs 0.840 ± 0.050 (same-focus pairs 0.800 ± 0.060)" in out
+    assert "the best 2019 team, blind test: 0.749" in out
     assert out.count("\n|---") == 1  # one table
 
 
@@ -115,3 +117,23 @@ def test_render_results_headline_tables(tmp_path):
         final["system"], final["systems"]["ensemble"]["mtl_weight"] = "ensemble", weight
         (tmp_path / "task3_val.json").write_text(json.dumps(final))
         assert line in render_results(tmp_path)
+
+
+def test_render_results_rqe_rows_and_judged_retrieval(tmp_path):
+    row = lambda acc, kind: {"kind": kind, "accuracy": acc, "accuracy_sd": 0.05, "accuracy_folds": [acc] * 5, "auc": 0.9,  # noqa: E731
+                             "same_focus": {"n": 179, "accuracy": acc - 0.1, "accuracy_sd": 0.1},
+                             "by_overlap": {"none": {"n": 120, "accuracy": 0.9}, "low": {"n": 110, "accuracy": 0.7}}}  # fmt: skip
+    rqe = {"chosen": "meqsum > val", "n_val_pairs": 302, "n_val_questions": 119, "selection_rule": "best mean CV accuracy",
+           "rows": {"zero-shot bi-encoder cosine": row(0.826, "cosine"), "meqsum > val": row(0.85, "cross_encoder")},
+           "vs": {"zero-shot bi-encoder cosine": {"accuracy_diff": 0.024, "accuracy_diff_sd": 0.01, "same_focus_diff": 0.03, "same_focus_diff_sd": 0.02}}}  # fmt: skip
+    (tmp_path / "finetune_rqe.json").write_text(json.dumps(rqe))
+    judged = {"questions_judged": 39, "relevant_grade": 3, "by_rqe": {"mrr": 0.3, "recall@1": 0.15}, "by_bm25": {"mrr": 0.33, "recall@1": 0.13},
+              "selected": {"hit_rate": 0.2, "precision": 0.13, "mrr": 0.2}}  # fmt: skip
+    cov = {"all": {"T=0.5": {"covered": 3, "questions": 4, "fraction": 0.75}}}
+    (tmp_path / "retrieve.json").write_text(json.dumps({"coverage": cov, "bm25_top_k": 50, "n_candidates": 3, "rqe_threshold": 0.5, "judged": judged}))
+    out = render_results(tmp_path)
+    assert "| **meqsum > val** (chosen) | 0.850 ± 0.050 | 0.900 | 0.750 ± 0.100 | 0.900 | 0.700 |" in out
+    assert "| zero-shot bi-encoder cosine | 0.826 ± 0.050 |" in out and "over the 302 validation pairs (119 CHQs" in out
+    assert "Chosen − `zero-shot bi-encoder cosine`, paired per fold: accuracy 0.024 ± 0.010, same-focus 0.030 ± 0.020." in out
+    assert "| RQE score | 0.300 | 0.150 |" in out and "| BM25 | 0.330 | 0.130 |" in out
+    assert "a relevant one for 0.200 of the questions, precision 0.130, MRR 0.200" in out
