@@ -67,6 +67,7 @@ SCORE_FILES = {
 MODELS = Path("models")
 NLI_MODEL = MODELS / "nli"  # finetune_nli
 RQE_MODEL = MODELS / "rqe"  # finetune_rqe
+RQE_BI_MODEL = RQE_MODEL / "bi_encoder"  # the fine-tuned RQE bi-encoder, when the chosen recipe uses one (outside the CE's fingerprint)
 QA_MODEL = MODELS / "qa"
 WORD2VEC_MODEL = MODELS / "word2vec"
 CNN_MODEL = MODELS / "cnn"

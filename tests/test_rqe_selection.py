@@ -77,7 +77,7 @@ def test_pair_sources_cap_and_unknown_source(qtypes):
 
 
 def test_select_measures_every_row_and_keeps_the_best_on_the_cv(qtypes):
-    """Stand-in trainers: a 'model' is the set of sources it saw; its P(entailed) is sharper the more it saw."""
+    """Stand-in trainers: a 'model' is a skill; its score separates the classes more the more it saw."""
     rng = np.random.default_rng(0)
     n = 40
     y = np.array([0, 1] * (n // 2))
@@ -89,23 +89,33 @@ def test_select_measures_every_row_and_keeps_the_best_on_the_cv(qtypes):
                           pd.DataFrame(), MEDQUAD, medquad_pairs=4)  # fmt: skip
     index = {p: i for i, p in enumerate(data.pairs)}
 
-    def pretrain(pairs, labels, name):
-        return {"skill": 1.0 if "meqsum" in name else 0.2}
+    def family(kind: str, skill_of_set: float, cosine: bool) -> rqe.Family:
+        def pretrain(pairs, labels, name):
+            return {"skill": skill_of_set if "meqsum" in name else 0.2}
 
-    def train_val(pairs, labels, init):
-        return {"skill": (init or {"skill": 0.0})["skill"] + 0.5}
+        def train_val(pairs, labels, init):
+            return {"skill": (init or {"skill": 0.0})["skill"] + 0.5}
 
-    def predict(model, pairs):
-        idx = np.array([index[p] for p in pairs])
-        return 1 / (1 + np.exp(-(model["skill"] * 4 * (y[idx] - 0.5) + noise[idx])))
+        def predict(model, pairs):
+            idx = np.array([index[p] for p in pairs])
+            z = model["skill"] * 4 * (y[idx] - 0.5) + noise[idx]
+            return np.tanh(z / 8) if cosine else 1 / (1 + np.exp(-z))
 
-    sel = rqe.select(data, src, qtypes, [["amia"], ["meqsum"]], pretrain, train_val, predict, rng.random(n), seed=0)
-    names = {"zero-shot bi-encoder cosine", "val", "amia", "amia > val", "meqsum", "meqsum > val"}
+        return rqe.Family(kind, [["amia"], ["meqsum"]] if kind == "cross_encoder" else [["meqsum"]], pretrain, train_val, predict)
+
+    families = [family("cross_encoder", 1.0, False), family("bi_encoder", 2.0, True)]
+    sel = rqe.select(data, src, qtypes, families, rng.random(n), seed=0)
+    names = {rqe.ZERO_SHOT, "ce: val", "ce: amia", "ce: amia > val", "ce: meqsum", "ce: meqsum > val", "bi: val", "bi: meqsum", "bi: meqsum > val"}
     assert names <= set(sel.rows)
-    assert sel.chosen.startswith("meqsum > val") and sel.extras == ("meqsum",) and sel.val_stage
-    assert set(sel.pretrained) == {("meqsum",)}  # only the chosen set's model is kept for the final fit
+    assert {r["kind"] for r in sel.rows.values()} == {"cosine", "cross_encoder", "bi_encoder", "stack"}
+    best = max(r["accuracy"] for r in sel.rows.values())
+    assert sel.rows[sel.chosen]["accuracy"] == best
+    assert sel.best_ce == (("meqsum",), True)  # the best cross-encoder row, for retrieval
+    if sel.recipe.bi:
+        assert ("bi_encoder", sel.recipe.bi[0]) in sel.pretrained or sel.recipe.bi[0] == ()
+    assert ("cross_encoder", ("meqsum",)) in sel.pretrained and ("cross_encoder", ("amia",)) not in sel.pretrained
     assert len(sel.oof) == n and sel.pretrain_pairs["amia"] == 2
     diffs = rqe.paired_differences(sel, data)
-    assert set(diffs) == {"amia", "zero-shot bi-encoder cosine"}
-    assert diffs["amia"]["accuracy_diff"] == pytest.approx(
-        np.mean(np.subtract(sel.rows[sel.chosen]["accuracy_folds"], sel.rows["amia"]["accuracy_folds"])), abs=1e-4)
+    assert set(diffs) == {"ce: amia", rqe.ZERO_SHOT}
+    assert diffs["ce: amia"]["accuracy_diff"] == pytest.approx(
+        np.mean(np.subtract(sel.rows[sel.chosen]["accuracy_folds"], sel.rows["ce: amia"]["accuracy_folds"])), abs=1e-4)

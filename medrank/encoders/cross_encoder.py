@@ -129,6 +129,7 @@ class CrossEncoder(LazyInt8):
         self.train_precision: str | None = None
         self.threads: int | None = None  # CPU threads chosen by fit's probe (None: torch's default)
         self.meta: dict[str, Any] = {}  # the saved metadata, when loaded
+        self.path: Path | None = None  # the folder it was loaded from
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -182,6 +183,7 @@ class CrossEncoder(LazyInt8):
             fingerprint=fp,
         )
         out.meta = meta  # what `save(extra_meta=...)` added, e.g. the RQE recipe
+        out.path = path
         return out
 
     @property

@@ -1,8 +1,13 @@
 """A bi-encoder: mean-pooled, L2-normalised sentence vectors (the sentence-transformers recipe) from a transformers
-checkpoint, for the NLI grid prefilter and the zero-shot question-answer cosines."""
+checkpoint, for the NLI grid prefilter and the zero-shot question-answer cosines; `fit` fine-tunes it on labelled
+question pairs (the RQE bi-encoder of stage finetune_rqe)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -16,6 +21,7 @@ from medrank.encoders.base import (
     resolve_model_path,
 )
 from medrank.encoders.batching import length_sorted_batches, padded_width
+from medrank.errors import MedrankError
 
 
 class SentenceEncoder(LazyInt8):
@@ -58,3 +64,86 @@ class SentenceEncoder(LazyInt8):
                 emb = (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
                 out[idx] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
         return out
+
+    # ------------------------------------------------------------------ fine-tuning (RQE: question pairs)
+    def fit(
+        self, pairs: Sequence[tuple[str, str]], labels: Sequence[int], *, epochs: int, lr: float, batch_size: int,
+        seed: int, warmup_ratio: float = 0.1, weight_decay: float = 0.01, precision: str = "bf16", scale: float = 20.0,
+        show_progress: bool = True,
+    ) -> list[dict[str, float]]:  # fmt: skip
+        """Fine-tune on labelled text pairs: P(label 1) = sigmoid(scale * cos(a, b) + bias), binary cross-entropy,
+        AdamW with linear warmup/decay, length-bucketed shuffled batches (by the first text). The learned bias is
+        only a training aid: what the encoder keeps is the geometry (callers calibrate cosines on their own data)."""
+        from tqdm import tqdm
+
+        from medrank.encoders.base import set_seed
+        from medrank.encoders.batching import bucketed_shuffle_batches
+
+        y = np.asarray(labels, dtype=np.float32)
+        if len(pairs) != len(y) or not len(pairs):
+            raise MedrankError(f"fit: {len(pairs)} pairs vs {len(y)} labels (need the same, > 0)")
+        set_seed(seed)
+        rng = np.random.default_rng(seed)
+        a_texts, b_texts = [str(a) for a, _ in pairs], [str(b) for _, b in pairs]
+        enc_a = self.tokenizer(a_texts, truncation=True, max_length=self.max_length, padding=False)["input_ids"]
+        enc_b = self.tokenizer(b_texts, truncation=True, max_length=self.max_length, padding=False)["input_ids"]
+        bias = torch.nn.Parameter(torch.tensor(-0.6 * scale))
+        decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
+        no_decay = [p for n, p in self.model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)] + [bias]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+        steps = max(1, epochs * -(-len(pairs) // batch_size))
+        warmup = int(steps * warmup_ratio)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup)))
+        cast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+        history = []
+        self._int8_model = None
+        for epoch in range(1, epochs + 1):
+            self.model.train()
+            losses: list[float] = []
+            batches = bucketed_shuffle_batches([len(x) for x in enc_a], batch_size, rng)
+            for idx in tqdm(batches, desc=f"bi-encoder epoch {epoch}/{epochs}", unit="batch", disable=not show_progress, leave=False):
+                with cast:
+                    u = self._pooled([enc_a[i] for i in idx], self.model)
+                    v = self._pooled([enc_b[i] for i in idx], self.model)
+                cos = (u.float() * v.float()).sum(1)
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(scale * cos + bias, torch.from_numpy(y[idx]).to(self.device))
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(float(loss.detach()))
+            history.append({"epoch": epoch, "train_loss": float(np.mean(losses))})
+        self.model.eval()
+        return history
+
+    def _pooled(self, ids: list[list[int]], model: torch.nn.Module) -> torch.Tensor:
+        """Unit mean-pooled vectors of token id lists (padded to the batch's longest), with gradients."""
+        width = padded_width(max(len(x) for x in ids), self.max_length)
+        input_ids = torch.zeros((len(ids), width), dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for r, x in enumerate(ids):
+            input_ids[r, : len(x)] = torch.tensor(x)
+            mask[r, : len(x)] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        hidden = model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
+        m = mask.unsqueeze(-1).float()
+        return torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1.0), dim=-1)
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Write safetensors weights + config + tokenizer to `path` (atomically: a temp folder renamed); the fingerprint."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            with quiet_transformers():
+                self.model.save_pretrained(str(tmp), safe_serialization=True)
+                self.tokenizer.save_pretrained(str(tmp))
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.fingerprint = model_fingerprint(path)
+        return self.fingerprint

@@ -306,27 +306,17 @@ def row_report(data: CvData, prob: np.ndarray, pred: np.ndarray | None = None) -
     return out
 
 
-def cosine_oof(data: CvData, cos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Zero-shot cosine: per fold, the threshold with the best accuracy on the other folds -> (score, predictions)."""
-    from medrank.decision import select_threshold
-
-    pred = np.zeros(len(cos), dtype=int)
-    grid = np.round(np.arange(0.0, 1.0001, 0.01), 2)
-    for k in np.unique(data.folds):
-        test = data.folds == k
-        t = select_threshold(data.y[~test], cos[~test], grid)
-        pred[test] = (cos[test] >= t).astype(int)
-    return cos, pred
-
-
 def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-4, 1 - 1e-4)
+    p = np.clip(np.asarray(p, dtype=float), 1e-4, 1 - 1e-4)
     return np.log(p / (1 - p))
 
 
-def stack_features(ce: np.ndarray, cos: np.ndarray, qtype: np.ndarray | None) -> np.ndarray:
-    cols = [_logit(ce), cos] + ([qtype] if qtype is not None else [])
-    return np.column_stack(cols)
+FEATURES = ("ce", "cosine", "qtype")  # what a stacked scorer may combine: CE P(entailed), a bi-encoder cosine, type agreement
+
+
+def stack_features(columns: dict[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
+    """The stack's design matrix: logit of the cross-encoder's P, the cosine and the type agreement as they are."""
+    return np.column_stack([_logit(columns[n]) if n == "ce" else np.asarray(columns[n], dtype=float) for n in names])
 
 
 def fit_stack(x: np.ndarray, y: np.ndarray, seed: int):
@@ -336,7 +326,8 @@ def fit_stack(x: np.ndarray, y: np.ndarray, seed: int):
 
 
 def stack_oof(data: CvData, x: np.ndarray, seed: int) -> np.ndarray:
-    """Logistic regression over out-of-fold features, fitted on the other folds: out-of-fold probabilities."""
+    """Logistic regression over out-of-fold features, fitted on the other folds: out-of-fold probabilities (with one
+    feature, a cosine, this is its calibration: the threshold comes from the other folds)."""
     prob = np.zeros(len(data.y))
     for k in np.unique(data.folds):
         test = data.folds == k
@@ -345,21 +336,19 @@ def stack_oof(data: CvData, x: np.ndarray, seed: int) -> np.ndarray:
 
 
 TrainFn = Callable[[list[Pair], np.ndarray, object], object]  # (pairs, labels, init model or None) -> model
-PredictFn = Callable[[object, list[Pair]], np.ndarray]  # (model, pairs) -> P(entailed)
+PredictFn = Callable[[object, list[Pair]], np.ndarray]  # (model, pairs) -> P(entailed) or cosine
 
 
-def cv_cross_encoder(
-    data: CvData, pretrained: object | None, train: TrainFn, predict: PredictFn, repeats: int = 1
-) -> np.ndarray:
-    """Out-of-fold P(entailed): per fold, `train` on the other folds' pairs (repeated `repeats` times) starting from
-    a copy of `pretrained` (None = the base model)."""
-    prob = np.zeros(len(data.y))
+def cv_scores(data: CvData, pretrained: object | None, train: TrainFn, predict: PredictFn) -> np.ndarray:
+    """Out-of-fold scores: per fold, `train` on the other folds' pairs starting from `pretrained` (None = the base
+    model; `train` must not change it), then `predict` the fold."""
+    out = np.zeros(len(data.y))
     for k in np.unique(data.folds):
         test = data.folds == k
         pairs, y = data.subset(~test)
-        model = train(pairs * repeats, np.tile(y, repeats), pretrained)
-        prob[test] = predict(model, data.subset(test)[0])
-    return prob
+        model = train(pairs, y, pretrained)
+        out[test] = predict(model, data.subset(test)[0])
+    return out
 
 
 def row_name(sources: Sequence[str], val_stage: bool) -> str:
@@ -377,19 +366,49 @@ def check_row_sources(rows: Sequence[Sequence[str]]) -> None:
 
 # ---------------------------------------------------------------- selection
 
+KINDS = {"cross_encoder": "ce", "bi_encoder": "bi"}  # model kind -> row-name tag
+ZERO_SHOT = "zero-shot bi-encoder cosine"
+
+
+@dataclass
+class Family:
+    """One model kind's rows: each set of extra sources trains a model (`pretrain`), scored alone and after
+    `train_val` on the other folds' validation pairs; plus `train_val` from the base model (validation pairs only).
+    `predict` gives P(entailed) (cross-encoder) or a cosine (bi-encoder: calibrated on the other folds)."""
+
+    kind: str
+    sets: Sequence[Sequence[str]]
+    pretrain: Callable[[list[Pair], np.ndarray, str], object]
+    train_val: TrainFn
+    predict: PredictFn
+
+
+@dataclass
+class Recipe:
+    """How a row's score is made: `ce`/`bi` = (extra sources, then validation pairs?) of the model it uses
+    (bi None with 'cosine' = the zero-shot encoder); `features` = what its logistic regression combines (["ce"] alone:
+    the cross-encoder's own P, no regression)."""
+
+    features: tuple[str, ...]
+    ce: tuple[tuple[str, ...], bool] | None = None
+    bi: tuple[tuple[str, ...], bool] | None = None
+
+    def as_dict(self) -> dict:
+        part = lambda r: None if r is None else {"extras": list(r[0]), "val_stage": r[1]}  # noqa: E731
+        return {"features": list(self.features), "cross_encoder": part(self.ce), "bi_encoder": part(self.bi)}
+
 
 @dataclass
 class Selection:
-    """What `select` measured and chose: the rows, the chosen row, and what the final model is made of."""
+    """What `select` measured and chose."""
 
     rows: dict[str, dict]
     chosen: str
-    extras: tuple[str, ...]  # pretraining sources of the chosen cross-encoder (empty: base model)
-    val_stage: bool  # the chosen cross-encoder is fine-tuned on validation pairs
-    stack: tuple[str, ...]  # () or ("cosine",) or ("cosine", "qtype"): features stacked with the cross-encoder
+    recipe: Recipe  # the chosen row's
+    best_ce: tuple[tuple[str, ...], bool]  # the best cross-encoder row's recipe: retrieval always needs a cross-encoder
     oof: np.ndarray  # out-of-fold P(entailed) of the chosen row (the honest validation predictions)
-    pretrained: dict[tuple[str, ...], object]  # extra-source set -> its pretrained model (reused by the final fit)
-    stack_x: np.ndarray | None = None  # out-of-fold stack features (fit the final combiner on them)
+    columns: dict[str, np.ndarray]  # out-of-fold feature columns of the chosen row (fit the final combiner on them)
+    pretrained: dict[tuple[str, tuple[str, ...]], object]  # (kind, sources) -> pretrained model, for the final fits
     pretrain_pairs: dict[str, int] = field(default_factory=dict)
 
 
@@ -399,62 +418,72 @@ def _better(a: dict, b: dict | None) -> bool:
 
 
 def select(
-    data: CvData, sources: PairSources, qtypes: QuestionTypes, extra_sets: Sequence[Sequence[str]],
-    pretrain: Callable[[list[Pair], np.ndarray, str], object], train_val: TrainFn, predict: PredictFn,
-    cos: np.ndarray, seed: int, val_only: bool = True,
+    data: CvData, sources: PairSources, qtypes: QuestionTypes, families: Sequence[Family], zero_shot_cos: np.ndarray,
+    seed: int, val_only: bool = True,
 ) -> Selection:  # fmt: skip
-    """Every row side by side (see the module docstring) and the choice: the cross-encoder row with the best mean CV
-    accuracy, then a stack on top of it only if the stack's mean CV accuracy is higher."""
-    check_row_sources(extra_sets)
+    """Every row side by side (see the module docstring) and the choice: the row with the best mean CV accuracy,
+    among the cross-encoder rows, the bi-encoder rows (cosine calibrated on the other folds), the zero-shot cosine
+    and the stacks of the best cross-encoder with the best cosine (and the question-type agreement)."""
     rows: dict[str, dict] = {}
-    oofs: dict[str, np.ndarray] = {}
-    recipe: dict[str, tuple[tuple[str, ...], bool]] = {}
-    pretrained: dict[tuple[str, ...], object] = {}
+    scores: dict[str, tuple[str, np.ndarray, Recipe, np.ndarray]] = {}  # name -> (kind, raw score, recipe, P)
+    pretrained: dict[tuple[str, tuple[str, ...]], object] = {}
     n_pairs: dict[str, int] = {}
+    cache: dict[tuple[str, ...], tuple[list[Pair], np.ndarray]] = {}
 
-    cos_score, cos_pred = cosine_oof(data, cos)
-    rows["zero-shot bi-encoder cosine"] = {"kind": "cosine", **row_report(data, cos_score, cos_pred)}
+    def add(name: str, kind: str, raw: np.ndarray, recipe: Recipe) -> None:
+        prob = raw if kind == "cross_encoder" else stack_oof(data, raw[:, None], seed)
+        rows[name] = {"kind": kind, "recipe": recipe.as_dict(), **row_report(data, prob)}
+        scores[name] = (kind, raw, recipe, prob)
+        log.info("rqe row %-45s CV accuracy %.3f ± %.3f (same-focus %.3f)", name, rows[name]["accuracy"], rows[name]["accuracy_sd"],
+                 rows[name]["same_focus"]["accuracy"] or float("nan"))  # fmt: skip
 
-    def add(name: str, prob: np.ndarray, extras: tuple[str, ...], val_stage: bool, kind: str) -> None:
-        rows[name] = {"kind": kind, "extras": list(extras), "val_stage": val_stage, **row_report(data, prob)}
-        oofs[name], recipe[name] = prob, (extras, val_stage)
-        log.info("rqe row %-40s CV accuracy %.3f ± %.3f (same-focus %.3f)", name, rows[name]["accuracy"],
-                 rows[name]["accuracy_sd"], rows[name]["same_focus"]["accuracy"] or float("nan"))  # fmt: skip
+    add(ZERO_SHOT, "cosine", zero_shot_cos, Recipe(("cosine",)))
+    for fam in families:
+        check_row_sources(fam.sets)
+        tag, feat = KINDS[fam.kind], ("ce" if fam.kind == "cross_encoder" else "cosine")
+        recipe = lambda key, v: Recipe((feat,), **{tag: (key, v)})  # noqa: E731
+        if val_only:
+            add(f"{tag}: {row_name((), True)}", fam.kind, cv_scores(data, None, fam.train_val, fam.predict), recipe((), True))
+        for srcs in fam.sets:
+            key = tuple(srcs)
+            if key not in cache:
+                parts = [sources.pairs(s, qtypes, seed) for s in key]
+                for s, (ps, _) in zip(key, parts):
+                    n_pairs[s] = len(ps)
+                cache[key] = mixed(parts, seed)
+            model = fam.pretrain(*cache[key], f"{tag}/{'+'.join(key)}")
+            pretrained[(fam.kind, key)] = model
+            add(f"{tag}: {row_name(key, False)}", fam.kind, fam.predict(model, data.pairs), recipe(key, False))
+            add(f"{tag}: {row_name(key, True)}", fam.kind, cv_scores(data, model, fam.train_val, fam.predict), recipe(key, True))
 
-    if val_only:
-        add(row_name((), True), cv_cross_encoder(data, None, train_val, predict), (), True, "cross_encoder")
-    for srcs in extra_sets:
-        key = tuple(srcs)
-        parts = [sources.pairs(s, qtypes, seed) for s in key]
-        for s, (ps, _) in zip(key, parts):
-            n_pairs[s] = len(ps)
-        pairs, y = mixed(parts, seed)
-        model = pretrain(pairs, y, "+".join(key))
-        pretrained[key] = model
-        add(row_name(key, False), predict(model, data.pairs), key, False, "cross_encoder")
-        add(row_name(key, True), cv_cross_encoder(data, model, train_val, predict), key, True, "cross_encoder")
+    def best(kinds: tuple[str, ...]) -> str | None:
+        out = None
+        for name, r in rows.items():
+            if r["kind"] in kinds and _better(r, rows.get(out) if out else None):
+                out = name
+        return out
 
-    best = None
-    for name, r in rows.items():
-        if r["kind"] == "cross_encoder" and _better(r, rows.get(best) if best else None):
-            best = name
-    extras, val_stage = recipe[best]
-    chosen, stack, stack_x = best, (), None
+    ce_name, cos_name = best(("cross_encoder",)), best(("bi_encoder", "cosine"))
+    if ce_name is None:
+        raise MedrankError("finetune.rqe: no cross-encoder row (retrieval needs one): give the cross-encoder family a set")
     qt = qtypes.agreement(data.chq, data.faq)
-    for feats in (("cosine",), ("cosine", "qtype")):
-        x = stack_features(oofs[best], cos, qt if "qtype" in feats else None)
-        prob = stack_oof(data, x, seed)
-        name = f"{best} + " + " + ".join(feats)
-        rows[name] = {"kind": "stack", "extras": list(extras), "val_stage": val_stage, "stack": list(feats), **row_report(data, prob)}
-        oofs[name] = prob
-        if _better(rows[name], rows[chosen]):
-            chosen, stack, stack_x = name, feats, x
-    # keep only the chosen set's pretrained model (the final fit reuses it)
-    keep = {extras: pretrained[extras]} if extras in pretrained else {}
-    return Selection(rows, chosen, extras, val_stage, stack, oofs[chosen], keep, stack_x, n_pairs)
+    if cos_name is not None:
+        base = {"ce": scores[ce_name][1], "cosine": scores[cos_name][1], "qtype": qt}
+        for feats in (("ce", "cosine"), ("ce", "cosine", "qtype")):
+            recipe = Recipe(feats, ce=scores[ce_name][2].ce, bi=scores[cos_name][2].bi)
+            name = f"stack: {ce_name} + {cos_name}" + (" + question type" if "qtype" in feats else "")
+            prob = stack_oof(data, stack_features(base, feats), seed)
+            rows[name] = {"kind": "stack", "recipe": recipe.as_dict(), **row_report(data, prob)}
+            scores[name] = ("stack", base, recipe, prob)
+    chosen = best(("cross_encoder", "bi_encoder", "cosine", "stack"))
+    kind, raw, recipe, prob = scores[chosen]
+    columns = raw if kind == "stack" else {recipe.features[0]: raw}
+    needed = {("cross_encoder", scores[ce_name][2].ce[0])} | ({("bi_encoder", recipe.bi[0])} if recipe.bi else set())
+    keep = {k: m for k, m in pretrained.items() if k in needed}
+    return Selection(rows, chosen, recipe, scores[ce_name][2].ce, prob, columns, keep, n_pairs)
 
 
-def paired_differences(sel: Selection, data: CvData, baselines: Sequence[str] = ("amia", "zero-shot bi-encoder cosine")) -> dict:
+def paired_differences(sel: Selection, data: CvData, baselines: Sequence[str] = ("ce: amia", ZERO_SHOT)) -> dict:
     """Chosen row minus each baseline row, per fold (the same folds: a paired comparison), on all pairs and on the
     same-focus pairs: mean and sd of the per-fold differences."""
     out = {}
