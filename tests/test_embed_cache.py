@@ -453,3 +453,29 @@ def test_read_only_retrieval_and_grids_match_and_write_nothing(tmp_path, tiny_mo
         np.testing.assert_array_equal(np.stack(a.table["rqe_cls"]), np.stack(b.table["rqe_cls"]))
     for g in (grids, r_grids):
         pd.testing.assert_frame_equal(g.rows, w_grids.rows)
+
+
+def test_stacked_rqe_recipe_rescores_candidates_with_its_bi_encoder(tmp_path, tiny_models, fixture_tables):
+    """A cross-encoder saved with a stacked recipe (stage finetune_rqe) and a fine-tuned bi-encoder inside its folder:
+    score_candidates keeps the cross-encoder's P as rqe_ce and gives the stack's P as rqe_score."""
+    answers, medquad = fixture_tables
+    rqe_dir = tmp_path / "rqe"
+    ce = CrossEncoder.load(tiny_models["rqe"], device="cpu", precision="fp32")
+    stack = {"features": ["ce", "cosine"], "coef": [0.5, 3.0], "intercept": -1.0, "bi_encoder": "bi_encoder", "bi_encoder_local": True,
+             "max_length": 64, "seed": 0}  # fmt: skip
+    ce.save(rqe_dir, extra_meta={"recipe": {"stack": stack}})
+    bi = SentenceEncoder(str(tiny_models["base"]), device="cpu", max_length=64)
+    bi.fit([("what is asthma", "asthma info"), ("what is gout", "acne treatment")], [1, 0], epochs=1, lr=1e-3, batch_size=2, seed=0, precision="fp32",
+           show_progress=False)  # fmt: skip
+    bi.save(rqe_dir / "bi_encoder")
+    model = CrossEncoder.load(rqe_dir, device="cpu", precision="fp32")
+    assert model.fingerprint == ce.fingerprint  # the bi-encoder inside does not change the cross-encoder's fingerprint
+    questions = questions_table(answers, "question_norm", None)
+    docs = medquad_documents(medquad, "question_norm", "answer_norm")
+    t = score_candidates(questions, docs, model, tmp_path / "cache", question_col="question_norm", bm25_top_k=4, show_progress=False).table
+    tuned = SentenceEncoder(str(rqe_dir / "bi_encoder"), device="cpu", max_length=64)
+    cos = np.array([float((tuned.encode([q]) * tuned.encode([d])).sum()) for q, d in zip(t["question"], docs["question_norm"].to_numpy()[t["doc"]])])
+    p = np.clip(t["rqe_ce"].to_numpy(), 1e-4, 1 - 1e-4)
+    expected = 1 / (1 + np.exp(-(0.5 * np.log(p / (1 - p)) + 3.0 * cos - 1.0)))
+    np.testing.assert_allclose(t["rqe_score"].to_numpy(), expected, atol=1e-4)
+    assert not np.allclose(t["rqe_score"], t["rqe_ce"])

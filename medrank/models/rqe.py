@@ -1,12 +1,13 @@
 """Question entailment for consumer questions: training-pair sources, the question-type signal, and selection by
 question-grouped CV over the MEDIQA Task 2 validation pairs (the only labelled pairs with consumer CHQs).
 
-Training is two-step: a cross-encoder is first trained on a set of *extra* sources (AMIA clinician pairs, MeQSum
-and LiveQA consumer -> summary pairs, MedQuAD-mined pairs; none holds a validation pair, so one model per source
-set serves every fold), then fine-tuned on the validation pairs of the other folds. Rows evaluated side by side:
-each source set alone (no validation pairs: "AMIA only" is yesterday's recipe), each set + validation fine-tuning,
-validation pairs only, the zero-shot bi-encoder cosine, and stacks of the best cross-encoder with the cosine and
-the question-type agreement (logistic regression, fitted on the other folds).
+Two model kinds: a cross-encoder (P(entailed) of the pair) and a fine-tuned bi-encoder (cosine of mean-pooled unit
+vectors, calibrated on the other folds). Training is two-step: a model is first trained on a set of *extra* sources
+(AMIA clinician pairs, MeQSum and LiveQA consumer -> summary pairs, MedQuAD-mined pairs; none holds a validation pair,
+so one model per source set serves every fold), then fine-tuned on the validation pairs of the other folds. Rows side
+by side: each set alone ("ce: amia" is yesterday's recipe), each set then + validation pairs, validation pairs only,
+the zero-shot bi-encoder cosine, and stacks of the best cross-encoder with the best cosine (and the question-type
+agreement) by logistic regression fitted on the other folds.
 
 The error slices (`pair_slices`): a pair is *same-focus* when the FAQ names something the CHQ names (they share a
 content word): there the topic agrees and only what is asked can decide; the word-overlap bucket is the share of
