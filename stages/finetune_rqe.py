@@ -151,8 +151,10 @@ def main(params_path: str = "params.yaml") -> None:
             cols["qtype"] = qtypes.agreement(t_chq, t_faq)
         if t_chq:
             test_prob = combiner.predict_proba(rqe.stack_features(cols, feats))[:, 1]
-        stack = {"features": feats, "coef": combiner.coef_[0].round(6).tolist(), "intercept": round(float(combiner.intercept_[0]), 6),
-                 "bi_encoder": layout.RQE_BI_MODEL.name if final_bi else tp.bi_encoder,  # local: inside the cross-encoder's folder "bi_encoder_local": final_bi is not None,
+        coef, intercept = rqe.linear_form(combiner)
+        stack = {"features": feats, "coef": [round(float(c), 8) for c in coef], "intercept": round(intercept, 8),
+                 # a fine-tuned bi-encoder is saved inside the cross-encoder's folder (local); else the zero-shot one by name
+                 "bi_encoder": layout.RQE_BI_MODEL.name if final_bi else tp.bi_encoder, "bi_encoder_local": final_bi is not None,
                  "max_length": BI_MAX_LENGTH, "seed": p.seed}  # fmt: skip
     val_out, test_out = layout.TASK2_SUBMISSIONS["val"], layout.TASK2_SUBMISSIONS["test"]
     write_task2_submission(val_out, pd.DataFrame({"pair_id": task.eval_ids, "label": (sel.oof >= 0.5).astype(int)}))

@@ -119,3 +119,15 @@ def test_select_measures_every_row_and_keeps_the_best_on_the_cv(qtypes):
     assert set(diffs) == {"ce: amia", rqe.ZERO_SHOT}
     assert diffs["ce: amia"]["accuracy_diff"] == pytest.approx(
         np.mean(np.subtract(sel.rows[sel.chosen]["accuracy_folds"], sel.rows["ce: amia"]["accuracy_folds"])), abs=1e-4)
+
+
+def test_stack_linear_form_reproduces_the_pipeline_and_does_not_starve_a_small_spread_column():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 400)
+    cos = 0.5 + 0.08 * (y - 0.5) + rng.normal(0, 0.03, 400)  # informative, small spread
+    logit = rng.normal(0, 5, 400)  # noise, large spread
+    x = rqe.stack_features({"ce": 1 / (1 + np.exp(-logit)), "cosine": cos}, ["ce", "cosine"])
+    stack = rqe.fit_stack(x, y, seed=0)
+    coef, intercept = rqe.linear_form(stack)
+    np.testing.assert_allclose(1 / (1 + np.exp(-(x @ coef + intercept))), stack.predict_proba(x)[:, 1], atol=1e-8)
+    assert np.mean((stack.predict_proba(x)[:, 1] >= 0.5) == y) > 0.9

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from medrank.errors import MedrankError
-from medrank.io import sha256_file
+from medrank.io import sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,38 @@ def model_fingerprint(path: str | os.PathLike) -> str:
         if f.exists():
             h.update(f"\n{name}:".encode() + hashlib.sha256(f.read_bytes()).hexdigest().encode())
     return h.hexdigest()
+
+
+def save_checkpoint(model: torch.nn.Module, tokenizer: Any, path: str | os.PathLike,
+                    meta: Callable[[str], tuple[str, dict]] | None = None) -> str:  # fmt: skip
+    """Write safetensors weights + config + tokenizer (+ `meta(fingerprint)` -> (file name, dict) as JSON) to `path`
+    atomically: a temp folder beside it, swapped in by rename (a reader sees the old or the new folder, never half).
+    Returns the fingerprint."""
+    import shutil
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        with quiet_transformers():
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            tokenizer.save_pretrained(str(tmp))
+        fp = model_fingerprint(tmp)
+        if meta is not None:
+            name, content = meta(fp)
+            write_json(tmp / name, content)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return fp
 
 
 def cpu_flags() -> list[str]:

@@ -11,8 +11,6 @@ import contextlib
 import logging
 import math
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
@@ -32,6 +30,7 @@ from medrank.encoders.base import (
     read_json,
     resolve_device,
     resolve_model_path,
+    save_checkpoint,
     set_seed,
     set_threads,
 )
@@ -42,7 +41,6 @@ from medrank.encoders.batching import (
     padded_width,
 )
 from medrank.errors import MedrankError
-from medrank.io import write_json
 
 log = logging.getLogger(__name__)
 
@@ -532,33 +530,15 @@ class CrossEncoder(LazyInt8):
     # ------------------------------------------------------------------ save
     def save(self, path: str | os.PathLike, extra_meta: dict[str, Any] | None = None) -> str:
         """Write safetensors weights + tokenizer + medrank_encoder.json atomically; return the fingerprint."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
-            with quiet_transformers():
-                self.model.save_pretrained(str(tmp), safe_serialization=True)
-                self.tokenizer.save_pretrained(str(tmp))
-            fp = model_fingerprint(tmp)
-            meta = {
-                "label_names": self.label_names,
-                "max_length": self.max_length,
-                "fingerprint": fp,
-                "base_fingerprint": self.base_fingerprint,
-                "train_precision": self.train_precision,
-                **(extra_meta or {}),
-            }
-            write_json(tmp / META_FILE, meta)
-            if path.exists():
-                old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
-                os.replace(path, old / path.name)
-                os.replace(tmp, path)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        meta = lambda fp: (META_FILE, {  # noqa: E731
+            "label_names": self.label_names,
+            "max_length": self.max_length,
+            "fingerprint": fp,
+            "base_fingerprint": self.base_fingerprint,
+            "train_precision": self.train_precision,
+            **(extra_meta or {}),
+        })  # fmt: skip
+        fp = save_checkpoint(self.model, self.tokenizer, path, meta)
         self._fingerprint = fp
         log.info("saved cross-encoder to %s (fingerprint %s)", path, fp[:12])
         return fp

@@ -5,9 +5,6 @@ question pairs (the RQE bi-encoder of stage finetune_rqe)."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -19,6 +16,7 @@ from medrank.encoders.base import (
     quiet_transformers,
     resolve_device,
     resolve_model_path,
+    save_checkpoint,
 )
 from medrank.encoders.batching import length_sorted_batches, padded_width
 from medrank.errors import MedrankError
@@ -132,18 +130,5 @@ class SentenceEncoder(LazyInt8):
 
     def save(self, path: str | os.PathLike) -> str:
         """Write safetensors weights + config + tokenizer to `path` (atomically: a temp folder renamed); the fingerprint."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
-            with quiet_transformers():
-                self.model.save_pretrained(str(tmp), safe_serialization=True)
-                self.tokenizer.save_pretrained(str(tmp))
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        self.fingerprint = model_fingerprint(path)
+        self.fingerprint = save_checkpoint(self.model, self.tokenizer, path)
         return self.fingerprint
