@@ -183,7 +183,7 @@ def _retrieve(m: dict) -> list[str]:
     out += _table(["threshold", "questions", "fraction"], rows)
     j = m.get("judged") or {}
     if j.get("by_rqe"):
-        ks = [k for k in j["by_rqe"] if k.startswith("recall@")]
+        ks = sorted((k for k in j["by_rqe"] if k.startswith("recall@")), key=lambda k: int(k.split("@")[1]))  # JSON keys sort as text
         rows = [[name, _fmt(j[key]["mrr"])] + [_fmt(j[key][k]) for k in ks] for key, name in (("by_rqe", "RQE score"), ("by_bm25", "BM25"))]
         sel = j.get("selected") or {}
         out += [f"**Retrieval against the TREC 2017 LiveQA-Med judgments** ({j['questions_judged']} train_liveqa questions with a "
@@ -192,6 +192,10 @@ def _retrieve(m: dict) -> list[str]:
         if sel:
             out += [f"Selected entailed questions (N = {m.get('n_candidates')}, T = {m.get('rqe_threshold')}): a relevant one for "
                     f"{_fmt(sel['hit_rate'])} of the questions, precision {_fmt(sel['precision'])}, MRR {_fmt(sel['mrr'])}.", ""]  # fmt: skip
+        recipe = m.get("rqe_recipe") or {}
+        if any("liveqa" in ((recipe.get(k) or {}).get("extras") or []) for k in ("cross_encoder", "bi_encoder")):
+            out += ["Caveat: the RQE model was trained on the `liveqa` source, i.e. on these very questions and their summaries: "
+                    "these numbers flatter it (the judgments themselves were never used for training).", ""]  # fmt: skip
     return out
 
 

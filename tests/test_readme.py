@@ -127,13 +127,18 @@ def test_render_results_rqe_rows_and_judged_retrieval(tmp_path):
            "rows": {"zero-shot bi-encoder cosine": row(0.826, "cosine"), "meqsum > val": row(0.85, "cross_encoder")},
            "vs": {"zero-shot bi-encoder cosine": {"accuracy_diff": 0.024, "accuracy_diff_sd": 0.01, "same_focus_diff": 0.03, "same_focus_diff_sd": 0.02}}}  # fmt: skip
     (tmp_path / "finetune_rqe.json").write_text(json.dumps(rqe))
-    judged = {"questions_judged": 39, "relevant_grade": 3, "by_rqe": {"mrr": 0.3, "recall@1": 0.15}, "by_bm25": {"mrr": 0.33, "recall@1": 0.13},
+    judged = {"questions_judged": 39, "relevant_grade": 3, "by_rqe": {"mrr": 0.3, "recall@1": 0.15, "recall@10": 0.5, "recall@3": 0.3},
+              "by_bm25": {"mrr": 0.33, "recall@1": 0.13, "recall@10": 0.45, "recall@3": 0.2},
               "selected": {"hit_rate": 0.2, "precision": 0.13, "mrr": 0.2}}  # fmt: skip
     cov = {"all": {"T=0.5": {"covered": 3, "questions": 4, "fraction": 0.75}}}
-    (tmp_path / "retrieve.json").write_text(json.dumps({"coverage": cov, "bm25_top_k": 50, "n_candidates": 3, "rqe_threshold": 0.5, "judged": judged}))
+    recipe = {"bi_encoder": {"extras": ["meqsum", "liveqa"], "val_stage": True}}
+    (tmp_path / "retrieve.json").write_text(json.dumps({"coverage": cov, "bm25_top_k": 50, "n_candidates": 3, "rqe_threshold": 0.5, "judged": judged,
+                                                        "rqe_recipe": recipe}))  # fmt: skip
     out = render_results(tmp_path)
     assert "| **meqsum > val** (chosen) | 0.850 ± 0.050 | 0.900 | 0.750 ± 0.100 | 0.900 | 0.700 |" in out
     assert "| zero-shot bi-encoder cosine | 0.826 ± 0.050 |" in out and "over the 302 validation pairs (119 CHQs" in out
     assert "Chosen − `zero-shot bi-encoder cosine`, paired per fold: accuracy 0.024 ± 0.010, same-focus 0.030 ± 0.020." in out
-    assert "| RQE score | 0.300 | 0.150 |" in out and "| BM25 | 0.330 | 0.130 |" in out
+    assert "| order | MRR | recall@1 | recall@3 | recall@10 |" in out  # k in numeric order, not JSON's text order
+    assert "| RQE score | 0.300 | 0.150 | 0.300 | 0.500 |" in out and "| BM25 | 0.330 | 0.130 | 0.200 | 0.450 |" in out
+    assert "Caveat: the RQE model was trained on the `liveqa` source" in out
     assert "a relevant one for 0.200 of the questions, precision 0.130, MRR 0.200" in out
