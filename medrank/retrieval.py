@@ -8,6 +8,7 @@ pairs: the retrieve stage and `medrank rank` (with a read-only cache) both take 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -255,13 +256,20 @@ def judged_retrieval(cands: pd.DataFrame, chosen: pd.DataFrame, qrels: pd.DataFr
     return out
 
 
+@functools.lru_cache(maxsize=2)
+def _stack_encoder(name: str, device: str, max_length: int):
+    """The stack's bi-encoder, loaded once per process (`medrank rank` scores one question after another)."""
+    from medrank.encoders.sentence_encoder import SentenceEncoder
+
+    return SentenceEncoder(name, device=device, max_length=max_length)
+
+
 def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: str, stack: dict, model_dir: str | os.PathLike,
                        device: str = "auto", medquad: pd.DataFrame | None = None) -> np.ndarray:  # fmt: skip
     """P(entailed) of a stacked RQE scorer (models/rqe metadata `recipe.stack`, chosen by stage finetune_rqe): logistic
     regression over its `features`: the cross-encoder's logit (`cands.rqe_ce`), the cosine of (question, MedQuAD
     question) under its bi-encoder (a fine-tuned one saved inside the cross-encoder's folder `model_dir`, or the
     zero-shot one) and the question-type agreement (classifier refit on `medquad`, seeded)."""
-    from medrank.encoders.sentence_encoder import SentenceEncoder
     from medrank.models.rqe import QuestionTypes, stack_features
 
     feats = list(stack["features"])
@@ -270,7 +278,7 @@ def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: st
     columns = {"ce": cands["rqe_ce"].to_numpy()}
     if "cosine" in feats:
         name = os.path.join(model_dir, stack["bi_encoder"]) if stack.get("bi_encoder_local") else stack["bi_encoder"]
-        bi = SentenceEncoder(name, device=device, max_length=int(stack.get("max_length", 256)))
+        bi = _stack_encoder(str(name), device, int(stack.get("max_length", 256)))
         uq, q_inv = np.unique(q_texts, return_inverse=True)
         ud, d_inv = np.unique(d_texts, return_inverse=True)
         columns["cosine"] = (bi.encode(list(uq))[q_inv] * bi.encode(list(ud))[d_inv]).sum(1)
