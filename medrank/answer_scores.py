@@ -1,12 +1,14 @@
 """Per-answer scores that stages bienc and qa compute and `medrank rank` computes the same way for a new question:
 the zero-shot bi-encoder cosines of groups bienc (question, answer) and heading (question, the answer's
-"focus (aspect)" title), and the (question, answer) pairs the qa cross-encoder scores."""
+"focus (aspect)" title), the question-type agreement of group qtype (what the question asks vs what the heading
+answers), and the (question, answer) pairs the qa cross-encoder scores."""
 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
@@ -73,6 +75,112 @@ def answer_bienc_scores(answers: pd.DataFrame, model: str | SentenceEncoder, *, 
     texts = {"bienc_cos": answer.tolist(), "heading_cos": answer.map(answer_heading).tolist()}
     return bienc_cosines(answers["question_norm"].fillna("").tolist(), texts, model, cache_root=cache_root, max_length=max_length,
                          batch_size=batch_size, device=device, read_only=read_only)  # fmt: skip
+
+
+# ---------------------------------------------------------------- question type (group qtype)
+
+# the section of a CHiQA answer's page, as the MedQuAD question type it answers: the frequent section names of
+# MedlinePlus / GHR / NIDDK pages ("Anemia (Treatment)"); matched whole, else the first name inside it ("Drug
+# treatment", "Symptoms and causes"). Unlisted sections ("Brand names", "Where found") are classified as they read.
+ASPECT_TYPES: dict[str, str] = {
+    **dict.fromkeys(("summary", "overview", "description", "definition", "information", "types"), "information"),
+    **dict.fromkeys(("symptoms", "signs"), "symptoms"),
+    **dict.fromkeys(("treatment", "treatments", "therapy", "therapies", "drugs", "medications", "cure"), "treatment"),
+    **dict.fromkeys(("lifestyle and home remedies", "alternative medicine", "home care", "self-care", "first aid"), "treatment"),
+    **dict.fromkeys(("causes", "cause", "etiology"), "causes"),
+    **dict.fromkeys(("diagnosis", "exams and tests", "tests", "screening"), "exams and tests"),
+    **dict.fromkeys(("risk factors", "who is at risk"), "susceptibility"),  # not "risks": of a procedure, its complications
+    "prevention": "prevention",
+    "complications": "complications",
+    **dict.fromkeys(("prognosis", "outlook", "expectations"), "outlook"),
+    **dict.fromkeys(("genetic changes", "genetics"), "genetic changes"),
+    **dict.fromkeys(("frequency", "statistics"), "frequency"),
+    "inheritance": "inheritance",
+    **dict.fromkeys(("research", "clinical trials"), "research"),
+    "stages": "stages",
+    **dict.fromkeys(("eating, diet, and nutrition", "diet", "nutrition"), "considerations"),  # MedQuAD's "What to do for" = NIDDK's diet
+}
+# each type asked in MedQuAD's own template (tidied): the wording the question-type classifier knows best
+TYPE_ASKS: dict[str, str] = {
+    "information": "What is {f}?", "symptoms": "What are the symptoms of {f}?", "treatment": "What are the treatments for {f}?",
+    "causes": "What causes {f}?", "exams and tests": "How to diagnose {f}?", "susceptibility": "Who is at risk for {f}?",
+    "prevention": "How to prevent {f}?", "complications": "What are the complications of {f}?", "outlook": "What is the outlook for {f}?",
+    "genetic changes": "What are the genetic changes related to {f}?", "frequency": "How many people are affected by {f}?",
+    "inheritance": "Is {f} inherited?", "research": "What research (or clinical trials) is being done for {f}?",
+    "stages": "What are the stages of {f}?", "considerations": "What to do for {f}?",
+}  # fmt: skip
+TITLE_MAX_WORDS = 20  # CHiQA titles have <= 19 words; a longer heading is an untitled answer's first characters
+# longest names first: at one position the alternation takes the longest ("exams and tests" before "tests")
+_ASPECT_NAME = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(ASPECT_TYPES, key=len, reverse=True)) + r")\b")
+_ASKING = re.compile(r"^(what|how|why|who|when|where|which|is|are|can|could|does|do|should|will|would|am)\b", re.IGNORECASE)
+
+
+def split_heading(heading: str) -> tuple[str, str]:
+    """(title, aspect) of a "Title (Aspect)" heading: the parenthesised group that ends it, nesting kept ("Scoliosis
+    (Outlook (Prognosis))" -> "Outlook (Prognosis)"); an unclosed (cut) group is dropped; no group: (heading, "")."""
+    h = re.sub(r"\s*\([^()]*$", "", str(heading).strip())
+    if h.endswith(")"):
+        depth = 0
+        for i in range(len(h) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(h[i], 0)
+            if depth == 0:
+                return h[:i].strip(), h[i + 1 : -1].strip()
+    return h, ""
+
+
+def aspect_type(aspect: str) -> str | None:
+    """The MedQuAD question type a section name answers (ASPECT_TYPES: whole, else its first listed name), or None."""
+    a = aspect.lower().strip()
+    m = _ASPECT_NAME.search(a)
+    return ASPECT_TYPES.get(a) or (ASPECT_TYPES[m.group(1)] if m else None)
+
+
+def _asks(text: str) -> bool:
+    return text.endswith("?") or bool(_ASKING.match(text))
+
+
+def heading_question(heading: str) -> str:
+    """What an answer's heading answers, worded as a question for the question-type classifier.
+
+    A question-shaped aspect or heading is kept ("Fibromyalgia (What causes it?)", "What causes Anemia?"); a known
+    aspect becomes MedQuAD's question of its type about the title ("Anemia (Treatment)" -> "What are the treatments
+    for Anemia?"); a bare title is the page's overview ("Anemia" -> "What is Anemia?"); another aspect is classified
+    as it reads, with the title ("Brand names Ibuprofen"). A heading without a ':' title is the answer's first
+    characters (`answer_heading`'s fallback): longer than TITLE_MAX_WORDS, they too are classified as they read (an
+    empty answer's "" too: the classifier's answer for no words).
+    """
+    title, aspect = split_heading(heading)
+    if aspect and _asks(aspect):
+        return aspect
+    kind = aspect_type(aspect) if aspect else None
+    if kind is not None:
+        return TYPE_ASKS[kind].format(f=title)
+    if aspect:
+        return f"{aspect} {title}"
+    if _asks(title) or not 0 < len(title.split()) <= TITLE_MAX_WORDS:
+        return title
+    return TYPE_ASKS["information"].format(f=title)
+
+
+class TypeClassifier(Protocol):
+    """What group qtype asks of a question-type classifier: models.rqe.QuestionTypes, fitted on the clean MedQuAD
+    table with the top-level seed (stage bienc and `medrank rank` fit the same one). Not imported here: stage qa
+    imports this module and must not depend on models/rqe.py."""
+
+    def agreement(self, a: Sequence[str], b: Sequence[str]) -> np.ndarray: ...
+
+    def predict(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def answer_qtype_scores(answers: pd.DataFrame, qtypes: TypeClassifier) -> dict[str, np.ndarray]:
+    """Group qtype of normalized answers (question_norm, answer_norm): qtype_agree = P(question and heading ask the
+    same type) = sum_t P(t | question) P(t | heading_question), qtype_match = 1.0 where their most likely types agree."""
+    questions = answers["question_norm"].fillna("").astype(str).tolist()
+    headings = [heading_question(answer_heading(a)) for a in answers["answer_norm"].fillna("").astype(str)]
+    return {
+        "qtype_agree": qtypes.agreement(questions, headings).astype(float),
+        "qtype_match": (qtypes.predict(questions) == qtypes.predict(headings)).astype(float),
+    }
 
 
 def qa_pairs(answers: pd.DataFrame) -> list[tuple[str, str]]:

@@ -10,7 +10,8 @@ Threshold rules (one home for "how is the threshold chosen?"):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Sequence
 
 import numpy as np
 import pandas as pd
@@ -173,33 +174,215 @@ def combine_systems(a: pd.DataFrame, b: pd.DataFrame, weight: float) -> pd.DataF
 
 def decide_rows(rows: pd.DataFrame, threshold: float) -> pd.DataFrame:
     """Rows (gid, prob, rank_key) of one system kept at `threshold` and ordered by rank_key."""
+    return apply_decision(rows, Keep("threshold", threshold), "rank")
+
+
+# ---------------------------------------------------------------- keep rules that may transfer to new questions
+
+# how kept answers are chosen, each fitted on labelled calibration rows (out-of-fold or out-of-source predictions)
+# and applied to a target set whose labels it never sees (transductive rules read the target's probabilities):
+KEEP_RULES = {
+    "threshold": "the accuracy-best probability threshold of the calibration rows",
+    "fixed_0.5": "a fixed probability threshold 0.5",
+    "min_keep_1": "the accuracy-best threshold, and each question's most probable answer",
+    "platt": "Platt scaling fitted on the calibration rows; keep calibrated P >= 0.5",
+    "isotonic": "isotonic calibration fitted on the calibration rows; keep calibrated P >= 0.5",
+    "em": "Platt, then the target's positive rate by EM (Saerens 2002); keep prior-adjusted P >= 0.5",
+    "em_fraction": "the target's positive rate by EM on Platt-calibrated P; keep that fraction of target rows",
+    "bbse_fraction": "the target's positive rate by black-box shift estimation (the threshold rule's confusion "
+    "matrix on the calibration rows); keep that fraction of target rows",
+    "relative": "keep answers within delta of their question's most probable one (delta: accuracy-best)",
+    "top_k": "keep each question's k most probable answers (k: accuracy-best)",
+}
+ORDERS = {
+    "rank": "kept answers by the rank model",
+    "prob_first": "the most probable kept answer first, the rest by the rank model",
+    "prob": "kept answers by probability",
+}
+RELATIVE_GRID = np.round(np.arange(0.0, 1.001, 0.02), 2)
+TOP_K_GRID = np.arange(1, 11)
+
+
+@dataclass(frozen=True)
+class Keep:
+    """A fitted keep rule, as it is applied (and saved for `medrank rank`): a probability threshold, a margin
+    below the question's best (relative) or a per-question count (top_k); min_keep answers are always kept."""
+
+    kind: Literal["threshold", "relative", "top_k"]
+    value: float
+    min_keep: int = 0
+    target_prior: float | None = None  # estimated on the target rows by a prior-matching rule
+
+    def labels(self, p: np.ndarray, gid: np.ndarray) -> np.ndarray:
+        p, gid = np.asarray(p, dtype=float), np.asarray(gid)
+        if self.kind == "threshold":
+            return keep_labels(p, self.value, gid, self.min_keep)
+        s = pd.Series(p)
+        if self.kind == "relative":
+            best = s.groupby(gid, sort=False).transform("max").to_numpy()
+            return (p >= best - self.value - 1e-12).astype(int)
+        rank = s.groupby(gid, sort=False).rank(ascending=False, method="first").to_numpy()
+        return (rank <= max(self.value, self.min_keep)).astype(int)
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "value": float(self.value), "min_keep": self.min_keep, "target_prior": self.target_prior}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Keep":
+        return cls(d["kind"], float(d["value"]), int(d.get("min_keep", 0)), d.get("target_prior"))
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=float), 1e-6, 1 - 1e-6)
+    return np.log(p / (1 - p))
+
+
+def platt(y: np.ndarray, p: np.ndarray) -> tuple[float, float]:
+    """(a, b) of calibrated P = sigmoid(a logit(p) + b), fitted by (nearly unregularised) logistic regression."""
+    from sklearn.linear_model import LogisticRegression
+
+    lr = LogisticRegression(C=1e4, solver="lbfgs").fit(_logit(p)[:, None], np.asarray(y, dtype=int))
+    return float(lr.coef_[0, 0]), float(lr.intercept_[0])
+
+
+def _threshold_where(logit_value: float, a: float, b: float) -> float:
+    """The raw probability at which a logit(p) + b = logit_value (a > 0), i.e. a Platt-scaled decision point."""
+    if a <= 1e-9:  # a flat or inverted calibration: no probability separates; keep nothing but min_keep
+        return 1.0
+    return float(1 / (1 + np.exp(-(logit_value - b) / a)))
+
+
+def fraction_threshold(p: np.ndarray, fraction: float) -> float:
+    """The threshold keeping the `fraction` most probable of the rows `p` (ties kept together)."""
+    p = np.sort(np.asarray(p, dtype=float))[::-1]
+    n = int(round(float(fraction) * len(p)))
+    if n <= 0:
+        return float(p[0] + 1e-9) if len(p) else 1.0
+    return float(p[min(n, len(p)) - 1])
+
+
+def bbse_prior(y: np.ndarray, p: np.ndarray, target_p: np.ndarray, t: float) -> float:
+    """Black-box shift estimation (Lipton et al. 2018), binary: the target positive rate from the classifier's
+    true/false positive rates at `t` on the calibration rows and its positive rate on the target rows."""
+    y, p = np.asarray(y, dtype=int), np.asarray(p, dtype=float)
+    tpr = float(np.mean(p[y == 1] >= t)) if (y == 1).any() else 1.0
+    fpr = float(np.mean(p[y == 0] >= t)) if (y == 0).any() else 0.0
+    q = float(np.mean(np.asarray(target_p) >= t))
+    return float(np.clip((q - fpr) / max(tpr - fpr, 1e-6), 0.02, 0.98))
+
+
+def _best_on_grid(y: np.ndarray, grid: np.ndarray, labels_of) -> float:
+    acc = np.array([np.mean(labels_of(v) == y) for v in grid])
+    return float(grid[int(np.flatnonzero(np.isclose(acc, acc.max()))[0])])
+
+
+def fit_keep(rule: str, y: np.ndarray, p: np.ndarray, gid: np.ndarray, target_p: np.ndarray | None = None) -> Keep:
+    """Fit keep rule `rule` (KEEP_RULES) on labelled calibration rows (y, p, gid); transductive rules also read the
+    unlabelled target probabilities `target_p`. Every fit is returned as the Keep it applies."""
+    y, p, gid = np.asarray(y, dtype=int), np.asarray(p, dtype=float), np.asarray(gid)
+    if rule not in KEEP_RULES:
+        raise MedrankError(f"keep rule '{rule}': expected one of {', '.join(KEEP_RULES)}")
+    if rule == "fixed_0.5":
+        return Keep("threshold", 0.5)
+    if rule in ("threshold", "min_keep_1"):
+        return Keep("threshold", select_threshold(y, p), 1 if rule == "min_keep_1" else 0)
+    if rule == "relative":
+        return Keep("relative", _best_on_grid(y, RELATIVE_GRID, lambda d: Keep("relative", d).labels(p, gid)))
+    if rule == "top_k":
+        return Keep("top_k", _best_on_grid(y, TOP_K_GRID, lambda k: Keep("top_k", k).labels(p, gid)))
+    if rule == "isotonic":
+        from sklearn.isotonic import IsotonicRegression
+
+        iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(p, y)
+        cand = np.unique(p)
+        above = cand[iso.predict(cand) >= 0.5]
+        return Keep("threshold", float(above.min()) if len(above) else 1.0)
+    if target_p is None or not len(target_p):
+        raise MedrankError(f"keep rule '{rule}' needs the target rows' probabilities")
+    if rule == "bbse_fraction":
+        prior = bbse_prior(y, p, target_p, select_threshold(y, p))
+        return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
+    a, b = platt(y, p)
+    if rule == "platt":
+        return Keep("threshold", _threshold_where(0.0, a, b))
+    calibrated = 1 / (1 + np.exp(-(a * _logit(target_p) + b)))
+    prior, _ = em_prior_shift(calibrated, float(y.mean()))
+    if rule == "em_fraction":
+        return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
+    # em: prior-adjusted P >= 0.5  <=>  a logit(p) + b >= log of the prior odds ratio (calibration / target)
+    pi0 = float(np.clip(y.mean(), 1e-6, 1 - 1e-6))
+    shift = np.log(pi0 / (1 - pi0)) - np.log(max(prior, 1e-6) / max(1 - prior, 1e-6))
+    return Keep("threshold", _threshold_where(shift, a, b), target_prior=prior)
+
+
+def order_key(rows: pd.DataFrame, order: str) -> np.ndarray:
+    """The within-question order key of an order rule (ORDERS; higher = earlier) over rows with prob, rank_key
+    and label (kept)."""
+    if order not in ORDERS:
+        raise MedrankError(f"order '{order}': expected one of {', '.join(ORDERS)}")
+    prob = rows["prob"].to_numpy(dtype=float)
+    if order == "prob":
+        return prob
+    key = pct_rank(rows["rank_key"].reset_index(drop=True), rows["gid"].reset_index(drop=True))
+    if order == "prob_first":
+        kept_prob = pd.Series(np.where(rows["label"].to_numpy() == 1, prob, -np.inf))
+        first = kept_prob.groupby(rows["gid"].to_numpy(), sort=False).rank(ascending=False, method="first").to_numpy() == 1
+        key = key + 2.0 * (first & np.isfinite(kept_prob.to_numpy()))
+    return key
+
+
+def apply_decision(rows: pd.DataFrame, keep: Keep, order: str = "rank") -> pd.DataFrame:
+    """Rows (gid, prob, rank_key) of one system kept by `keep` and ordered by `order`."""
     gid = rows["gid"].to_numpy()
-    labels = keep_labels(rows["prob"].to_numpy(dtype=float), threshold, gid)
-    return rows.assign(threshold=threshold, label=labels, score=submission_score(labels, rows["rank_key"].to_numpy(dtype=float), gid))
+    rows = rows.assign(label=keep.labels(rows["prob"].to_numpy(dtype=float), gid))
+    return rows.assign(threshold=keep.value, score=submission_score(rows["label"].to_numpy(), order_key(rows, order), gid))
 
 
-def decide_system(pred: pd.DataFrame, cand: pd.DataFrame, train: Sequence[str], threshold: float | None = None) -> tuple[dict[str, object], pd.DataFrame]:
-    """Thresholds and labels for one system's rows (part oof / val / test; prob in [0,1], rank_key).
+# ---------------------------------------------------------------- protocols
 
-    oof fold f: threshold from the other folds' rows; val: from the oof rows of the training questions;
-    test: from all oof rows (unless `threshold` is fixed). Returns ({"folds": [..], "val": t, "test": t}, decided
-    rows with label_true from `cand`).
+
+def source_folds(splits: Sequence[str], sources: Sequence[str]) -> np.ndarray:
+    """Leave-one-source-out folds: each row's fold is the index of its question's source in `sources`."""
+    index = {s: i for i, s in enumerate(sources)}
+    missing = sorted(set(splits) - set(index))
+    if missing:
+        raise MedrankError(f"leave-one-source-out: split(s) {', '.join(missing)} are not labelled sources")
+    return np.array([index[s] for s in splits], dtype=np.int64)
+
+
+HELD_OUT_PARTS = ("oof", "loso")  # question-grouped CV folds | leave-one-source-out folds (fold = source index)
+
+
+def decide_system(
+    pred: pd.DataFrame, cand: pd.DataFrame, train: Sequence[str], rule: str = "threshold", order: str = "rank"
+) -> tuple[dict[str, object], pd.DataFrame]:
+    """Keep rule `rule` and order `order` over one system's rows (part oof / loso / val / test; prob in [0,1],
+    rank_key), each target set decided by a rule fitted on other rows:
+
+    oof / loso fold f: fitted on the same part's other folds (CV: the other questions; LOSO: the other sources'
+    out-of-source rows); val: on the oof rows of the training questions; test: on all oof rows. Returns
+    ({"folds": [Keep json per oof fold], "loso": [...], "val": ..., "test": ...}, decided rows with label_true).
     """
     truth = cand[["gid", "aid", "label"]].rename(columns={"label": "label_true"})
     pred = pred.merge(truth, on=["gid", "aid"], how="left")
+
+    def _fit(cal: pd.DataFrame, target: pd.DataFrame) -> Keep:
+        return fit_keep(rule, cal["label_true"].to_numpy(dtype=int), cal["prob"].to_numpy(dtype=float), cal["gid"].to_numpy(),
+                        target["prob"].to_numpy(dtype=float))  # fmt: skip
+
+    out, fits = [], {}
+    for part, name in (("oof", "folds"), ("loso", "loso")):
+        rows = pred[pred["part"] == part]
+        fits[name] = []
+        for f in sorted(rows["fold"].unique()):
+            keep = _fit(rows[rows["fold"] != f], rows[rows["fold"] == f])
+            out.append(apply_decision(rows[rows["fold"] == f], keep, order))
+            fits[name].append(keep.to_json())
     oof = pred[pred["part"] == "oof"]
-
-    def _t(rows: pd.DataFrame) -> float:
-        return float(threshold) if threshold is not None else select_threshold(rows["label_true"].to_numpy(dtype=int), rows["prob"].to_numpy(dtype=float))
-
-    out, thresholds = [], {"folds": []}
-    for f in sorted(oof["fold"].unique()):
-        t = _t(oof[oof["fold"] != f])
-        out.append(decide_rows(oof[oof["fold"] == f], t))
-        thresholds["folds"].append(t)
-    thresholds["val"] = _t(oof[oof["gid"].isin(set(train))])
-    out.append(decide_rows(pred[pred["part"] == "val"], thresholds["val"]))
-    if (pred["part"] == "test").any():
-        thresholds["test"] = _t(oof)
-        out.append(decide_rows(pred[pred["part"] == "test"], thresholds["test"]))
-    return thresholds, pd.concat(out, ignore_index=True)
+    for part, cal in (("val", oof[oof["gid"].isin(set(train))]), ("test", oof)):
+        rows = pred[pred["part"] == part]
+        if len(rows):
+            keep = _fit(cal, rows)
+            out.append(apply_decision(rows, keep, order))
+            fits[part] = keep.to_json()
+    return fits, pd.concat(out, ignore_index=True)

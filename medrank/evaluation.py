@@ -193,27 +193,102 @@ def split_questions(cand: pd.DataFrame, splits: Sequence[str]) -> list[str]:
     return [g for g, s in split_of.items() if s in splits]
 
 
+# ---------------------------------------------------------------- protocols: CV and leave-one-source-out
+
+
+def loso_summary(per_source: dict[str, dict]) -> dict:
+    """Leave-one-source-out scores: each held-out source's, their mean and the worst source's, per metric."""
+    out: dict = {"by_source": {s: rounded_scores(m) for s, m in per_source.items()}}
+    for m in METRICS:
+        v = {s: float(r[m]) for s, r in per_source.items()}
+        worst = min(v, key=v.get)
+        out[m] = {"mean": round(float(np.mean(list(v.values()))), 4), "worst": round(v[worst], 4), "worst_source": worst}
+    return out
+
+
+def loso_summary_of(decided: pd.DataFrame, cand: pd.DataFrame, sources: Sequence[str]) -> dict:
+    """`loso_summary` of already-decided loso rows (fold = the held-out source's index in `sources`)."""
+    rows = decided[decided["part"] == "loso"]
+    return loso_summary({sources[f]: evaluate_decided(rows[rows["fold"] == f], cand) for f in sorted(rows["fold"].unique())})
+
+
+def held_out_copies(rows: pd.DataFrame, k: int, seed: int, sources: Sequence[str]) -> pd.DataFrame:
+    """Labelled rows (gid, split, ...) of a system that trains nothing on MEDIQA (or only a threshold) twice: part
+    "oof" with the question-grouped folds every model's CV uses (same question order and seed), part "loso" with
+    fold = the index of the question's source; decide them with decision.decide_system, score with
+    cv_summary_of / loso_summary_of."""
+    from medrank.decision import grouped_folds, source_folds
+
+    rows = rows[rows["split"].isin(sources)].reset_index(drop=True)
+    return pd.concat([rows.assign(part="oof", fold=grouped_folds(rows["gid"].to_numpy(), k, seed)),
+                      rows.assign(part="loso", fold=source_folds(rows["split"].to_numpy(), sources))], ignore_index=True)  # fmt: skip
+
+
+def selection_score(cv: dict, loso: dict, metric: str) -> float:
+    """The written selection rule's number: the mean of the CV mean and the LOSO mean of `metric`."""
+    return 0.5 * (float(cv[metric]["mean"]) + float(loso[metric]["mean"]))
+
+
+def order_score(cv: dict, loso: dict) -> float:
+    """The order rule's number: the selection score of (MRR + official Spearman) / 2."""
+    return 0.5 * (selection_score(cv, loso, "mrr") + selection_score(cv, loso, "spearman"))
+
+
+def seed_spread(runs: Sequence[tuple[dict, dict]]) -> dict:
+    """sd over seeds of each metric's selection score ((CV summary, LOSO summary) per seed), and of the order score."""
+    out = {m: round(float(np.std([selection_score(c, l, m) for c, l in runs], ddof=1)), 4) if len(runs) > 1 else 0.0 for m in METRICS}
+    out["order"] = round(float(np.std([order_score(c, l) for c, l in runs], ddof=1)), 4) if len(runs) > 1 else 0.0
+    out["seeds"] = len(runs)
+    return out
+
+
+def pick(scores: dict, band: float) -> object:
+    """The written rule's choice among candidates listed simplest first: the simplest whose score is within `band`
+    of the best (a more complex candidate must beat a simpler one by more than the seed spread)."""
+    best = max(scores.values())
+    return next(k for k, v in scores.items() if v >= best - band - 1e-12)
+
+
 # ---------------------------------------------------------------- choosing the final system
 
 
-def candidate_systems(mtl_pred: pd.DataFrame, base_pred: pd.DataFrame, cand: pd.DataFrame, train: Sequence[str], weights: Sequence[float]) -> dict:
-    """The MTL as its stage decided it, and its ensemble with the baseline at the weight with the best mean CV
-    accuracy (both systems' out-of-fold rows come from the same question-grouped folds; every weight's CV kept).
+def system_name(weight: float) -> str:
+    return "baseline" if weight == 0 else "mtl" if weight == 1 else "ensemble"
 
-    -> {"mtl": {"decided", "cv"}, "ensemble": {"decided", "cv", "mtl_weight", "thresholds", "cv_by_mtl_weight"}}.
+
+def candidate_systems(
+    mtl_pred: pd.DataFrame, base_pred: pd.DataFrame, cand: pd.DataFrame, train: Sequence[str], weights: Sequence[float],
+    rules: Sequence[str], orders: Sequence[str], sources: Sequence[str], band: dict,
+) -> dict:
+    """Every (MTL weight, keep rule) candidate decided under CV and LOSO (MTL weight 0 = the baseline alone, 1 = the
+    MTL alone; both systems' rows come from the same folds), the chosen one by the written rule (`pick` on the
+    accuracy selection score, candidates ordered simplest first: keep rules as listed, single systems before
+    ensembles), then its order rule (`pick` on the order score, `orders` simplest first).
+
+    -> {"table": {weight: {rule: {"cv", "loso", "score"}}}, "orders": {order: {"cv", "loso", "score"}}, "weight",
+    "rule", "order", "fits" (Keep per target set), "decided" (the chosen candidate's rows), "cv", "loso"}.
     """
     from medrank.decision import combine_systems, decide_system
 
     mine = mtl_pred[["part", "gid", "aid", "fold", "prob_mean", "rank_key"]].rename(columns={"prob_mean": "prob"})
     theirs = base_pred[["part", "gid", "aid", "prob", "rank_score"]].rename(columns={"rank_score": "rank_key"})
-    by_weight = {}
+    combined = {w: combine_systems(mine, theirs, w) for w in weights}
+    table: dict = {}
     for w in weights:
-        thresholds, decided = decide_system(combine_systems(mine, theirs, w), cand, train)
-        by_weight[w] = (thresholds, decided, cv_summary_of(decided, cand))
-    weight = max(weights, key=lambda w: by_weight[w][2]["accuracy"]["mean"])
-    thresholds, decided, cv = by_weight[weight]
-    return {
-        "mtl": {"decided": mtl_pred, "cv": cv_summary_of(mtl_pred, cand)},
-        "ensemble": {"decided": decided.merge(cand[["gid", "split", "qid"]].drop_duplicates(), on="gid", how="left"), "cv": cv,
-                     "mtl_weight": weight, "thresholds": thresholds, "cv_by_mtl_weight": {str(w): rounded_summary(c) for w, (_, _, c) in by_weight.items()}},
-    }  # fmt: skip
+        table[w] = {}
+        for rule in rules:
+            _, decided = decide_system(combined[w], cand, train, rule)
+            cv, loso = cv_summary_of(decided, cand), loso_summary_of(decided, cand, sources)
+            table[w][rule] = {"cv": cv, "loso": loso, "score": selection_score(cv, loso, "accuracy")}
+    simplest_first = sorted(((w, r) for w in weights for r in rules), key=lambda c: (list(rules).index(c[1]), 0 < c[0] < 1, c[0]))
+    weight, rule = pick({c: table[c[0]][c[1]]["score"] for c in simplest_first}, band["accuracy"])
+    by_order = {}
+    for order in orders:
+        fits, decided = decide_system(combined[weight], cand, train, rule, order)
+        cv, loso = cv_summary_of(decided, cand), loso_summary_of(decided, cand, sources)
+        by_order[order] = {"cv": cv, "loso": loso, "score": order_score(cv, loso), "fits": fits, "decided": decided}
+    order = pick({o: by_order[o]["score"] for o in orders}, band["order"])
+    chosen = by_order[order]
+    decided = chosen["decided"].merge(cand[["gid", "split", "qid"]].drop_duplicates(), on="gid", how="left")
+    return {"table": table, "orders": {o: {k: v for k, v in r.items() if k not in ("decided", "fits")} for o, r in by_order.items()},
+            "weight": weight, "rule": rule, "order": order, "fits": chosen["fits"], "decided": decided, "cv": chosen["cv"], "loso": chosen["loso"]}  # fmt: skip

@@ -1,8 +1,9 @@
 """Baseline features (paper §4.4): one answer table, one fitted `FeatureBuilder` for training and inference.
 
 Flow: `answer_table` gathers, per candidate answer, everything the groups read (source, length, CHiQA rank,
-text, 1-best entailed answer, N-best RQE and ANLI scores, bi-encoder cosine); `FeatureBuilder.fit` learns
-what depends on training rows (source categories, scaling) and `transform` returns the model matrix.
+text, 1-best entailed answer, N-best RQE and ANLI scores, bi-encoder cosines, question-type agreement);
+`FeatureBuilder.fit` learns what depends on training rows (source categories, scaling) and `transform` returns
+the model matrix.
 The TF-IDF vocabulary is fitted on MedQuAD answers only (`fit_tfidf`), never on MEDIQA text.
 """
 
@@ -22,7 +23,7 @@ from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
-GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "cnn", "qa")
+GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa")
 # answer-table columns each group reads (rqe_i / anli_i for i = 1..n_candidates are added per builder)
 _GROUP_COLUMNS = {
     "metadata": ["source", "n_sentences", "chiqa_rank"],
@@ -32,11 +33,13 @@ _GROUP_COLUMNS = {
     "anli": [],
     "bienc": ["bienc_cos"],
     "heading": ["heading_cos"],
+    "qtype": ["qtype_agree", "qtype_match"],
     "cnn": ["cnn_score"],
     "qa": ["qa_score"],
 }
-# groups with one score per answer, each expanded into the score and its position among the question's answers
-_ANSWER_SCORES = {"bienc": "bienc_cos", "heading": "heading_cos", "cnn": "cnn_score", "qa": "qa_score"}
+# groups of per-answer scores: the score is expanded into itself and its position among the question's answers,
+# the group's other columns (qtype_match) are used as they are
+_ANSWER_SCORES = {"bienc": "bienc_cos", "heading": "heading_cos", "qtype": "qtype_agree", "cnn": "cnn_score", "qa": "qa_score"}
 
 
 # ---------------------------------------------------------------- answer table
@@ -59,6 +62,8 @@ def answer_table(
     anli: pd.DataFrame | None = None,
     bienc_cos: np.ndarray | None = None,
     heading_cos: np.ndarray | None = None,
+    qtype_agree: np.ndarray | None = None,
+    qtype_match: np.ndarray | None = None,
     cnn_score: np.ndarray | None = None,
     qa_score: np.ndarray | None = None,
     n_candidates: int = 3,
@@ -120,7 +125,9 @@ def answer_table(
             raise MedrankError(f"NLI grid lacks {len(lacking)} (answer, entailed answer) pairs (e.g. {lacking[0]}): re-run the embed stage")
         for i in ranks:
             t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["gid"], t["aid"])]
-    for col, values in (("bienc_cos", bienc_cos), ("heading_cos", heading_cos), ("cnn_score", cnn_score), ("qa_score", qa_score)):
+    per_answer = {"bienc_cos": bienc_cos, "heading_cos": heading_cos, "qtype_agree": qtype_agree, "qtype_match": qtype_match,
+                  "cnn_score": cnn_score, "qa_score": qa_score}
+    for col, values in per_answer.items():
         if values is not None:
             if len(values) != len(t):
                 raise MedrankError(f"{col}: {len(values)} values for {len(t)} answers")
@@ -156,8 +163,8 @@ def read_answer_scores(answers: pd.DataFrame, groups: set[str] | Sequence[str]) 
     from medrank.io import read_parquet
     from medrank.layout import SCORE_FILES
 
-    wanted = [(col, path) for group, (col, path) in SCORE_FILES.items() if group in groups]
-    tables = {path: read_parquet(path) for _, path in wanted}  # bienc and heading share one file: read once
+    wanted = [(col, path) for group, (_, path) in SCORE_FILES.items() if group in groups for col in _GROUP_COLUMNS[group]]
+    tables = {path: read_parquet(path) for _, path in wanted}  # bienc, heading and qtype share one file: read once
     return {col: answer_scores(answers, tables[path], col, str(path)) for col, path in wanted}
 
 
@@ -302,6 +309,9 @@ class FeatureBuilder:
                 rel = relative_to_question(score, gid)
                 cols += [score, rel["minus_max"], rel["minus_mean"], rel["rank_frac"]]
                 names += [col, f"{col}_minus_max", f"{col}_minus_mean", f"{group}_rank_frac"]
+                extra = [c for c in _GROUP_COLUMNS[group] if c != col]
+                cols += [table[c].to_numpy(dtype=float) for c in extra]
+                names += extra
         if not cols:
             return np.zeros((len(table), 0)), names
         return np.column_stack(cols), names

@@ -38,7 +38,7 @@ RETRIEVED = PROCESSED / "retrieved.parquet"  # retrieve: the N entailed MedQuAD 
 RQE_CANDIDATES = PROCESSED / "rqe_candidates.parquet"  # retrieve: every BM25 candidate with its RQE score
 EMBEDDINGS = PROCESSED / "embeddings"  # embed
 NLI_GRID = EMBEDDINGS / "nli_grid.parquet"
-BIENC = PROCESSED / "bienc.parquet"  # bienc: bienc_cos, heading_cos per answer
+BIENC = PROCESSED / "bienc.parquet"  # bienc: bienc_cos, heading_cos, qtype_agree, qtype_match per answer
 QA_SCORES = PROCESSED / "qa_scores.parquet"  # qa: qa_score per answer
 CNN_SCORES = PROCESSED / "cnn_mediqa_scores.parquet"  # cnn_mediqa: cnn_score per answer
 BASELINE_PREDICTIONS = PROCESSED / "baseline" / "predictions.parquet"
@@ -55,10 +55,11 @@ SQUAD_SENTENCES_STATS = CNN_INTERIM / "squad_sentences_stats.json"
 CROSSENC_DEV_SCORES = CNN_INTERIM / "crossenc_dev_scores.parquet"
 CROSSENC_META = CNN_INTERIM / "crossenc_meta.json"
 
-# per-answer scores of other stages, by feature group: (column, file)
+# per-answer scores of other stages, by feature group: (its score column, file)
 SCORE_FILES = {
     "bienc": ("bienc_cos", BIENC),
     "heading": ("heading_cos", BIENC),
+    "qtype": ("qtype_agree", BIENC),  # + qtype_match (features._GROUP_COLUMNS)
     "cnn": ("cnn_score", CNN_SCORES),
     "qa": ("qa_score", QA_SCORES),
 }

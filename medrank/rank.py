@@ -125,7 +125,7 @@ def read_system(models_dir: str | Path = layout.MODELS) -> tuple[dict, Params]:
         raise MedrankError(f"{path}: no trained system (run `dvc repro score`)")
     try:
         system = json.loads(path.read_text(encoding="utf-8"))
-        missing = [k for k in ("system", "mtl_weight", "thresholds", "recipe") if k not in system]
+        missing = [k for k in ("system", "mtl_weight", "keep", "order", "recipe") if k not in system]
     except (ValueError, TypeError) as e:
         raise MedrankError(f"{path}: not a system file written by stage score ({type(e).__name__}: {e})") from None
     if missing:
@@ -148,6 +148,7 @@ class Ranker:
     nli: Any
     prefilter: Any | None  # SentenceEncoder of the grid prefilter
     bienc: Any | None  # SentenceEncoder of groups bienc / heading, when a model reads them
+    qtypes: Any | None  # QuestionTypes of group qtype, when a model reads it
     baseline: Any | None  # FittedBaseline
     mtl: Any | None  # MTLBag
     mtl_meta: dict | None
@@ -178,9 +179,13 @@ class Ranker:
         groups = set(baseline.builder.groups if baseline else ()) | set(mtl.builder.groups if mtl else ())
         normalizer, splitter, _ = make_pipeline(p.normalize)  # coreference is optional and slow: not used here
         qcol = "question_norm" if p.retrieve.question_text == "normalized" else "question"
-        cnn = qa = bienc = None
+        cnn = qa = bienc = qtypes = None
         if groups & {"bienc", "heading"}:
             bienc = SentenceEncoder(p.bienc.model, device=p.device, max_length=p.bienc.max_length)
+        if "qtype" in groups:
+            from medrank.models.rqe import QuestionTypes
+
+            qtypes = QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed)  # as stage bienc fits it
         if "cnn" in groups:
             from medrank.models.cnn import CnnRanker
 
@@ -194,7 +199,7 @@ class Ranker:
             rqe=CrossEncoder.load(_model_dir(models_dir / layout.RQE_MODEL.name, "rqe", "finetune_rqe"), device=p.device, precision=p.retrieve.precision),
             nli=CrossEncoder.load(_model_dir(models_dir / layout.NLI_MODEL.name, "nli", "finetune_nli"), device=p.device, precision=ep.precision),
             prefilter=SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None,
-            bienc=bienc, baseline=baseline, mtl=mtl, mtl_meta=meta, cnn=cnn, qa=qa,
+            bienc=bienc, qtypes=qtypes, baseline=baseline, mtl=mtl, mtl_meta=meta, cnn=cnn, qa=qa,
         )  # fmt: skip
 
     # ------------------------------------------------------------ the stages' steps, one question
@@ -245,7 +250,8 @@ class Ranker:
         return g.rows
 
     def answer_scores(self, answers: pd.DataFrame, groups: set[str]) -> dict[str, Any]:
-        """Per-answer scores of stages bienc (bienc_cos, heading_cos), cnn_mediqa (cnn_score) and qa (qa_score)."""
+        """Per-answer scores of stages bienc (bienc_cos, heading_cos, qtype_agree, qtype_match), cnn_mediqa (cnn_score) and
+        qa (qa_score)."""
         from medrank.answer_scores import answer_bienc_scores
 
         p, out = self.recipe, {}
@@ -254,6 +260,10 @@ class Ranker:
             cos, _ = answer_bienc_scores(answers, self.bienc, cache_root=layout.CACHE_BIENC, batch_size=bp.batch_size,
                                          read_only=True)  # fmt: skip
             out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
+        if "qtype" in groups:
+            from medrank.answer_scores import answer_qtype_scores
+
+            out.update(answer_qtype_scores(answers, self.qtypes))
         if "cnn" in groups:
             from medrank.models.cnn import answer_scores
             from medrank.text.sentences import split_rule
@@ -271,7 +281,7 @@ class Ranker:
         import numpy as np
         import pandas as pd
 
-        from medrank.decision import combine_systems, decide, decide_rows
+        from medrank.decision import Keep, apply_decision, combine_systems, decide
         from medrank.features import answer_table
         from medrank.models.mtl import build_mtl_data, ensemble
 
@@ -292,18 +302,20 @@ class Ranker:
             rule = MtlParams(**{k: d[k] for k in ("ensemble", "rank_by", "threshold", "min_keep")})
             data = build_mtl_data(answers, grid, retrieved, n_candidates=n, scores=scores)
             dec = decide(ensemble(*self.mtl.predict(data), rule.ensemble), float(d["threshold_used"]), rule)
-            systems["mtl"] = dec.assign(prob=dec["prob_mean"]) if name == "ensemble" else dec
+            systems["mtl"] = dec.assign(prob=dec["prob_mean"])
         if self.baseline is not None:
             anli = grid[["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]]
             table = answer_table(answers, entailed=retrieved, anli=anli, n_candidates=n, **scores)
             pred = self.baseline.predict(table)
             systems["baseline"] = pred.assign(rank_key=pred["rank_score"])
+        # the score stage's decision: the systems' rows combined at its MTL weight (0 = the baseline's, 1 = the MTL's),
+        # kept by the keep rule fitted for this fit's target set, ordered by its order rule
+        part = lambda df: df[["gid", "aid", "prob", "rank_key"]].assign(part=self.fit, fold=-1)  # noqa: E731
         if name == "ensemble":
-            part = lambda df: df[["gid", "aid", "prob", "rank_key"]].assign(part=self.fit, fold=-1)  # noqa: E731
-            combined = combine_systems(part(systems["mtl"]), part(systems["baseline"]), float(self.system["mtl_weight"]))
-            out = decide_rows(combined, float(self.system["thresholds"]["val" if self.fit == "val" else "test"]))
+            rows = combine_systems(part(systems["mtl"]), part(systems["baseline"]), float(self.system["mtl_weight"]))
         else:
-            out = systems[name]
+            rows = part(systems[name])
+        out = apply_decision(rows, Keep.from_json(self.system["keep"]["val" if self.fit == "val" else "test"]), self.system["order"])
         out = out.set_index("aid").loc[[a.id for a in inp.answers]].reset_index()
         order = out.sort_values("score", ascending=False, kind="stable")
         rank = {aid: i for i, aid in enumerate(order.loc[order["label"] == 1, "aid"], start=1)}

@@ -46,6 +46,12 @@ def _pm(d: dict | None) -> str:
     return "—" if not d else f"{d['mean']:.3f} ± {d['sd']:.3f}"
 
 
+def _loso(d: dict | None, metric: str = "accuracy") -> str:
+    """A LOSO cell: the mean over held-out sources (the worst source's value and name)."""
+    m = (d or {}).get(metric)
+    return "—" if not m else f"{m['mean']:.3f} ({m['worst']:.3f} {m['worst_source']})"
+
+
 def _acc(d: dict | None) -> str:
     """An RQE CV cell: accuracy mean ± sd over folds."""
     return "—" if not d or d.get("accuracy") is None else f"{d['accuracy']:.3f} ± {d.get('accuracy_sd') or 0:.3f}"
@@ -56,13 +62,15 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _final_line(final: dict) -> list[str]:
-    """One sentence naming the score stage's final system and how it was chosen."""
+    """One sentence naming the score stage's final system, its decision rules and how they were chosen."""
     if not final:
         return []
-    weight = final.get("systems", {}).get(final.get("system"), {}).get("mtl_weight")
-    alone = ": the baseline's probabilities and ranks alone, thresholded on out-of-fold rows" if weight == 0 else ""
-    share = "" if weight is None else f" (MTL weight {weight:g}{alone})"
-    return [f"Final system: `{final.get('system')}`{share}, chosen by {final.get('selection', 'the score stage')}.", ""]
+    sel = final.get("selection") or {}
+    rule = sel.get("rule", sel) if isinstance(sel, dict) else sel
+    band = sel.get("noise_band") if isinstance(sel, dict) else None
+    noise = f" Noise band (seed spread): accuracy {band['accuracy']:.3f}, order score {band['order']:.3f}." if band else ""
+    return [f"Final system: `{final.get('system')}` (MTL weight {final.get('mtl_weight', 0):g}), keep rule `{final.get('keep_rule')}`, "
+            f"order `{final.get('order')}`. Rule: {rule}{noise}", ""]  # fmt: skip
 
 
 def _headline(metrics: dict[str, dict]) -> list[str]:
@@ -71,19 +79,20 @@ def _headline(metrics: dict[str, dict]) -> list[str]:
     if not final:
         return []
     baseline, chiqa = metrics.get("task3_val_baseline", {}), metrics.get("task3_val_chiqa")
-    cv_of = {name: r.get("cv") or {} for name, r in final.get("systems", {}).items()}
-    cells = lambda m, cv: [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS] + [_pm(cv.get("accuracy")), _pm(cv.get("spearman_true"))]  # noqa: E731
-    rows = [[f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)"] + cells(final, cv_of.get(final.get("system"), {}))]
+    sys_rows = final.get("systems", {})
+    cells = lambda m, r: [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS] + [_pm((r.get("cv") or {}).get("accuracy")), _loso(r.get("loso"))]  # noqa: E731
+    rows = [[f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)"] + cells(final, sys_rows.get("final", {}))]
     if baseline and final.get("system") != "baseline":
-        rows.append(["baseline (LR filter + rank SVM)"] + cells(baseline, baseline.get("cv") or cv_of.get("baseline", {})))
+        rows.append(["baseline (LR filter + rank SVM)"] + cells(baseline, sys_rows.get("baseline", baseline)))
     if chiqa:
-        rows.append(["CHiQA order (every answer kept)"] + cells(chiqa, {}))
+        rows.append(["CHiQA order (every answer kept)"] + cells(chiqa, sys_rows.get("chiqa", {})))
     rows.append(["MEDIQA 2019 bar: best team per metric, blind test"] + cells(MEDIQA2019_BEST_TASK3, {}))
     n_val, n_cv, folds = (chiqa or {}).get("n_questions", 25), baseline.get("cv_questions"), baseline.get("cv_folds", 5)
-    out = [f"**MEDIQA 2019 Task 3**: the {n_val} validation questions (swings ±0.1) and question-grouped {folds}-fold CV over the "
-           f"{f'{n_cv} ' if n_cv else ''}train + validation questions (mean ± sd), which selects every model. The 2019 bar is on the "
+    out = [f"**MEDIQA 2019 Task 3**: the {n_val} validation questions (swings ±0.1), question-grouped {folds}-fold CV over the "
+           f"{f'{n_cv} ' if n_cv else ''}train + validation questions (mean ± sd) and leave-one-source-out (LOSO: train on two of "
+           "train_liveqa, train_alexa, val, score the third; mean over the three, worst source in brackets). The 2019 bar is on the "
            "blind test questions: where we stand, not a paired comparison.", ""]  # fmt: skip
-    out += _table(["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "CV Spearman (true)"], rows) + _final_line(final)
+    out += _table(["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "LOSO accuracy (worst)"], rows) + _final_line(final)
     rqe = metrics.get("finetune_rqe") or {}
     if rqe.get("cv"):
         out += [f"**MEDIQA 2019 Task 2** (question entailment): `{rqe.get('chosen')}`, question-grouped CV accuracy over the "
@@ -100,15 +109,37 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
     if not systems:
         return []
     final = metrics.get("task3_val", {})
-    cv_of = {name: r.get("cv") for name, r in final.get("systems", {}).items()}
+    sys_rows = final.get("systems", {})
     rows = []
     for name, m in systems.items():
-        cv = m.get("cv") or cv_of.get(name) or {}
-        label = f"**{name}** (final: `submissions/task3_{{val,test}}.csv`)" if name == final.get("system") else name
-        rows.append([label] + [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS] + [_pm(cv.get("accuracy")), _pm(cv.get("spearman_true"))])
-    head = ["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "CV Spearman (true)"]
-    out = ["**MEDIQA Task 3, validation** (25 questions: swings ±0.1; selection uses the question-grouped 5-fold CV over train+val, mean ± sd)", ""]
+        key = "final" if name == "ensemble" else name.split(" ")[0]
+        r = sys_rows.get(key, {})
+        label = f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)" if key == "final" else name
+        rows.append([label] + [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS]
+                    + [_pm((r.get("cv") or {}).get(k)) for k in ("accuracy", "mrr", "spearman")] + [_loso(r.get("loso"), k) for k in ("accuracy", "mrr", "spearman")])  # fmt: skip
+    head = ["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "CV MRR", "CV Spearman", "LOSO accuracy (worst)", "LOSO MRR (worst)", "LOSO Spearman (worst)"]
+    out = ["**MEDIQA Task 3: every system under three protocols** (val: the 25 validation questions, swings ±0.1; CV: question-grouped "
+           "5-fold over train+val, mean ± sd; LOSO: trained on two labelled sources, scored on the third, mean (worst source))", ""]
     out += _table(head, rows) + _final_line(final)
+    cands = final.get("candidates") or {}
+    if cands:
+        rules = list(next(iter(cands.values())))
+        table = [[w, rule, _pm(c["cv"]["accuracy"]), _loso(c["loso"]), _fmt(c["score"])] for w, by_rule in cands.items() for rule, c in by_rule.items()
+                 if rule == final.get("keep_rule") or float(w) == float(final.get("mtl_weight", -1))]  # fmt: skip
+        table = [[f"**{r[0]}**", f"**{r[1]}**", *r[2:]] if float(r[0]) == float(final.get("mtl_weight", -1)) and r[1] == final.get("keep_rule") else r for r in table]
+        out += ["**Decisions that transfer**: MTL weight (0 = the baseline alone, 1 = the MTL alone) × keep rule, each fitted on other "
+                "folds' / other sources' held-out rows; rows: every rule at the chosen weight and every weight at the chosen rule; "
+                "score = mean of CV accuracy and LOSO mean accuracy. Keep rules (`medrank/decision.py` KEEP_RULES): "
+                + ", ".join(f"`{r}`" for r in rules) + ".", ""]  # fmt: skip
+        out += _table(["MTL weight", "keep rule", "CV accuracy", "LOSO accuracy (worst)", "score"], table)
+    orders = final.get("orders") or {}
+    if orders:
+        table = [[f"**{o}**" if o == final.get("order") else o, _pm(c["cv"]["mrr"]), _pm(c["cv"]["spearman"]), _loso(c["loso"], "mrr"),
+                  _loso(c["loso"], "spearman"), _fmt(c["score"])] for o, c in orders.items()]  # fmt: skip
+        out += ["**Order of the kept answers** (the chosen weight and keep rule; `rank`: by the rank model, `prob_first`: the most "
+                "probable kept answer first, then the rank model, `prob`: by probability; score = mean over CV and LOSO of "
+                "(MRR + official Spearman) / 2)", ""]  # fmt: skip
+        out += _table(["order", "CV MRR", "CV Spearman", "LOSO MRR (worst)", "LOSO Spearman (worst)", "score"], table)
     vs = final.get("vs_baseline")
     if vs and final.get("system") != "baseline":
         cell = lambda d: f"{d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] ({d['p_better']:.0%} / {d['p_worse']:.0%})"  # noqa: E731
@@ -128,18 +159,6 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
                 "with each labelled set's)", ""]
         out += _table(["questions", "median question chars", "Accuracy", "Precision", "MRR", "Spearman (official)", "Spearman (true)",
                        "baseline Accuracy"], rows)  # fmt: skip
-    by_order = final.get("cv_by_order")
-    if by_order:
-        rows = [[name] + [_fmt(m.get(k)) for k in ("mrr", "spearman", "spearman_true")] for name, m in by_order.items()]
-        out += ["**Order of the kept answers** (the final system's out-of-fold rows pooled over the CV questions, the same "
-                "labels re-ordered: MRR wants the most probably correct answer first, Spearman the reference order)", ""]
-        out += _table(["kept answers ordered by", "MRR", "Spearman (official)", "Spearman (true)"], rows)
-    by_weight = (final.get("systems", {}).get("ensemble") or {}).get("cv_by_mtl_weight")
-    if by_weight:
-        rows = [[w] + [_pm(cv.get(k)) for k in ("accuracy", "precision", "mrr", "spearman_true")] for w, cv in by_weight.items()]
-        out += ["**What the MTL adds to the ensemble** (MTL weight vs the baseline's; 0 = the baseline alone, 1 = the MTL alone, both "
-                "thresholded on out-of-fold rows as the ensemble is; question-grouped 5-fold CV over train+val)", ""]
-        out += _table(["MTL weight", "CV accuracy", "CV precision", "CV MRR", "CV Spearman (true)"], rows)
     return out
 
 
@@ -147,18 +166,26 @@ def _baseline(m: dict) -> list[str]:
     out = []
     t1 = m.get("table1_ablation") or {}
     if t1:
-        rows = [[name.replace("+", " + "), _pm(r["cv"]["accuracy"]), _pm(r["cv"]["precision"]), _pm(r["cv"]["spearman_true"]),
+        best = max(t1, key=lambda n: t1[n].get("selection_score", 0))
+        rows = [[("**" + name.replace("+", " + ") + "** (rule's pick)") if name == best else name.replace("+", " + "), _pm(r["cv"]["accuracy"]),
+                 _loso(r.get("loso")), _fmt(r.get("selection_score")), _pm(r["cv"]["precision"]), _pm(r["cv"]["spearman_true"]),
                  _fmt(r["val"]["accuracy"]), _fmt(r["val"]["precision"]), _fmt(r["val"]["spearman"])] for name, r in t1.items()]  # fmt: skip
-        out += ["**Baseline feature ablation** (paper Tables 1-2: LR filter + rank SVM)", ""]
-        out += _table(["features", "CV accuracy", "CV precision", "CV Spearman (true)", "val accuracy", "val precision", "val Spearman"], rows)
+        out += ["**Baseline feature ablation** (paper Tables 1-2: LR filter + rank SVM; score = mean of CV accuracy and LOSO mean accuracy)", ""]
+        out += _table(["features", "CV accuracy", "LOSO accuracy (worst)", "score", "CV precision", "CV Spearman (true)", "val accuracy",
+                       "val precision", "val Spearman"], rows)  # fmt: skip
     t4 = m.get("table4_ranking") or {}
     if t4:
-        rows = [[name.replace("+", " + ")] + [x for k in ("lr_filter_score", "rank_svm") for x in (_pm(r[k]["cv_spearman_true"]), _fmt(r[k]["val_spearman"]))]
+        rows = [[name.replace("+", " + ")] + [x for k in ("lr_filter_score", "rank_svm") for x in (_pm(r[k]["cv_spearman_true"]), _loso_cell(r[k]))]
                 for name, r in t4.items()]  # fmt: skip
         out += ["**Ranking: LR filter score vs rank SVM** (paper Table 4; Spearman covers the answers each row's own filter "
                 "keeps, so compare the two rankers within a row, not rows with each other)", ""]
-        out += _table(["features", "LR: CV Spearman (true)", "LR: val Spearman", "rank SVM: CV Spearman (true)", "rank SVM: val Spearman"], rows)
+        out += _table(["features", "LR: CV Spearman (true)", "LR: LOSO Spearman (worst)", "rank SVM: CV Spearman (true)", "rank SVM: LOSO Spearman (worst)"], rows)
     return out
+
+
+def _loso_cell(r: dict) -> str:
+    """Table 4's LOSO Spearman cell (mean and worst source of the official Spearman)."""
+    return _loso({"spearman": r.get("loso_spearman")}, "spearman")
 
 
 def _mtl(m: dict) -> list[str]:
@@ -168,10 +195,12 @@ def _mtl(m: dict) -> list[str]:
     rows = []
     for name, cv in {"default (params.yaml `mtl`)": m["cv"], **m["ablations"]}.items():
         change = ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in (cv.get("overrides") or {}).items()) or "—"
-        rows.append([name, change] + [_pm(cv.get(k)) for k in ("accuracy", "precision", "mrr", "spearman_true")])
-    out = ["**Multi-task model: what each part adds** (question-grouped 5-fold CV over train+val, the same folds for every row; "
-           "CV MRR is low because some training questions have no valid answer: their MRR is 0 whatever the ranking)", ""]
-    return out + _table(["row", "change from the default", "CV accuracy", "CV precision", "CV MRR", "CV Spearman (true)"], rows)
+        loso = m.get("loso") if cv is m["cv"] else cv.get("loso")
+        rows.append([name, change] + [_pm(cv.get(k)) for k in ("accuracy", "precision", "mrr", "spearman_true")] + [_loso(loso), _loso(loso, "mrr")])
+    out = ["**Multi-task model: what each part adds** (question-grouped 5-fold CV over train+val, the same folds for every row, and "
+           "LOSO; CV MRR is low because some training questions have no valid answer: their MRR is 0 whatever the ranking)", ""]
+    return out + _table(["row", "change from the default", "CV accuracy", "CV precision", "CV MRR", "CV Spearman (true)", "LOSO accuracy (worst)",
+                         "LOSO MRR (worst)"], rows)  # fmt: skip
 
 
 def _retrieve(m: dict) -> list[str]:

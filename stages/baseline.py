@@ -45,9 +45,10 @@ def main(params_path: str = "params.yaml") -> None:
     train, val = labelled[labelled["split"].isin(L.TRAIN_SPLITS)], labelled[labelled["split"] == L.VAL_SPLIT]
     test = table[table["split"] == L.TEST_SPLIT].reset_index(drop=True)
 
-    table1, table4 = B.ablation_tables(labelled, train, val, configs, tfidf)
-    cv, oof = B.cross_validate(labelled, cfg, tfidf, bp.cv_folds, p.seed, B.VARIANTS, with_predictions=True)
-    transfer = B.source_transfer(labelled, cfg, tfidf, {k: B.VARIANTS[k] for k in ("prior_shift_none", "prior_shift_em")})
+    table1, table4 = B.ablation_tables(labelled, train, val, configs, tfidf, L.LABELLED_SPLITS)
+    proto = B.protocols(labelled, cfg, tfidf, L.LABELLED_SPLITS, B.VARIANTS)
+    cv, oof, loso = proto["cv"], proto["oof"], proto["loso"]
+    spread = B.spread_over_seeds(labelled, cfg, tfidf, L.LABELLED_SPLITS, bp.spread_seeds, first=proto)
     # validation: trained on the two training sets; test: retrained on train + validation, same params
     model, final = B.fit_baseline(train, cfg, tfidf), B.fit_baseline(labelled, cfg, tfidf)
     pred, test_pred = model.predict(val), final.predict(test)
@@ -59,6 +60,7 @@ def main(params_path: str = "params.yaml") -> None:
 
     parts = [
         oof.assign(part="oof", split=labelled["split"].to_numpy()),
+        proto["loso_rows"].assign(part="loso", split=lambda d: d["gid"].map(labelled.drop_duplicates("gid").set_index("gid")["split"])),
         pred.assign(part="val", split="val", fold=-1, threshold=model.threshold),
         test_pred.assign(part="test", split="test", fold=-1, threshold=final.threshold),
     ]
@@ -66,7 +68,8 @@ def main(params_path: str = "params.yaml") -> None:
     cv_summary = rounded_summary(cv["base"])
     write_json(L.metrics_file("task3_val_baseline"), {
         **rounded_scores(val_scores), "n_predicted_positive": val_scores["n_predicted_positive"], "threshold": model.threshold,
-        "features": list(bp.features), "cv": cv_summary, "cv_folds": bp.cv_folds, "cv_questions": int(labelled["gid"].nunique()),
+        "features": list(bp.features), "cv": cv_summary, "loso": loso["base"], "seed_spread": spread, "cv_folds": bp.cv_folds,
+        "cv_questions": int(labelled["gid"].nunique()),
         "test_model": {"trained_on": sorted(labelled["split"].unique()), "threshold": final.threshold,
                        "test_predicted_positive_rate": round(float(test_pred["label"].mean()), 4)},
     })  # fmt: skip
@@ -74,7 +77,8 @@ def main(params_path: str = "params.yaml") -> None:
         "table1_ablation": table1, "table4_ranking": table4,
         "model": {"features": list(bp.features), "n_features": len(model.builder.feature_names), "cv": cv_summary,
                   "cv_thresholds": cv["base"]["thresholds"], "cv_variants": {k: rounded_summary(cv[k]) for k in B.VARIANTS},
-                  "source_transfer": B.transfer_report(transfer), "val": rounded_scores(val_scores)},
+                  "loso": loso["base"], "loso_variants": {k: loso[k] for k in B.VARIANTS}, "seed_spread": spread,
+                  "source_transfer": B.transfer_report(proto["per_source"]), "val": rounded_scores(val_scores)},
         "seconds": round(time.perf_counter() - t0, 1),
     })  # fmt: skip
 

@@ -1,11 +1,13 @@
-"""DVC stage `bienc`: zero-shot bi-encoder cosines of every MEDIQA answer and of its heading with the question.
+"""DVC stage `bienc`: zero-shot bi-encoder cosines of every MEDIQA answer and of its heading with the question, and
+the question-type agreement of the question and the heading.
 
 One pass of the packaged MiniLM (mean pooling, unit vectors) over the normalized questions, answers
 (truncated to `bienc.max_length` tokens) and answer headings (`answer_scores.answer_heading`: the "focus (aspect)"
 title a CHiQA answer starts with). Vectors go through a content-addressed cache (data/cache/bienc, persist),
-so a re-run encodes only texts it has not seen. Writes data/processed/bienc.parquet (split, qid, aid,
-bienc_cos, heading_cos), read by the baseline and mtl stages (feature groups `bienc`, `heading`), and
-metrics/bienc.json.
+so a re-run encodes only texts it has not seen. The question types come from a classifier fitted on the clean
+MedQuAD table (seed `seed`; `answer_scores.answer_qtype_scores`). Writes data/processed/bienc.parquet (split, qid,
+aid, bienc_cos, heading_cos, qtype_agree, qtype_match), read by the baseline and mtl stages (feature groups `bienc`,
+`heading`, `qtype`), and metrics/bienc.json.
 """
 
 from __future__ import annotations
@@ -16,14 +18,22 @@ import time
 import pyarrow as pa
 
 from medrank import layout
-from medrank.answer_scores import answer_bienc_scores
+from medrank.answer_scores import answer_bienc_scores, answer_qtype_scores
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
+from medrank.models.rqe import QuestionTypes
 from medrank.params import load_params
 from medrank.runner import run
 
 log = logging.getLogger("stages.bienc")
-BIENC_SCORES = pa.schema([("split", pa.string()), ("qid", pa.string()), ("aid", pa.string()), ("bienc_cos", pa.float64()), ("heading_cos", pa.float64())])
+BIENC_SCORES = pa.schema(
+    [("split", pa.string()), ("qid", pa.string()), ("aid", pa.string())]
+    + [(c, pa.float64()) for c in ("bienc_cos", "heading_cos", "qtype_agree", "qtype_match")]
+)
+
+
+def _means(columns: dict) -> dict:
+    return {name: round(float(v.mean()), 4) if len(v) else None for name, v in columns.items()}
 
 
 def main(params_path: str = "params.yaml") -> None:
@@ -34,7 +44,8 @@ def main(params_path: str = "params.yaml") -> None:
     answers = cap_questions(answers, p.max_questions_per_split)
     layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
     cos, stats = answer_bienc_scores(answers, bp.model, cache_root=layout.CACHE_BIENC, max_length=bp.max_length, batch_size=bp.batch_size, device=p.device)
-    write_parquet(answers[["split", "qid", "aid"]].assign(**cos), layout.BIENC, BIENC_SCORES)
+    qtype = answer_qtype_scores(answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed))
+    write_parquet(answers[["split", "qid", "aid"]].assign(**cos, **qtype), layout.BIENC, BIENC_SCORES)
     write_json(
         layout.metrics_file("bienc"),
         {
@@ -42,7 +53,8 @@ def main(params_path: str = "params.yaml") -> None:
             "model": bp.model,
             "max_length": bp.max_length,
             "encode": stats,
-            "cos_mean": {name: round(float(v.mean()), 4) if len(v) else None for name, v in cos.items()},
+            "cos_mean": _means(cos),
+            "qtype_mean": _means(qtype),
             "seconds": round(time.perf_counter() - t0, 1),
         },
     )

@@ -58,7 +58,7 @@ def main(params_path: str = "params.yaml") -> None:
     report = mtl.run_recipe(
         data, train_gids, val_gids, test_gids, mp, builder(mp), seed=p.seed, device=device,
         live=Live(dir=str(L.plots_dir("mtl")), dvcyaml=None, save_dvc_exp=False),
-        ablations={name: (r, builder(r)) for name, (_, r) in ablations.items()},
+        ablations={name: (r, builder(r)) for name, (_, r) in ablations.items()}, sources=L.LABELLED_SPLITS,
     )  # fmt: skip
     report.final_model.save(L.MTL_MODEL, extra_meta={"decision": report.decisions["final"], "n_candidates": p.n_candidates})
     report.val_model.save(L.MTL_MODEL / "val", extra_meta={"decision": report.decisions["val"], "n_candidates": p.n_candidates})

@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from medrank.decision import em_prior_shift, grouped_folds, keep_labels, select_threshold, submission_score
 from medrank.errors import MedrankError
 from medrank.evaluation import evaluate, ranked_rows
-from medrank.models.baseline import BaselineConfig, FittedBaseline, RankSVM, cross_validate, fit_baseline, pairwise_differences, source_transfer
+from medrank.models.baseline import BaselineConfig, FittedBaseline, RankSVM, cross_validate, fit_baseline, leave_one_source_out, pairwise_differences, protocols
 from medrank.params import BaselineParams
 
 
@@ -178,6 +178,11 @@ def test_cross_validate_and_source_transfer_report_every_metric():
             assert set(out[name][metric]) == {"mean", "sd"}
     assert len(out["base"]["thresholds"]) == 3
     assert out["base"]["accuracy"]["mean"] > 0.7
-    tr = source_transfer(table, cfg, None, {"em": {"prior_shift": "em"}})
-    assert set(tr) == {"train_liveqa", "train_alexa"}
+    tr, rows = leave_one_source_out(table, cfg, None, ("train_liveqa", "train_alexa", "val"), {"em": {"prior_shift": "em"}})
+    assert set(tr) == {"train_liveqa", "train_alexa"}  # a source without rows is skipped
     assert 0 < tr["train_alexa"]["em"]["target_prior"] < 1
+    # held-out rows in table order, fold = the source's index
+    assert list(rows["aid"]) == list(table["aid"]) and set(rows["fold"]) == {0, 1}
+    both = protocols(table, cfg, None, ("train_liveqa", "train_alexa"))
+    assert set(both["loso"]["base"]["by_source"]) == {"train_liveqa", "train_alexa"}
+    assert both["loso"]["base"]["accuracy"]["worst"] <= both["loso"]["base"]["accuracy"]["mean"]

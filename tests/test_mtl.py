@@ -433,7 +433,7 @@ def test_decide_system_thresholds_from_other_folds_only():
     )
     thresholds, dec = D.decide_system(rows, cand, train=["v:1", "v:2"])
     summary = E.cv_summary_of(dec, cand)
-    t0, t1 = thresholds["folds"]
+    t0, t1 = (k["value"] for k in thresholds["folds"])
     # fold 0's threshold separates fold 1's rows (0.6 valid vs 0.4) and vice versa
     assert 0.4 < t0 <= 0.6 and 0.2 < t1 <= 0.8
     assert summary["accuracy"]["mean"] == pytest.approx(1.0)

@@ -151,8 +151,9 @@ def workdir(tmp_path_factory) -> Path:
     model.save(root / "models" / "mtl", extra_meta={"decision": decision, "n_candidates": 2})
     recipe = Params(device="cpu", n_candidates=2, normalize={"preferred_names": False}, retrieve={"bm25_top_k": 4},
                     embed={"bi_encoder": str(bert), "max_sentences": 3, "prefilter_top_k": 2}, bienc={"model": str(bert), "max_length": 32})
-    write_json(root / "models" / "system.json", {"system": "mtl", "mtl_weight": 1.0, "thresholds": {"val": 0.5, "test": 0.5},
-                                                 "recipe": inference_recipe(recipe)})  # fmt: skip
+    keep = {"kind": "threshold", "value": 0.5, "min_keep": 0, "target_prior": None}
+    write_json(root / "models" / "system.json", {"system": "mtl", "mtl_weight": 1.0, "keep": {"val": keep, "test": keep}, "keep_rule": "threshold",
+                                                 "order": "rank", "recipe": inference_recipe(recipe)})  # fmt: skip
     torch.set_num_threads(n)
     return root
 

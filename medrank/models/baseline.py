@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 import pandas as pd
@@ -314,16 +314,56 @@ def cross_validate(
     return out
 
 
-def source_transfer(table: pd.DataFrame, cfg: BaselineConfig, tfidf, variants: dict[str, dict]) -> dict:
-    """Leave-one-training-set-out: train on the other labelled splits, score this one (real label shift)."""
-    out = {}
-    for split in sorted(table["split"].unique()):
+def leave_one_source_out(
+    table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], variants: dict[str, dict] | None = None
+) -> tuple[dict, pd.DataFrame]:
+    """Train on the other labelled sources, score the held-out one (real question and label shift), per source.
+
+    -> ({source: {variant: official metrics, "positive_rate", "train_positive_rate", "threshold"}}, the base
+    model's held-out rows (FittedBaseline.predict columns + fold = the source's index, threshold) in table order).
+    """
+    out, rows = {}, []
+    for f, split in enumerate(sources):
         tr, te = table[table["split"] != split], table[table["split"] == split]
-        r = holdout(tr, te, cfg, tfidf, variants)
+        if te.empty:
+            continue
+        model = fit_baseline(tr, cfg, tfidf)
+        pred = model.predict(te)
+        r = {"base": evaluate(pred, te), "threshold": model.threshold}
+        for name, v in (variants or {}).items():
+            m = with_variant(model, v)
+            r[name] = evaluate(m.predict(te), te)
+            if m.info.get("target_prior") is not None:
+                r[name]["target_prior"] = m.info["target_prior"]
         r["positive_rate"] = float(te["label"].astype(float).mean())
         r["train_positive_rate"] = float(tr["label"].astype(float).mean())
         out[split] = r
-    return out
+        rows.append(pred.set_index(te.index).assign(fold=f, threshold=model.threshold))
+    held_out = pd.concat(rows)
+    return out, held_out.loc[table.index[table.index.isin(held_out.index)]].reset_index(drop=True)
+
+
+def protocols(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], variants: dict[str, dict] | None = None) -> dict:
+    """The recipe under both protocols: question-grouped CV (mean ± sd) and LOSO (per source, mean, worst), per
+    variant ('base' + `variants`), with both protocols' held-out rows ("oof", "loso")."""
+    from medrank.evaluation import loso_summary
+
+    cv, oof = cross_validate(table, cfg, tfidf, cfg.params.cv_folds, cfg.seed, variants, with_predictions=True)
+    per_source, loso_rows = leave_one_source_out(table, cfg, tfidf, sources, variants)
+    loso = {name: loso_summary({s: r[name] for s, r in per_source.items()}) for name in ["base", *(variants or {})]}
+    return {"cv": cv, "loso": loso, "per_source": per_source, "oof": oof, "loso_rows": loso_rows}
+
+
+def spread_over_seeds(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int, first: dict | None = None) -> dict:
+    """`evaluation.seed_spread` of the recipe over `n` seeds (folds, inner-CV folds, rank-SVM pair flips);
+    `first`: the `protocols` output of the configured seed, reused."""
+    from medrank.evaluation import seed_spread
+
+    runs = []
+    for i in range(n):
+        r = first if (i == 0 and first is not None) else protocols(table, replace(cfg, seed=cfg.seed + i), tfidf, sources)
+        runs.append((r["cv"]["base"], r["loso"]["base"]))
+    return seed_spread(runs)
 
 
 # ---------------------------------------------------------------- the baseline stage's tables
@@ -338,28 +378,35 @@ VARIANTS = {
 }
 
 
-def ablation_tables(labelled: pd.DataFrame, train: pd.DataFrame, val: pd.DataFrame, configs: dict[str, BaselineConfig], tfidf) -> tuple[dict, dict]:
-    """Paper Table 1 (+ extras) and Table 4: each row's CV on train+val and train -> val, by filter and by ranker."""
-    from medrank.evaluation import rounded_scores, rounded_summary
+def ablation_tables(labelled: pd.DataFrame, train: pd.DataFrame, val: pd.DataFrame, configs: dict[str, BaselineConfig], tfidf,
+                    sources: Sequence[str]) -> tuple[dict, dict]:
+    """Paper Table 1 (+ extras) and Table 4: each row's CV and LOSO on train+val and train -> val, by filter and by
+    ranker, and the written rule's selection score (mean of CV and LOSO mean accuracy)."""
+    from medrank.evaluation import rounded_scores, rounded_summary, selection_score
 
     table1, table4 = {}, {}
     for name, cfg in configs.items():
-        cv = cross_validate(labelled, cfg, tfidf, cfg.params.cv_folds, cfg.seed, LR_RANK)
+        r = protocols(labelled, cfg, tfidf, sources, LR_RANK)
+        cv, loso = r["cv"], r["loso"]
         ho = holdout(train, val, cfg, tfidf, LR_RANK)
-        table1[name] = {"groups": list(cfg.groups), "cv": rounded_summary(cv["base"]), "val": rounded_scores(ho["base"]), "val_threshold": ho["base"]["threshold"]}
+        table1[name] = {"groups": list(cfg.groups), "cv": rounded_summary(cv["base"]), "loso": loso["base"],
+                        "selection_score": round(selection_score(cv["base"], loso["base"], "accuracy"), 4),
+                        "val": rounded_scores(ho["base"]), "val_threshold": ho["base"]["threshold"]}  # fmt: skip
         table4[name] = {
             ranker: {"cv_spearman": rounded_summary(cv[key])["spearman"], "cv_spearman_true": rounded_summary(cv[key])["spearman_true"],
-                     "cv_mrr": rounded_summary(cv[key])["mrr"], "val_spearman": rounded_scores(ho[key])["spearman"],
+                     "cv_mrr": rounded_summary(cv[key])["mrr"], "loso_spearman": loso[key]["spearman"], "loso_mrr": loso[key]["mrr"],
+                     "val_spearman": rounded_scores(ho[key])["spearman"],
                      "val_spearman_true": rounded_scores(ho[key])["spearman_true"], "val_mrr": rounded_scores(ho[key])["mrr"]}
             for ranker, key in (("lr_filter_score", "lr_rank"), ("rank_svm", "base"))
         }  # fmt: skip
-        log.info("%-40s cv acc %.3f±%.3f prec %.3f | val acc %.3f prec %.3f spearman %.3f", name, cv["base"]["accuracy"]["mean"],
-                 cv["base"]["accuracy"]["sd"], cv["base"]["precision"]["mean"], ho["base"]["accuracy"], ho["base"]["precision"], ho["base"]["spearman"])  # fmt: skip
+        log.info("%-40s cv acc %.3f±%.3f | loso acc %.3f (worst %.3f %s) | val acc %.3f", name, cv["base"]["accuracy"]["mean"],
+                 cv["base"]["accuracy"]["sd"], loso["base"]["accuracy"]["mean"], loso["base"]["accuracy"]["worst"],
+                 loso["base"]["accuracy"]["worst_source"], ho["base"]["accuracy"])  # fmt: skip
     return table1, table4
 
 
 def transfer_report(transfer: dict) -> dict:
-    """`source_transfer` output (none vs em per held-out split) rounded for metrics/baseline.json."""
+    """`leave_one_source_out` per-source output (prior shift none vs em) rounded for metrics/baseline.json."""
     from medrank.evaluation import rounded_scores
 
     return {

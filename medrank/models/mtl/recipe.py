@@ -15,7 +15,7 @@ import torch
 
 from medrank.decision import ENSEMBLE_MODES, choose_threshold, decide, grouped_folds
 from medrank.errors import MedrankError
-from medrank.evaluation import evaluate_rows, summarize
+from medrank.evaluation import evaluate_rows, loso_summary, seed_spread, summarize
 from medrank.models.mtl.data import MTLData
 from medrank.models.mtl.training import MTLBag, fit_mtl_bag
 from medrank.params import MtlParams
@@ -89,14 +89,19 @@ def cross_validate_mtl(
     k: int,
     seed: int,
     device: str | torch.device = "cpu",
+    folds: dict[str, int] | None = None,
 ) -> CVResult:
     """Question-grouped k-fold CV: each fold's model (early stopping on an inner split of its training
-    questions) predicts the held-out questions."""
+    questions) predicts the held-out questions. `folds` (gid -> fold) replaces the shuffled folds, e.g. one fold
+    per source (leave-one-source-out)."""
     gids = list(gids)
-    fold_of = grouped_folds(np.asarray(gids), k, seed)
-    fold = dict(zip(gids, fold_of.tolist()))
+    if folds is None:
+        fold = dict(zip(gids, grouped_folds(np.asarray(gids), k, seed).tolist()))
+    else:
+        fold = {g: folds[g] for g in gids}
+        k = max(fold.values()) + 1
     f_parts, p_parts, best, secs, hists = [], [], [], [], []
-    for f in range(k):
+    for f in sorted(set(fold.values())):
         t0 = time.perf_counter()
         train = [g for g in gids if fold[g] != f]
         test = [g for g in gids if fold[g] == f]
@@ -107,13 +112,14 @@ def cross_validate_mtl(
         best.append(model.best_epoch)
         secs.append(round(time.perf_counter() - t0, 1))
         hists.append(model.history)
-        log.info("CV fold %d/%d: best epoch(s) %s, %.0fs", f + 1, k, model.best_epoch, secs[-1])
+        log.info("%s fold %d/%d: best epoch(s) %s, %.0fs", "CV" if folds is None else "LOSO", f + 1, k, model.best_epoch, secs[-1])
     return CVResult(pd.concat(f_parts, ignore_index=True), pd.concat(p_parts, ignore_index=True), fold, best, secs, hists)
 
 
-def cv_metrics(cv: CVResult, cand: pd.DataFrame, decision: MtlParams) -> tuple[dict, pd.DataFrame]:
+def cv_metrics(cv: CVResult, cand: pd.DataFrame, decision: MtlParams, sources: Sequence[str] | None = None) -> tuple[dict, pd.DataFrame]:
     """Per-fold official metrics (threshold for fold f chosen on the out-of-fold rows of the other folds,
-    unless fixed) → (mean/sd summary with thresholds, decided OOF rows)."""
+    unless fixed) → (mean/sd summary with thresholds, decided OOF rows). With `sources` (the folds are
+    leave-one-source-out: fold i holds out sources[i]) the summary is evaluation.loso_summary's."""
     ens = with_truth(ensemble(cv.filter_df, cv.pair_df, decision.ensemble), cand)
     ens = ens.rename(columns={"label": "label_true"})
     ens["fold"] = ens["gid"].map(cv.folds)
@@ -125,7 +131,7 @@ def cv_metrics(cv: CVResult, cand: pd.DataFrame, decision: MtlParams) -> tuple[d
         per_fold.append(evaluate_rows(d))
         thresholds.append(float(t))
         decided.append(d)
-    out = summarize(per_fold)
+    out = summarize(per_fold) if sources is None else loso_summary({sources[f]: m for f, m in zip(sorted(ens["fold"].unique()), per_fold)})
     out["thresholds"] = thresholds
     return out, pd.concat(decided, ignore_index=True)
 
@@ -228,10 +234,13 @@ def run_recipe(
     device: str | torch.device = "cpu",
     live=None,
     ablations: dict[str, tuple[MtlParams, Callable[[], object]]] | None = None,
+    sources: Sequence[str] | None = None,
 ) -> RecipeReport:
     """CV over train+val → thresholds and mean ± sd; train-only model → validation check; train+val model → test.
     `cfg` is the whole recipe (network, training, decision rule, cv_folds); `ablations`: rows (params, feature
-    builder) that get the same CV only (ablation_cv)."""
+    builder) that get the same CV and LOSO only (ablation_cv). `sources`: the labelled sources (splits) of the
+    leave-one-source-out folds (None: no LOSO rows)."""
+    source_folds = None if sources is None else source_fold_of(data.cand, sources)
     decision, k = cfg, cfg.cv_folds
     # labelled questions in table order (the baseline's CV sees them in this order: same folds for one seed)
     lab_set = set(train_gids) | set(val_gids)
@@ -243,7 +252,12 @@ def run_recipe(
     for name, dv in _variants(decision).items():
         variants[name], _ = cv_metrics(cv, data.cand, dv)
     cv_summary, oof = cv_metrics(cv, data.cand, decision)
-    ablation = ablation_cv(data, labelled, ablations or {}, k=k, seed=seed, device=device)
+    loso_summary_, loso_rows, spread = None, None, None
+    if sources is not None:
+        loso = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device, folds=source_folds)
+        loso_summary_, loso_rows = cv_metrics(loso, data.cand, decision, sources)
+        spread = seed_spread_mtl(data, labelled, cfg, make_builder, sources, seed=seed, device=device, first=(cv_summary, loso_summary_))
+    ablation = ablation_cv(data, labelled, ablations or {}, k=k, seed=seed, device=device, sources=sources)
 
     def _threshold(rows: pd.DataFrame) -> float:
         if decision.threshold is not None:
@@ -267,6 +281,8 @@ def run_recipe(
     final = fit_mtl_bag(data, labelled, cfg, make_builder, seed=seed + 202, device=device)
     final_seconds = time.perf_counter() - t2
     parts = [_rows("oof", oof, oof["fold"].map(dict(enumerate(cv_summary["thresholds"]))).to_numpy(), oof["fold"].to_numpy()), _rows("val", dec_val, t_val)]
+    if loso_rows is not None:
+        parts.append(_rows("loso", loso_rows, loso_rows["fold"].map(dict(enumerate(loso_summary_["thresholds"]))).to_numpy(), loso_rows["fold"].to_numpy()))
     if test_gids:
         ens_test = with_truth(ensemble(*final.predict(data, test_gids, device=device), decision.ensemble), data.cand)
         parts.append(_rows("test", decide(ens_test, t_final, decision, prior_all), t_final))
@@ -286,6 +302,8 @@ def run_recipe(
     metrics = {
         "decision": {**decision_of(decision), "threshold_val_model": t_val, "threshold_final_model": t_final},
         "cv": cv_summary,
+        "loso": loso_summary_,
+        "seed_spread": spread,
         "cv_variants": variants,
         "ablations": ablation,
         "val": {m: val_metrics[m] for m in ("accuracy", "precision", "mrr", "spearman", "spearman_true")},
@@ -298,6 +316,25 @@ def run_recipe(
     return RecipeReport(final, val_model, pd.concat(parts, ignore_index=True), metrics, decisions)
 
 
+def source_fold_of(cand: pd.DataFrame, sources: Sequence[str]) -> dict[str, int]:
+    """gid -> the index of its question's source in `sources` (leave-one-source-out folds) for labelled questions."""
+    split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
+    return {g: list(sources).index(s) for g, s in split_of.items() if s in sources}
+
+
+def seed_spread_mtl(data: MTLData, labelled: Sequence[str], cfg: MtlParams, make_builder: Callable[[], object], sources: Sequence[str], *,
+                    seed: int, device: str | torch.device = "cpu", first: tuple[dict, dict] | None = None) -> dict:
+    """`evaluation.seed_spread` of the recipe's CV + LOSO over `cfg.spread_seeds` seeds (folds and network
+    initialisation); `first`: the (CV, LOSO) summaries of the configured seed, reused."""
+    folds = source_fold_of(data.cand, sources)
+    runs = [first] if first is not None else []
+    for i in range(len(runs), cfg.spread_seeds):
+        cv, _ = cv_metrics(cross_validate_mtl(data, labelled, cfg, make_builder, k=cfg.cv_folds, seed=seed + i, device=device), data.cand, cfg)
+        loso, _ = cv_metrics(cross_validate_mtl(data, labelled, cfg, make_builder, k=cfg.cv_folds, seed=seed + i, device=device, folds=folds), data.cand, cfg, sources)
+        runs.append((cv, loso))
+    return seed_spread(runs)
+
+
 def ablation_cv(
     data: MTLData,
     labelled: Sequence[str],
@@ -306,14 +343,19 @@ def ablation_cv(
     k: int,
     seed: int,
     device: str | torch.device = "cpu",
+    sources: Sequence[str] | None = None,
 ) -> dict[str, dict]:
     """CV mean ± sd of each ablation row (its params and feature builder), on the folds of the stage's own CV
-    (same questions, same seed), so rows compare with the default and with each other."""
+    (same questions, same seed), so rows compare with the default and with each other; with `sources`, LOSO too."""
     out = {}
     for name, (cfg, make_builder) in rows.items():
         t0 = time.perf_counter()
         cv = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device)
         summary, _ = cv_metrics(cv, data.cand, cfg)
-        out[name] = {**summary, "seconds": round(time.perf_counter() - t0, 1)}
+        out[name] = summary
+        if sources is not None:
+            loso = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device, folds=source_fold_of(data.cand, sources))
+            out[name]["loso"], _ = cv_metrics(loso, data.cand, cfg, sources)
+        out[name]["seconds"] = round(time.perf_counter() - t0, 1)
         log.info("ablation %s: CV accuracy %.3f ± %.3f", name, summary["accuracy"]["mean"], summary["accuracy"]["sd"])
     return out

@@ -1,0 +1,120 @@
+"""Keep rules, orders and the two protocols (question-grouped CV, leave-one-source-out) of medrank.decision /
+medrank.evaluation: what the score stage's written rule selects from."""
+
+from typing import get_args
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from medrank import decision as D
+from medrank import evaluation as E
+from medrank.errors import MedrankError
+from medrank.params import KeepRule, OrderRule
+
+
+def _synthetic(n_q: int, prior: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Questions of 8 answers; P(valid) = `prior`; calibrated-ish scores: valid ~ Beta(4, 2), invalid ~ Beta(2, 4)."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n_q * 8) < prior).astype(int)
+    p = np.where(y == 1, rng.beta(4, 2, len(y)), rng.beta(2, 4, len(y)))
+    return y, p, np.repeat(np.arange(n_q), 8)
+
+
+def test_rule_names_match_params():
+    assert list(get_args(KeepRule)) == list(D.KEEP_RULES) and list(get_args(OrderRule)) == list(D.ORDERS)
+
+
+def test_keep_kinds():
+    p, gid = np.array([0.9, 0.7, 0.2, 0.3, 0.25, 0.1]), np.array([0, 0, 0, 1, 1, 1])
+    assert list(D.Keep("threshold", 0.5).labels(p, gid)) == [1, 1, 0, 0, 0, 0]
+    assert list(D.Keep("threshold", 0.5, min_keep=1).labels(p, gid)) == [1, 1, 0, 1, 0, 0]
+    assert list(D.Keep("relative", 0.1).labels(p, gid)) == [1, 0, 0, 1, 1, 0]
+    assert list(D.Keep("top_k", 2).labels(p, gid)) == [1, 1, 0, 1, 1, 0]
+    k = D.Keep("threshold", 0.4, 1, 0.3)
+    assert D.Keep.from_json(k.to_json()) == k
+
+
+def test_fitted_rules_on_separable_rows():
+    y = np.array([1, 1, 0, 0, 1, 0, 0, 0])
+    p = np.array([0.9, 0.8, 0.3, 0.1, 0.7, 0.4, 0.2, 0.05])
+    gid = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    for rule in ("threshold", "min_keep_1", "isotonic", "relative"):
+        keep = D.fit_keep(rule, y, p, gid, p)
+        assert list(keep.labels(p, gid)) == list(y), rule
+    # one count for every question cannot fit 2 and 1 valid answers: the accuracy-best k misses one answer
+    top = D.fit_keep("top_k", y, p, gid)
+    assert top.value in (1, 2) and (top.labels(p, gid) == y).mean() == 7 / 8
+    assert 0.4 < D.fit_keep("platt", y, p, gid, p).value < 0.7
+    assert D.fit_keep("fixed_0.5", y, p, gid).value == 0.5
+    with pytest.raises(MedrankError, match="target"):
+        D.fit_keep("em", y, p, gid)
+    with pytest.raises(MedrankError, match="keep rule 'nope'"):
+        D.fit_keep("nope", y, p, gid)
+
+
+@pytest.mark.parametrize("rule", ["em_fraction", "bbse_fraction", "em"])
+def test_prior_matching_rules_follow_the_target_prior(rule):
+    y, p, gid = _synthetic(200, 0.3, 1)
+    yt, pt, _ = _synthetic(200, 0.6, 2)  # the target has twice the positive rate
+    keep = D.fit_keep(rule, y, p, gid, pt)
+    assert keep.target_prior == pytest.approx(0.6, abs=0.08)
+    kept = keep.labels(pt, np.repeat(np.arange(200), 8)).mean()
+    fixed = D.fit_keep("threshold", y, p, gid).labels(pt, np.repeat(np.arange(200), 8)).mean()
+    assert kept > fixed  # the shift-aware rule keeps more on the richer target
+    if rule != "em":
+        assert kept == pytest.approx(keep.target_prior, abs=0.01)
+
+
+def test_orders():
+    rows = pd.DataFrame({"gid": ["a"] * 3, "prob": [0.6, 0.9, 0.7], "rank_key": [3.0, 1.0, 2.0], "label": [1, 1, 1]})
+    order = lambda o: list(np.argsort(-D.order_key(rows, o)))  # noqa: E731
+    assert order("rank") == [0, 2, 1] and order("prob") == [1, 2, 0]
+    assert order("prob_first") == [1, 0, 2]  # the most probable kept answer first, then the rank model's order
+    with pytest.raises(MedrankError, match="order"):
+        D.order_key(rows, "nope")
+
+
+def _cand() -> pd.DataFrame:
+    gids = [f"{s}:{i}" for s in ("train_alexa", "train_liveqa", "val") for i in range(4)]
+    rows = []
+    for g in gids:
+        split = g.split(":")[0]
+        for j, lab in enumerate([1, 0, 0]):
+            rows.append({"gid": g, "qid": g, "split": split, "aid": f"{g}-{j}", "label": lab, "reference_rank": j + 1,
+                         "reference_score": 4 - 2 * j, "chiqa_rank": j + 1})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_decide_system_loso_fits_on_the_other_sources():
+    cand = _cand()
+    sources = ("train_liveqa", "train_alexa", "val")
+    # each source's valid answers sit at a different probability; one rule per held-out source from the other two
+    level = {"train_alexa": 0.9, "train_liveqa": 0.3, "val": 0.7}
+    rows = E.held_out_copies(cand.assign(prob=[level[s] if lab else 0.1 for s, lab in zip(cand["split"], cand["label"])],
+                                          rank_key=-cand["chiqa_rank"]), k=2, seed=0, sources=sources)  # fmt: skip
+    fits, decided = D.decide_system(rows[["part", "fold", "gid", "aid", "prob", "rank_key"]], cand, train=[])
+    assert len(fits["loso"]) == 3 and len(fits["folds"]) == 2
+    loso = E.loso_summary_of(decided, cand, sources)
+    assert set(loso["by_source"]) == set(sources)
+    # the rule fitted on sources with higher valid levels misses train_liveqa's 0.3 valid answers: the worst source
+    assert loso["accuracy"]["worst_source"] == "train_liveqa" and loso["accuracy"]["worst"] < 1.0
+    assert loso["accuracy"]["mean"] == pytest.approx(np.mean([m["accuracy"] for m in loso["by_source"].values()]), abs=1e-4)
+    cv = E.cv_summary_of(decided, cand)
+    assert set(cv["accuracy"]) == {"mean", "sd"}
+
+
+def test_pick_prefers_the_simplest_within_the_band():
+    assert E.pick({"simple": 0.80, "complex": 0.81}, band=0.02) == "simple"
+    assert E.pick({"simple": 0.80, "complex": 0.83}, band=0.02) == "complex"
+    runs = [({"accuracy": {"mean": a}, "mrr": {"mean": 0.5}, "spearman": {"mean": 0.3}, "precision": {"mean": 0}, "spearman_true": {"mean": 0}},
+             {"accuracy": {"mean": a}, "mrr": {"mean": 0.5}, "spearman": {"mean": 0.3}, "precision": {"mean": 0}, "spearman_true": {"mean": 0}})
+            for a in (0.8, 0.82)]  # fmt: skip
+    spread = E.seed_spread(runs)
+    assert spread["accuracy"] == pytest.approx(np.std([0.8, 0.82], ddof=1), abs=1e-4) and spread["order"] == 0.0 and spread["seeds"] == 2
+
+
+def test_source_folds_reject_unknown_sources():
+    assert list(D.source_folds(["val", "train_alexa"], ("train_alexa", "val"))) == [1, 0]
+    with pytest.raises(MedrankError, match="test"):
+        D.source_folds(["test"], ("train_alexa", "val"))
