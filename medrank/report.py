@@ -61,16 +61,18 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
 
 
-def _final_line(final: dict) -> list[str]:
-    """One sentence naming the score stage's final system, its decision rules and how they were chosen."""
+def _final_line(final: dict, short: bool = False) -> list[str]:
+    """One sentence naming the score stage's final system, its decision rules and how they were chosen (`short`: the
+    rule itself is left to the README's prose)."""
     if not final:
         return []
     sel = final.get("selection") or {}
-    rule = sel.get("rule", sel) if isinstance(sel, dict) else sel
+    rule = sel.get("rule", "") if isinstance(sel, dict) else sel
     band = sel.get("noise_band") if isinstance(sel, dict) else None
     noise = f" Noise band (seed spread): accuracy {band['accuracy']:.3f}, order score {band['order']:.3f}." if band else ""
+    how = "Chosen by the written rule (below)." if short else f"Rule: {rule}"
     return [f"Final system: `{final.get('system')}` (MTL weight {final.get('mtl_weight', 0):g}), keep rule `{final.get('keep_rule')}`, "
-            f"order `{final.get('order')}`. Rule: {rule}{noise}", ""]  # fmt: skip
+            f"order `{final.get('order')}`. {how}{noise}", ""]  # fmt: skip
 
 
 def _headline(metrics: dict[str, dict]) -> list[str]:
@@ -89,10 +91,9 @@ def _headline(metrics: dict[str, dict]) -> list[str]:
     rows.append(["MEDIQA 2019 bar: best team per metric, blind test"] + cells(MEDIQA2019_BEST_TASK3, {}))
     n_val, n_cv, folds = (chiqa or {}).get("n_questions", 25), baseline.get("cv_questions"), baseline.get("cv_folds", 5)
     out = [f"**MEDIQA 2019 Task 3**: the {n_val} validation questions (swings ±0.1), question-grouped {folds}-fold CV over the "
-           f"{f'{n_cv} ' if n_cv else ''}train + validation questions (mean ± sd) and leave-one-source-out (LOSO: train on two of "
-           "train_liveqa, train_alexa, val, score the third; mean over the three, worst source in brackets). The 2019 bar is on the "
-           "blind test questions: where we stand, not a paired comparison.", ""]  # fmt: skip
-    out += _table(["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "LOSO accuracy (worst)"], rows) + _final_line(final)
+           f"{f'{n_cv} ' if n_cv else ''}train + validation questions (mean ± sd) and leave-one-source-out (LOSO, below: mean, worst "
+           "source). The 2019 bar is on the blind test questions: where we stand, not a paired comparison.", ""]  # fmt: skip
+    out += _table(["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "LOSO accuracy (worst)"], rows) + _final_line(final, short=True)
     rqe = metrics.get("finetune_rqe") or {}
     if rqe.get("cv"):
         out += [f"**MEDIQA 2019 Task 2** (question entailment): `{rqe.get('chosen')}`, question-grouped CV accuracy over the "
@@ -113,8 +114,10 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
     rows = []
     for name, m in systems.items():
         key = "final" if name == "ensemble" else name.split(" ")[0]
+        if key == "final" and final.get("system") in systems:  # the final system is one of the rows: marked there
+            continue
         r = sys_rows.get(key, {})
-        label = f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)" if key == "final" else name
+        label = f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)" if key in ("final", final.get("system")) else name
         rows.append([label] + [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS]
                     + [_pm((r.get("cv") or {}).get(k)) for k in ("accuracy", "mrr", "spearman")] + [_loso(r.get("loso"), k) for k in ("accuracy", "mrr", "spearman")])  # fmt: skip
     head = ["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "CV MRR", "CV Spearman", "LOSO accuracy (worst)", "LOSO MRR (worst)", "LOSO Spearman (worst)"]
@@ -123,13 +126,13 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
     out += _table(head, rows) + _final_line(final)
     cands = final.get("candidates") or {}
     if cands:
-        rules = list(next(iter(cands.values())))
+        rules = (final.get("selection") or {}).get("keep_rules") or list(next(iter(cands.values())))
         table = [[w, rule, _pm(c["cv"]["accuracy"]), _loso(c["loso"]), _fmt(c["score"])] for w, by_rule in cands.items() for rule, c in by_rule.items()
                  if rule == final.get("keep_rule") or float(w) == float(final.get("mtl_weight", -1))]  # fmt: skip
         table = [[f"**{r[0]}**", f"**{r[1]}**", *r[2:]] if float(r[0]) == float(final.get("mtl_weight", -1)) and r[1] == final.get("keep_rule") else r for r in table]
         out += ["**Decisions that transfer**: MTL weight (0 = the baseline alone, 1 = the MTL alone) × keep rule, each fitted on other "
                 "folds' / other sources' held-out rows; rows: every rule at the chosen weight and every weight at the chosen rule; "
-                "score = mean of CV accuracy and LOSO mean accuracy. Keep rules (`medrank/decision.py` KEEP_RULES): "
+                "score = mean of CV accuracy and LOSO mean accuracy. Keep rules, simplest first (`medrank/decision.py` KEEP_RULES): "
                 + ", ".join(f"`{r}`" for r in rules) + ".", ""]  # fmt: skip
         out += _table(["MTL weight", "keep rule", "CV accuracy", "LOSO accuracy (worst)", "score"], table)
     orders = final.get("orders") or {}
@@ -166,11 +169,12 @@ def _baseline(m: dict) -> list[str]:
     out = []
     t1 = m.get("table1_ablation") or {}
     if t1:
-        best = max(t1, key=lambda n: t1[n].get("selection_score", 0))
+        best = _rule_pick(t1, ((m.get("model") or {}).get("seed_spread") or {}).get("accuracy", 0.0))
         rows = [[("**" + name.replace("+", " + ") + "** (rule's pick)") if name == best else name.replace("+", " + "), _pm(r["cv"]["accuracy"]),
                  _loso(r.get("loso")), _fmt(r.get("selection_score")), _pm(r["cv"]["precision"]), _pm(r["cv"]["spearman_true"]),
                  _fmt(r["val"]["accuracy"]), _fmt(r["val"]["precision"]), _fmt(r["val"]["spearman"])] for name, r in t1.items()]  # fmt: skip
-        out += ["**Baseline feature ablation** (paper Tables 1-2: LR filter + rank SVM; score = mean of CV accuracy and LOSO mean accuracy)", ""]
+        out += ["**Baseline feature ablation** (paper Tables 1-2: LR filter + rank SVM; score = mean of CV accuracy and LOSO mean accuracy; "
+                "the rule's pick: the fewest groups within the baseline's seed spread of the best score)", ""]
         out += _table(["features", "CV accuracy", "LOSO accuracy (worst)", "score", "CV precision", "CV Spearman (true)", "val accuracy",
                        "val precision", "val Spearman"], rows)  # fmt: skip
     t4 = m.get("table4_ranking") or {}
@@ -181,6 +185,15 @@ def _baseline(m: dict) -> list[str]:
                 "keeps, so compare the two rankers within a row, not rows with each other)", ""]
         out += _table(["features", "LR: CV Spearman (true)", "LR: LOSO Spearman (worst)", "rank SVM: CV Spearman (true)", "rank SVM: LOSO Spearman (worst)"], rows)
     return out
+
+
+def _rule_pick(rows: dict, band: float) -> str | None:
+    """The written rule over feature rows: the fewest groups among rows within `band` of the best selection score."""
+    scored = {n: r["selection_score"] for n, r in rows.items() if r.get("selection_score") is not None}
+    if not scored:
+        return None
+    best = max(scored.values())
+    return min((n for n, v in scored.items() if v >= best - band - 1e-12), key=lambda n: (len(rows[n].get("groups") or n.split("+")), -scored[n]))
 
 
 def _loso_cell(r: dict) -> str:

@@ -367,12 +367,19 @@ def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
 
     no_grid = (tiny_config(max_epochs=3, nli_grid=False, cv_folds=2, ensemble="sum"), mtl.builder_factory(["metadata", "rqe"], 2))
     report = mtl.run_recipe(
-        data, gids_of(data, "train"), gids_of(data, "val"), gids_of(data, "test"), tiny_config(max_epochs=3, cv_folds=2, ensemble="mean"),
-        mtl.builder_factory(["metadata"], 2), seed=1, ablations={"no_grid": no_grid},
+        data, gids_of(data, "train"), gids_of(data, "val"), gids_of(data, "test"), tiny_config(max_epochs=3, cv_folds=2, ensemble="mean", spread_seeds=2),
+        mtl.builder_factory(["metadata"], 2), seed=1, ablations={"no_grid": no_grid}, sources=("train_liveqa", "train_alexa", "val"),
     )  # fmt: skip
     write_parquet(report.predictions, tmp_path / "p.parquet", mtl.PREDICTIONS_SCHEMA)
     pred = report.predictions
-    assert set(pred["part"]) == {"oof", "val", "test"}
+    assert set(pred["part"]) == {"oof", "loso", "val", "test"}
+    # leave-one-source-out: every labelled row once, its fold the index of its source
+    loso = pred[pred["part"] == "loso"]
+    assert len(loso) == (pred["part"] == "oof").sum()
+    assert (loso["fold"].to_numpy() == loso["split"].map({"train_liveqa": 0, "train_alexa": 1, "val": 2}).to_numpy()).all()
+    assert set(report.metrics["loso"]["by_source"]) == {"train_liveqa", "train_alexa", "val"}
+    assert report.metrics["loso"]["accuracy"]["worst"] <= report.metrics["loso"]["accuracy"]["mean"]
+    assert report.metrics["seed_spread"]["seeds"] == 2 and report.metrics["ablations"]["no_grid"]["loso"]["accuracy"]["mean"] >= 0
     assert (pred["part"] == "oof").sum() == data.cand["split"].isin(["train_liveqa", "train_alexa", "val"]).sum()
     assert (pred["part"] == "test").sum() == (data.cand["split"] == "test").sum()
     m = report.metrics

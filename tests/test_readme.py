@@ -49,19 +49,27 @@ def test_report_cli_checks_and_refreshes_both_files(tmp_path, monkeypatch, capsy
     assert code == 2 and "needs exactly one <!-- results:start -->" in err
 
 
+LOSO = {"accuracy": {"mean": 0.75, "worst": 0.7, "worst_source": "train_alexa"}, "mrr": {"mean": 0.6, "worst": 0.5, "worst_source": "train_liveqa"},
+        "spearman": {"mean": 0.3, "worst": 0.2, "worst_source": "val"}}
+
+
 def test_render_headline_beside_baseline_chiqa_and_the_2019_bar(tmp_path):
     cv = {"mean": 0.8, "sd": 0.02}
     val = {"accuracy": 0.79, "precision": 0.78, "mrr": 0.93, "spearman": 0.3, "spearman_true": 0.27}
-    (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": {"accuracy": cv}}}}))
+    final = {**val, "system": "mtl", "mtl_weight": 1.0, "keep_rule": "em", "order": "prob_first",
+             "selection": {"rule": "the written rule.", "noise_band": {"accuracy": 0.01, "order": 0.02}},
+             "systems": {"final": {"cv": {"accuracy": cv}, "loso": LOSO}, "chiqa": {"loso": LOSO}}}  # fmt: skip
+    (tmp_path / "task3_val.json").write_text(json.dumps(final))
     (tmp_path / "task3_val_baseline.json").write_text(json.dumps({**val, "accuracy": 0.7, "cv": {"accuracy": cv}, "cv_questions": 9}))
     (tmp_path / "task3_val_chiqa.json").write_text(json.dumps({**val, "accuracy": 0.4, "n_questions": 3}))
     rqe = {"chosen": "meqsum > val", "n_val_pairs": 302, "cv": {"accuracy": 0.84, "accuracy_sd": 0.05, "same_focus": {"accuracy": 0.8, "accuracy_sd": 0.06}}}
     (tmp_path / "finetune_rqe.json").write_text(json.dumps(rqe))
     out = render_headline(tmp_path)
     assert "the 3 validation questions" in out and "over the 9 train + validation questions" in out
-    assert "| **mtl** (final: `submissions/task3_{val,test}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.800 ± 0.020 | — |" in out
-    assert "| baseline (LR filter + rank SVM) | 0.700 |" in out and "| CHiQA order (every answer kept) | 0.400 |" in out
+    assert "| **mtl** (final: `submissions/task3_{val,test}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) |" in out
+    assert "| baseline (LR filter + rank SVM) | 0.700 |" in out and "| CHiQA order (every answer kept) | 0.400 | 0.780 | 0.930 | 0.300 | 0.270 | — | 0.750 (0.700 train_alexa) |" in out
     assert "| MEDIQA 2019 bar: best team per metric, blind test | 0.783 | 0.819 | 0.962 | 0.338 | — | — | — |" in out
+    assert "Final system: `mtl` (MTL weight 1), keep rule `em`, order `prob_first`. Rule: the written rule. Noise band (seed spread): accuracy 0.010" in out
     assert "`meqsum > val`, question-grouped CV accuracy over the 302 validation pairs 0.840 ± 0.050 (same-focus pairs 0.800 ± 0.060)" in out
     assert "the best 2019 team, blind test: 0.749" in out
     assert out.count("\n|---") == 1  # one table
@@ -82,41 +90,43 @@ def test_render_results_headline_tables(tmp_path):
     cvs = {k: cv for k in ("accuracy", "precision", "mrr", "spearman", "spearman_true")}
     val = {"accuracy": 0.79, "precision": 0.78, "mrr": 0.93, "spearman": 0.3, "spearman_true": 0.27}
     (tmp_path / "task3_val_mtl.json").write_text(json.dumps(val))
-    ens = {"cv": cvs, "val": val, "cv_by_mtl_weight": {"0.0": cvs, "0.5": {**cvs, "accuracy": {"mean": 0.9, "sd": 0.01}}}}
+    (tmp_path / "task3_val_ensemble.json").write_text(json.dumps(val))
     diff = {"diff": 0.012, "ci95": [-0.02, 0.05], "p_better": 0.71, "p_worse": 0.25}
     vs = {"resamples": 100, **{w: {k: diff for k in ("accuracy", "precision", "mrr", "spearman_true")} for w in ("val", "cv")}}
-    (tmp_path / "task3_val.json").write_text(json.dumps({**val, "system": "mtl", "selection": "CV", "systems": {"mtl": {"cv": cvs, "val": val}, "ensemble": ens},
-                                                         "vs_baseline": vs, "question_chars_median": {"test": 49, "train_alexa": 31},
-                                                         "cv_by_split": {"final": {"train_alexa": val}, "baseline": {"train_alexa": val}},
-                                                         "cv_by_order": {"filter probability": val}}))  # fmt: skip
-    (tmp_path / "mtl.json").write_text(json.dumps({"cv": cvs, "ablations": {"no_grid": {**cvs, "overrides": {"nli_grid": False}}}}))
+    cand = {"cv": cvs, "loso": LOSO, "score": 0.775}
+    (tmp_path / "task3_val.json").write_text(json.dumps({
+        **val, "system": "ensemble", "mtl_weight": 0.5, "keep_rule": "threshold", "order": "rank", "selection": {"rule": "CV and LOSO."},
+        "systems": {"mtl": {"cv": cvs, "loso": LOSO}, "final": {"cv": cvs, "loso": LOSO}},
+        "candidates": {"0.0": {"threshold": cand, "em": cand}, "0.5": {"threshold": cand, "em": cand}, "1.0": {"em": cand}},
+        "orders": {"rank": cand, "prob": cand},
+        "vs_baseline": vs, "question_chars_median": {"test": 49, "train_alexa": 31},
+        "cv_by_split": {"final": {"train_alexa": val}, "baseline": {"train_alexa": val}}}))  # fmt: skip
+    (tmp_path / "mtl.json").write_text(json.dumps({"cv": cvs, "loso": LOSO, "ablations": {"no_grid": {**cvs, "loso": LOSO, "overrides": {"nli_grid": False}}}}))
     (tmp_path / "baseline.json").write_text(json.dumps({
-        "table1_ablation": {"metadata+bienc": {"cv": cvs, "val": val}},
-        "table4_ranking": {"metadata+bienc": {k: {"cv_spearman_true": cv, "val_spearman": 0.1} for k in ("lr_filter_score", "rank_svm")}},
+        "table1_ablation": {"metadata+bienc": {"cv": cvs, "loso": LOSO, "selection_score": 0.775, "val": val}},
+        "table4_ranking": {"metadata+bienc": {k: {"cv_spearman_true": cv, "loso_spearman": LOSO["spearman"]} for k in ("lr_filter_score", "rank_svm")}},
     }))  # fmt: skip
     (tmp_path / "retrieve.json").write_text(json.dumps({"bm25_top_k": 50, "coverage": {"all": {"T=0.5": {"covered": 3, "questions": 4, "fraction": 0.75}}}}))
     (tmp_path / "cnn_squad.json").write_text(json.dumps({"dev": {"n_questions": 9, "cnn": {"mrr": 0.9, "map": 0.8, "precision@1": 0.7}}}))
     out = render_results(tmp_path)
-    assert "| **mtl** (final: `submissions/task3_{val,test}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.800 ± 0.020 | 0.800 ± 0.020 |" in out
-    assert "| metadata + bienc | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.790 | 0.780 | 0.300 |" in out
-    assert "| metadata + bienc | 0.800 ± 0.020 | 0.100 | 0.800 ± 0.020 | 0.100 |" in out
+    row = "0.800 ± 0.020 | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) | 0.600 (0.500 train_liveqa) | 0.300 (0.200 val) |"
+    assert f"| **ensemble** (final: `submissions/task3_{{val,test}}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | {row}" in out
+    assert f"| mtl | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | {row}" in out
+    assert "| **metadata + bienc** (rule's pick) | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) | 0.775 | 0.800 ± 0.020 |" in out
+    assert "| metadata + bienc | 0.800 ± 0.020 | 0.300 (0.200 val) | 0.800 ± 0.020 | 0.300 (0.200 val) |" in out
     assert "| T=0.5 | 3 / 4 | 0.750 |" in out
     assert "| cnn | 0.900 | 0.800 | 0.700 |" in out
-    assert "| 0.5 | 0.900 ± 0.010 | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.800 ± 0.020 |" in out
+    # the candidates: every rule at the chosen weight, every weight at the chosen rule (the chosen one in bold)
+    assert "| **0.5** | **threshold** | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) | 0.775 |" in out and "| 0.5 | em |" in out
+    assert "| 0.0 | threshold |" in out and "| 0.0 | em |" not in out and "| 1.0 | em |" not in out
+    assert "| **rank** | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.600 (0.500 train_liveqa) | 0.300 (0.200 val) | 0.775 |" in out
     assert "| val | +0.012 [-0.020, +0.050] (71% / 25%) | +0.012 [-0.020, +0.050] (71% / 25%) |" in out
     assert "(100 resamples of the questions" in out
     assert "| train_alexa | 31 | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.790 |" in out
     assert "| test (blind) | 49 | — | — |" in out
-    assert "| filter probability | 0.930 | 0.300 | 0.270 |" in out
-    assert "| default (params.yaml `mtl`) | — | 0.800 ± 0.020 |" in out
+    assert "| default (params.yaml `mtl`) | — | 0.800 ± 0.020 |" in out and "| 0.750 (0.700 train_alexa) | 0.600 (0.500 train_liveqa) |" in out
     assert "| no_grid | `nli_grid: false` | 0.800 ± 0.020 |" in out
-    assert "Final system: `mtl`, chosen by CV." in out
-    final = json.loads((tmp_path / "task3_val.json").read_text())
-    for weight, line in ((0.0, "Final system: `ensemble` (MTL weight 0: the baseline's probabilities and ranks alone, thresholded on out-of-fold rows), chosen by CV."),
-                         (0.5, "Final system: `ensemble` (MTL weight 0.5), chosen by CV.")):  # fmt: skip
-        final["system"], final["systems"]["ensemble"]["mtl_weight"] = "ensemble", weight
-        (tmp_path / "task3_val.json").write_text(json.dumps(final))
-        assert line in render_results(tmp_path)
+    assert "Final system: `ensemble` (MTL weight 0.5), keep rule `threshold`, order `rank`. Rule: CV and LOSO." in out
 
 
 def test_render_results_rqe_rows_and_judged_retrieval(tmp_path):
