@@ -114,10 +114,10 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
     rows = []
     for name, m in systems.items():
         key = "final" if name == "ensemble" else name.split(" ")[0]
-        if key == "final" and final.get("system") in systems:  # the final system is one of the rows: marked there
+        if key == "final" and final.get("system") != "ensemble" and final.get("system") in systems:  # a row of its own: marked there
             continue
         r = sys_rows.get(key, {})
-        label = f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)" if key in ("final", final.get("system")) else name
+        label = f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)" if key in ("final", final.get("system")) and key != "ensemble" else name
         rows.append([label] + [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS]
                     + [_pm((r.get("cv") or {}).get(k)) for k in ("accuracy", "mrr", "spearman")] + [_loso(r.get("loso"), k) for k in ("accuracy", "mrr", "spearman")])  # fmt: skip
     head = ["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "CV MRR", "CV Spearman", "LOSO accuracy (worst)", "LOSO MRR (worst)", "LOSO Spearman (worst)"]

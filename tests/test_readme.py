@@ -69,7 +69,7 @@ def test_render_headline_beside_baseline_chiqa_and_the_2019_bar(tmp_path):
     assert "| **mtl** (final: `submissions/task3_{val,test}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) |" in out
     assert "| baseline (LR filter + rank SVM) | 0.700 |" in out and "| CHiQA order (every answer kept) | 0.400 | 0.780 | 0.930 | 0.300 | 0.270 | — | 0.750 (0.700 train_alexa) |" in out
     assert "| MEDIQA 2019 bar: best team per metric, blind test | 0.783 | 0.819 | 0.962 | 0.338 | — | — | — |" in out
-    assert "Final system: `mtl` (MTL weight 1), keep rule `em`, order `prob_first`. Rule: the written rule. Noise band (seed spread): accuracy 0.010" in out
+    assert "Final system: `mtl` (MTL weight 1), keep rule `em`, order `prob_first`. Chosen by the written rule (below). Noise band (seed spread): accuracy 0.010" in out
     assert "`meqsum > val`, question-grouped CV accuracy over the 302 validation pairs 0.840 ± 0.050 (same-focus pairs 0.800 ± 0.060)" in out
     assert "the best 2019 team, blind test: 0.749" in out
     assert out.count("\n|---") == 1  # one table
@@ -127,6 +127,11 @@ def test_render_results_headline_tables(tmp_path):
     assert "| default (params.yaml `mtl`) | — | 0.800 ± 0.020 |" in out and "| 0.750 (0.700 train_alexa) | 0.600 (0.500 train_liveqa) |" in out
     assert "| no_grid | `nli_grid: false` | 0.800 ± 0.020 |" in out
     assert "Final system: `ensemble` (MTL weight 0.5), keep rule `threshold`, order `rank`. Rule: CV and LOSO." in out
+    # the MTL alone chosen: its own row is marked, no second row for the final system
+    final = json.loads((tmp_path / "task3_val.json").read_text())
+    (tmp_path / "task3_val.json").write_text(json.dumps({**final, "system": "mtl", "mtl_weight": 1.0}))
+    out = render_results(tmp_path)
+    assert out.count("(final: `submissions/task3_{val,test}.csv`)") == 1 and f"| **mtl** (final: `submissions/task3_{{val,test}}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | {row}" in out
 
 
 def test_render_results_rqe_rows_and_judged_retrieval(tmp_path):
