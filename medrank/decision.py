@@ -172,11 +172,6 @@ def combine_systems(a: pd.DataFrame, b: pd.DataFrame, weight: float) -> pd.DataF
     )  # fmt: skip
 
 
-def decide_rows(rows: pd.DataFrame, threshold: float) -> pd.DataFrame:
-    """Rows (gid, prob, rank_key) of one system kept at `threshold` and ordered by rank_key."""
-    return apply_decision(rows, Keep("threshold", threshold), "rank")
-
-
 # ---------------------------------------------------------------- keep rules that may transfer to new questions
 
 # how kept answers are chosen, each fitted on labelled calibration rows (out-of-fold or out-of-source predictions)
@@ -371,7 +366,7 @@ def decide_system(
                         target["prob"].to_numpy(dtype=float))  # fmt: skip
 
     out, fits = [], {}
-    for part, name in (("oof", "folds"), ("loso", "loso")):
+    for part, name in zip(HELD_OUT_PARTS, ("folds", "loso")):
         rows = pred[pred["part"] == part]
         fits[name] = []
         for f in sorted(rows["fold"].unique()):
