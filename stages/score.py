@@ -1,13 +1,13 @@
-"""Stage `score`: the final Task 3 system, its submissions, the comparison table and the paper's error analysis.
+"""Stage `score`: the final Task 3 system, its submissions, the comparison tables and the paper's error analysis.
 
-Candidates: the MTL (stage mtl) and its ensemble with the baseline (stage baseline's per-answer predictions:
-averaged probabilities and within-question ranks, threshold chosen on out-of-fold rows); `score.system: auto`
-picks the best mean CV accuracy over train+val (never the 25 validation questions). Writes
-submissions/task3_{val,test}.csv, models/system.json (the chosen system, its weight and thresholds, and every
-knob of the inference path: what `medrank rank` runs), metrics/task3_val.json (+ task3_val_mtl.json /
-task3_val_ensemble.json rows) and plots/error_analysis/{val,cv}/*.csv (Figures 7-9). metrics/task3_val.json also
-holds `vs_baseline` (paired question bootstrap on validation and on the CV questions), `cv_by_split` beside
-`question_chars_median` (unlabelled text, test included) and `cv_by_order` (order of the kept answers).
+Candidates: MTL weight (0 = the baseline's rows alone, 1 = the MTL's alone, between: averaged probabilities and
+within-question ranks) × keep rule (medrank.decision.KEEP_RULES) under question-grouped CV and leave-one-source-out,
+then the order of the kept answers (ORDERS); `score.system: auto` picks by the written rule (SELECTION_RULE; the noise
+band is the larger seed spread of metrics/baseline.json and metrics/mtl.json). Never the 25 validation questions, never
+test labels. Writes submissions/task3_{val,test}.csv, models/system.json (weight, the Keep fitted per target set, the
+order, and every knob of the inference path: what `medrank rank` runs), metrics/task3_val.json (every system's val /
+CV / LOSO row, the candidate and order tables, `vs_baseline`, `cv_by_split` beside `question_chars_median`),
+task3_val_mtl.json / task3_val_ensemble.json (the final system's row) and plots/error_analysis/{val,cv}/*.csv.
 """
 
 from __future__ import annotations
