@@ -167,9 +167,7 @@ class TypeClassifier(Protocol):
     table with the top-level seed (stage bienc and `medrank rank` fit the same one). Not imported here: stage qa
     imports this module and must not depend on models/rqe.py."""
 
-    def agreement(self, a: Sequence[str], b: Sequence[str]) -> np.ndarray: ...
-
-    def predict(self, texts: Sequence[str]) -> np.ndarray: ...
+    def proba(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 def answer_qtype_scores(answers: pd.DataFrame, qtypes: TypeClassifier) -> dict[str, np.ndarray]:
@@ -177,10 +175,8 @@ def answer_qtype_scores(answers: pd.DataFrame, qtypes: TypeClassifier) -> dict[s
     same type) = sum_t P(t | question) P(t | heading_question), qtype_match = 1.0 where their most likely types agree."""
     questions = answers["question_norm"].fillna("").astype(str).tolist()
     headings = [heading_question(answer_heading(a)) for a in answers["answer_norm"].fillna("").astype(str)]
-    return {
-        "qtype_agree": qtypes.agreement(questions, headings).astype(float),
-        "qtype_match": (qtypes.predict(questions) == qtypes.predict(headings)).astype(float),
-    }
+    pq, ph = qtypes.proba(questions), qtypes.proba(headings)  # each side classified once
+    return {"qtype_agree": (pq * ph).sum(1).astype(float), "qtype_match": (pq.argmax(1) == ph.argmax(1)).astype(float)}
 
 
 def qa_pairs(answers: pd.DataFrame) -> list[tuple[str, str]]:

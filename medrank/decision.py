@@ -198,6 +198,9 @@ RELATIVE_GRID = np.round(np.arange(0.0, 1.001, 0.02), 2)
 TOP_K_GRID = np.arange(1, 11)
 
 
+KEEP_KINDS = ("threshold", "relative", "top_k")
+
+
 @dataclass(frozen=True)
 class Keep:
     """A fitted keep rule, as it is applied (and saved for `medrank rank`): a probability threshold, a margin
@@ -224,6 +227,8 @@ class Keep:
 
     @classmethod
     def from_json(cls, d: dict) -> "Keep":
+        if d["kind"] not in KEEP_KINDS:
+            raise ValueError(f"keep kind {d['kind']!r}")
         return cls(d["kind"], float(d["value"]), int(d.get("min_keep", 0)), d.get("target_prior"))
 
 

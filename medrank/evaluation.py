@@ -272,14 +272,14 @@ def candidate_systems(
 
     mine = mtl_pred[["part", "gid", "aid", "fold", "prob_mean", "rank_key"]].rename(columns={"prob_mean": "prob"})
     theirs = base_pred[["part", "gid", "aid", "prob", "rank_score"]].rename(columns={"rank_score": "rank_key"})
+    from tqdm.auto import tqdm
+
     combined = {w: combine_systems(mine, theirs, w) for w in weights}
-    table: dict = {}
-    for w in weights:
-        table[w] = {}
-        for rule in rules:
-            _, decided = decide_system(combined[w], cand, train, rule)
-            cv, loso = cv_summary_of(decided, cand), loso_summary_of(decided, cand, sources)
-            table[w][rule] = {"cv": cv, "loso": loso, "score": selection_score(cv, loso, "accuracy")}
+    table: dict = {w: {} for w in weights}
+    for w, rule in tqdm([(w, r) for w in weights for r in rules], desc="score: weight x keep rule", unit="candidate"):
+        _, decided = decide_system(combined[w], cand, train, rule)
+        cv, loso = cv_summary_of(decided, cand), loso_summary_of(decided, cand, sources)
+        table[w][rule] = {"cv": cv, "loso": loso, "score": selection_score(cv, loso, "accuracy")}
     simplest_first = sorted(((w, r) for w in weights for r in rules), key=lambda c: (list(rules).index(c[1]), 0 < c[0] < 1, c[0]))
     weight, rule = pick({c: table[c[0]][c[1]]["score"] for c in simplest_first}, band["accuracy"])
     by_order = {}

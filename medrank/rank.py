@@ -130,6 +130,15 @@ def read_system(models_dir: str | Path = layout.MODELS) -> tuple[dict, Params]:
         raise MedrankError(f"{path}: not a system file written by stage score ({type(e).__name__}: {e})") from None
     if missing:
         raise MedrankError(f"{path}: not a system file written by stage score (no {', '.join(missing)})")
+    try:  # the saved decision, checked here: a doctored file stops with one line, not a traceback per question
+        from medrank.decision import ORDERS, Keep
+
+        for fit in ("val", "test"):
+            Keep.from_json(system["keep"][fit])
+        if system["order"] not in ORDERS:
+            raise ValueError(f"order {system['order']!r}")
+    except (KeyError, TypeError, ValueError) as e:
+        raise MedrankError(f"{path}: the saved keep rule / order is not one stage score writes ({type(e).__name__}: {e})") from None
     recipe = system["recipe"]
     return system, recipe_params(recipe, f"{path}: recipe")
 

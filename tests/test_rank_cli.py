@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +213,23 @@ def test_missing_model_is_a_clear_error(workdir, monkeypatch, capsys):
     assert error_lines(capsys.readouterr().err) == ["error: models/none/system.json: no trained system (run `dvc repro score`)"]
 
 
+@pytest.mark.parametrize("doctor", [lambda s: s["keep"].pop("test"), lambda s: s["keep"]["val"].update(kind="median"),
+                                    lambda s: s.update(order="random"), lambda s: s["keep"]["val"].update(value="high")])
+def test_doctored_decision_is_a_clear_error(workdir, monkeypatch, capsys, tmp_path, doctor):
+    from medrank.cli import main
+
+    root = tmp_path / "proj"
+    shutil.copytree(workdir / "models", root / "models")
+    system = json.loads((root / "models" / "system.json").read_text())
+    doctor(system)
+    (root / "models" / "system.json").write_text(json.dumps(system))
+    monkeypatch.chdir(workdir)
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(root / "models")])
+    lines = error_lines(capsys.readouterr().err)
+    assert e.value.code == 2 and len(lines) == 1 and "the saved keep rule / order is not one stage score writes" in lines[0]
+
+
 def test_rank_command_is_registered():
     from medrank.cli import COMMANDS, build_parser
 
@@ -223,7 +241,6 @@ def test_rank_command_is_registered():
 
 def _project_with_group(workdir: Path, tmp_path: Path, group: str, column: str, seed: int, aggregation: str = "max") -> Path:
     """A copy of the project whose MTL was trained with feature groups metadata + `group` (random `column` values)."""
-    import shutil
 
     from medrank.models import mtl
     from medrank.params import MtlParams
@@ -267,7 +284,6 @@ def test_rank_with_the_cnn_feature_group(workdir, monkeypatch, capsys, tmp_path)
 
 def test_rank_with_the_qa_group_loads_the_qa_cross_encoder(workdir, tmp_path, monkeypatch, capsys):
     """An MTL trained with the qa group scores (question, answer) with models/qa; without it, one clear line."""
-    import shutil
 
     from medrank.encoders.cross_encoder import CrossEncoder
 

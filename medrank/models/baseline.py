@@ -267,16 +267,22 @@ def with_variant(model: FittedBaseline, variant: dict) -> FittedBaseline:
     return out
 
 
-def holdout(train: pd.DataFrame, test: pd.DataFrame, cfg: BaselineConfig, tfidf, variants: dict[str, dict] | None = None) -> dict:
-    """Train on `train`, score labelled `test`: official metrics per variant ('base' = cfg as is)."""
+def holdout(
+    train: pd.DataFrame, test: pd.DataFrame, cfg: BaselineConfig, tfidf, variants: dict[str, dict] | None = None, with_predictions: bool = False
+) -> dict | tuple[dict, pd.DataFrame]:
+    """Train on `train`, score labelled `test`: official metrics per variant ('base' = cfg as is, with its threshold);
+    with `with_predictions`, also the base model's rows (FittedBaseline.predict columns + threshold) in `test`'s index."""
     model = fit_baseline(train, cfg, tfidf)
-    out = {"base": evaluate(model.predict(test), test)}
+    pred = model.predict(test)
+    out = {"base": evaluate(pred, test)}
     for name, v in (variants or {}).items():
         m = with_variant(model, v)
         out[name] = evaluate(m.predict(test), test)
         if m.info.get("target_prior") is not None:
             out[name]["target_prior"] = m.info["target_prior"]
     out["base"]["threshold"] = model.threshold
+    if with_predictions:
+        return out, pred.set_index(test.index).assign(threshold=model.threshold)
     return out
 
 
@@ -319,7 +325,7 @@ def leave_one_source_out(
 ) -> tuple[dict, pd.DataFrame]:
     """Train on the other labelled sources, score the held-out one (real question and label shift), per source.
 
-    -> ({source: {variant: official metrics, "positive_rate", "train_positive_rate", "threshold"}}, the base
+    -> ({source: {variant: official metrics (base: + threshold), "positive_rate", "train_positive_rate"}}, the base
     model's held-out rows (FittedBaseline.predict columns + fold = the source's index, threshold) in table order).
     """
     out, rows = {}, []
@@ -327,18 +333,11 @@ def leave_one_source_out(
         tr, te = table[table["split"] != split], table[table["split"] == split]
         if te.empty:
             continue
-        model = fit_baseline(tr, cfg, tfidf)
-        pred = model.predict(te)
-        r = {"base": evaluate(pred, te), "threshold": model.threshold}
-        for name, v in (variants or {}).items():
-            m = with_variant(model, v)
-            r[name] = evaluate(m.predict(te), te)
-            if m.info.get("target_prior") is not None:
-                r[name]["target_prior"] = m.info["target_prior"]
+        r, pred = holdout(tr, te, cfg, tfidf, variants, with_predictions=True)
         r["positive_rate"] = float(te["label"].astype(float).mean())
         r["train_positive_rate"] = float(tr["label"].astype(float).mean())
         out[split] = r
-        rows.append(pred.set_index(te.index).assign(fold=f, threshold=model.threshold))
+        rows.append(pred.assign(fold=f))
     held_out = pd.concat(rows)
     return out, held_out.loc[table.index[table.index.isin(held_out.index)]].reset_index(drop=True)
 

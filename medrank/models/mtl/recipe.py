@@ -252,11 +252,11 @@ def run_recipe(
     for name, dv in _variants(decision).items():
         variants[name], _ = cv_metrics(cv, data.cand, dv)
     cv_summary, oof = cv_metrics(cv, data.cand, decision)
-    loso_summary_, loso_rows, spread = None, None, None
+    loso_result, loso_rows, spread = None, None, None
     if sources is not None:
         loso = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device, folds=source_folds)
-        loso_summary_, loso_rows = cv_metrics(loso, data.cand, decision, sources)
-        spread = seed_spread_mtl(data, labelled, cfg, make_builder, sources, seed=seed, device=device, first=(cv_summary, loso_summary_))
+        loso_result, loso_rows = cv_metrics(loso, data.cand, decision, sources)
+        spread = seed_spread_mtl(data, labelled, cfg, make_builder, sources, seed=seed, device=device, first=(cv_summary, loso_result))
     ablation = ablation_cv(data, labelled, ablations or {}, k=k, seed=seed, device=device, sources=sources)
 
     def _threshold(rows: pd.DataFrame) -> float:
@@ -282,7 +282,7 @@ def run_recipe(
     final_seconds = time.perf_counter() - t2
     parts = [_rows("oof", oof, oof["fold"].map(dict(enumerate(cv_summary["thresholds"]))).to_numpy(), oof["fold"].to_numpy()), _rows("val", dec_val, t_val)]
     if loso_rows is not None:
-        parts.append(_rows("loso", loso_rows, loso_rows["fold"].map(dict(enumerate(loso_summary_["thresholds"]))).to_numpy(), loso_rows["fold"].to_numpy()))
+        parts.append(_rows("loso", loso_rows, loso_rows["fold"].map(dict(enumerate(loso_result["thresholds"]))).to_numpy(), loso_rows["fold"].to_numpy()))
     if test_gids:
         ens_test = with_truth(ensemble(*final.predict(data, test_gids, device=device), decision.ensemble), data.cand)
         parts.append(_rows("test", decide(ens_test, t_final, decision, prior_all), t_final))
@@ -302,7 +302,7 @@ def run_recipe(
     metrics = {
         "decision": {**decision_of(decision), "threshold_val_model": t_val, "threshold_final_model": t_final},
         "cv": cv_summary,
-        "loso": loso_summary_,
+        "loso": loso_result,
         "seed_spread": spread,
         "cv_variants": variants,
         "ablations": ablation,
