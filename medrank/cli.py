@@ -50,6 +50,7 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-dir", default="metrics", metavar="DIR", help="folder of committed metrics JSON files (default metrics)")
     p.add_argument("--readme", default="README.md", metavar="PATH", help="README whose headline and DAG blocks to refresh (default README.md)")
     p.add_argument("--results", default="RESULTS.md", metavar="PATH", help="RESULTS file whose results block to refresh (default RESULTS.md)")
+    p.add_argument("--cards", default=None, metavar="DIR", help="model cards folder, one card per dvc.yaml artifact (default docs/model_cards beside the README)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="write nothing; exit 2 naming each file whose blocks are out of date")
     mode.add_argument("--print", action="store_true", help="write nothing; print the headline and results markdown")
@@ -61,13 +62,14 @@ def _report(args: argparse.Namespace) -> None:
     if args.print:
         print(render_headline(args.metrics_dir) + "\n" + render_results(args.metrics_dir), end="")
     elif args.check:
-        stale = stale_docs(args.readme, args.results, args.metrics_dir)
+        stale = stale_docs(args.readme, args.results, args.metrics_dir, args.cards)
         if stale:
-            given = [("--readme", args.readme, "README.md"), ("--results", args.results, "RESULTS.md"), ("--metrics-dir", args.metrics_dir, "metrics")]
+            given = [("--readme", args.readme, "README.md"), ("--results", args.results, "RESULTS.md"), ("--metrics-dir", args.metrics_dir, "metrics"),
+                     ("--cards", args.cards, None)]  # fmt: skip
             fix = " ".join(["medrank report"] + [f"{flag} {value}" for flag, value, default in given if value != default])
-            raise MedrankError(f"{', '.join(map(str, stale))}: generated blocks differ from {args.metrics_dir}/ or dvc.yaml (run `{fix}`)")
+            raise MedrankError(f"{', '.join(map(str, stale))}: generated blocks differ from {args.metrics_dir}/, dvc.yaml or dvc.lock (run `{fix}`)")
     else:
-        changed = update_docs(args.readme, args.results, args.metrics_dir)
+        changed = update_docs(args.readme, args.results, args.metrics_dir, args.cards)
         print(f"updated: {', '.join(map(str, changed))}" if changed else "up to date")
 
 
@@ -120,7 +122,8 @@ def format_result(question: str, result: pd.DataFrame, fmt: str = "json", show_a
 
 COMMANDS: dict[str, Command] = {
     "score": Command("score a MEDIQA submission against a gold file (official semantics)", _score_arguments, _score),
-    "report": Command("refresh README.md's headline table and DAG and RESULTS.md's tables from metrics/*.json and dvc.yaml", _report_arguments, _report),
+    "report": Command("refresh README.md's headline table and DAG, RESULTS.md's tables and the model cards (docs/model_cards/) from metrics/*.json, "
+                      "dvc.yaml and dvc.lock", _report_arguments, _report),
     "rank": Command("rank a question's candidate answers with the trained system: kept answers in ranked order", _rank_arguments, _rank),
 }
 

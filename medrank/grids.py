@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from medrank import layout
 from medrank.encoders.cross_encoder import CrossEncoder, label_index
+from medrank.encoders.distributed import RayBackend
 from medrank.encoders.extract import ExtractStats, cached_extract, cached_sentence_embeddings, choose_precision, open_cache
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.errors import MedrankError
@@ -180,10 +181,12 @@ def nli_grids(
     shard_size: int = 4096,
     read_only: bool = False,
     show_progress: bool = True,
+    backend: RayBackend | None = None,
 ) -> tuple[pd.DataFrame, GridPlan, dict[str, ExtractStats]]:
     """NLI_GRID rows for answer pairs (from `answer_pairs`): prefilter, plan, cached extraction, assembly.
 
-    `read_only`: the cache under `cache_root` is only read; missing pairs are computed in memory."""
+    `read_only`: the cache under `cache_root` is only read; missing pairs are computed in memory. `backend`: the
+    cells are computed on a Ray actor pool (same cache content)."""
     stats: dict[str, ExtractStats] = {}
     vectors = None
     if top_k is not None:
@@ -197,7 +200,8 @@ def nli_grids(
     log.info("%d grid cells (%.1f per answer pair)", len(plan.cells), len(plan.cells) / max(len(pairs), 1))
     cache = open_cache(model, "nli", cache_root, precision, read_only)
     out, stats["nli"] = cached_extract(
-        model, plan.cells, cache, precision, batch_size=batch_size, shard_size=shard_size, desc="nli", show_progress=show_progress
+        model, plan.cells, cache, precision, batch_size=batch_size, shard_size=shard_size, desc="nli", show_progress=show_progress,
+        backend=backend,
     )
     cache.release()
     return grid_table(pairs, plan, out["probs"], out["cls"], model.label_names), plan, stats

@@ -127,6 +127,18 @@ class FinetuneParams(_Section):
     rqe: FinetuneRqeParams = Field(default_factory=FinetuneRqeParams)
 
 
+class RayParams(_Section):
+    """The Ray Data actor pool of an extraction pass (`backend: ray`); results are the local backend's."""
+
+    address: str | None = None  # None: a local Ray on this machine; "auto" | "ray://head:10001": an existing cluster
+    actors: int = Field(default=2, ge=1)  # one loaded model each
+    cpus_per_actor: float = Field(default=1.0, gt=0)  # also the actor's torch threads
+    gpus_per_actor: float = Field(default=0.0, ge=0)  # > 0: the actors run on CUDA
+
+
+Backend = Literal["local", "ray"]
+
+
 class RetrieveParams(_Section):
     """RQE retrieval (stage retrieve); N and T are the top-level `n_candidates` / `rqe_threshold`."""
 
@@ -135,6 +147,8 @@ class RetrieveParams(_Section):
     batch_size: int = Field(default=64, ge=1)
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"  # auto: reuse the cache's, else a start-up probe
     shard_size: int = Field(default=4096, ge=1)  # pairs per cache shard (lost work on a kill is < 1 shard)
+    backend: Backend = "local"  # where the RQE pairs are computed: here, or a Ray Data actor pool (same cache)
+    ray: RayParams = RayParams()
     coverage_thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.7, 0.9])
 
 
@@ -150,6 +164,8 @@ class EmbedParams(_Section):
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     precision_check_pairs: int = Field(default=256, ge=0)  # sample for max |dp| of the chosen precision vs fp32
     shard_size: int = Field(default=4096, ge=1)
+    backend: Backend = "local"  # where the NLI grid cells are computed: here, or a Ray Data actor pool (same cache)
+    ray: RayParams = RayParams()
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 

@@ -1,8 +1,9 @@
-"""README.md and RESULTS.md blocks rendered from the repo itself (never typed by hand).
+"""README.md and RESULTS.md blocks and the model cards, rendered from the repo itself (never typed by hand).
 
 README.md holds the headline table (`headline` block) and `dvc dag --md` (`dag` block); RESULTS.md holds every other
 table (`results` block). Each block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; the prose around
-the markers is hand-written and left alone.
+the markers is hand-written and left alone. The model cards (docs/model_cards/, medrank/model_cards.py) are whole
+generated files, one per `artifacts:` entry of the README's repository's dvc.yaml.
 """
 
 from __future__ import annotations
@@ -361,24 +362,35 @@ def _refreshed(doc: Path, blocks: tuple[str, ...], metrics_dir: str | Path) -> t
     return text, new
 
 
-def _pending(readme: str | Path, results: str | Path, metrics_dir: str | Path) -> list[tuple[Path, str]]:
-    """(document, its re-rendered text) for each document whose generated blocks are out of date."""
-    out = []
+def _pending(readme: str | Path, results: str | Path, metrics_dir: str | Path, cards: str | Path | None) -> list[tuple[Path, str | None]]:
+    """(document, its re-rendered text) for each document whose generated text is out of date; (card, None) for a
+    generated card whose artifact left dvc.yaml. Cards: `cards`, else docs/model_cards/ beside the README."""
+    from medrank.model_cards import CARDS_DIR, pending_cards
+
+    out: list[tuple[Path, str | None]] = []
     for doc, blocks in ((Path(readme), README_BLOCKS), (Path(results), RESULTS_BLOCKS)):
         text, new = _refreshed(doc, blocks, metrics_dir)
         if new != text:
             out.append((doc, new))
-    return out
+    repo = Path(readme).parent
+    return out + pending_cards(repo, Path(cards) if cards else repo / CARDS_DIR, metrics_dir)
 
 
-def stale_docs(readme: str | Path = "README.md", results: str | Path = "RESULTS.md", metrics_dir: str | Path = "metrics") -> list[Path]:
-    """The documents whose generated blocks differ from metrics/ (or, for the DAG, from dvc.yaml)."""
-    return [doc for doc, _ in _pending(readme, results, metrics_dir)]
+def stale_docs(readme: str | Path = "README.md", results: str | Path = "RESULTS.md", metrics_dir: str | Path = "metrics",
+               cards: str | Path | None = None) -> list[Path]:  # fmt: skip
+    """The documents whose generated text differs from metrics/ (or from dvc.yaml / dvc.lock: the DAG, the cards),
+    missing cards included."""
+    return [doc for doc, _ in _pending(readme, results, metrics_dir, cards)]
 
 
-def update_docs(readme: str | Path = "README.md", results: str | Path = "RESULTS.md", metrics_dir: str | Path = "metrics") -> list[Path]:
-    """Re-render README's headline and DAG blocks and RESULTS.md's results block; returns the files that changed."""
-    pending = _pending(readme, results, metrics_dir)
+def update_docs(readme: str | Path = "README.md", results: str | Path = "RESULTS.md", metrics_dir: str | Path = "metrics",
+                cards: str | Path | None = None) -> list[Path]:  # fmt: skip
+    """Re-render README's headline and DAG blocks, RESULTS.md's results block and the model cards (a card whose
+    artifact is gone is removed); returns the files that changed."""
+    pending = _pending(readme, results, metrics_dir, cards)
     for doc, new in pending:
-        write_text(doc, new)
+        if new is None:
+            doc.unlink()
+        else:
+            write_text(doc, new)
     return [doc for doc, _ in pending]

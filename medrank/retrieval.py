@@ -20,6 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from medrank.encoders.cross_encoder import CrossEncoder, label_index
+from medrank.encoders.distributed import RayBackend
 from medrank.encoders.extract import ExtractStats, cached_extract, choose_precision, open_cache
 from medrank.errors import MedrankError
 
@@ -158,6 +159,7 @@ def score_candidates(
     shard_size: int = 4096,
     read_only: bool = False,
     show_progress: bool = True,
+    backend: RayBackend | None = None,
 ) -> ScoredCandidates:
     """The `bm25_top_k` MedQuAD candidates of each question (split, qid, question), each scored by the RQE
     cross-encoder: P(question entails the MedQuAD question `docs[question_col]`) and its [CLS] vector (float16);
@@ -166,7 +168,7 @@ def score_candidates(
 
     `docs` come from `medquad_documents`. `precision` is a request (auto | fp32 | bf16 | int8): auto reuses the
     precision cached for this model under `cache_root`, else probes (`choose_precision`). `read_only`: nothing is
-    written under `cache_root`; missing pairs are computed in memory.
+    written under `cache_root`; missing pairs are computed in memory. `backend`: a Ray actor pool computes them.
     """
     t0 = time.perf_counter()
     idx, bm25 = bm25_candidates(questions["question"].tolist(), docs[question_col].tolist(), bm25_top_k)
@@ -180,7 +182,8 @@ def score_candidates(
     bm25_seconds = time.perf_counter() - t0
     chosen = choose_precision(rqe, precision, cache_root, "rqe", pairs)
     cache = open_cache(rqe, "rqe", cache_root, chosen, read_only)
-    out, stats = cached_extract(rqe, pairs, cache, chosen, batch_size=batch_size, shard_size=shard_size, desc="rqe", show_progress=show_progress)
+    out, stats = cached_extract(rqe, pairs, cache, chosen, batch_size=batch_size, shard_size=shard_size, desc="rqe",
+                                show_progress=show_progress, backend=backend)  # fmt: skip
     cands["rqe_score"] = cands["rqe_ce"] = out["probs"][:, label_index(rqe.label_names, "entail", 1)]
     cands["rqe_cls"] = list(out["cls"])
     stack = (getattr(rqe, "meta", {}).get("recipe") or {}).get("stack")

@@ -15,6 +15,7 @@ import numpy as np
 from medrank import layout
 from medrank.encoders.base import set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
+from medrank.encoders.distributed import RayBackend
 from medrank.encoders.extract import precision_check
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.grids import NLI_GRID, answer_grids, candidate_answers
@@ -38,7 +39,7 @@ def main(params_path: str = "params.yaml") -> None:
     grids = answer_grids(
         answers, retrieved, model, layout.CACHE_EMBED, max_sentences=ep.max_sentences, prefilter_top_k=ep.prefilter_top_k, bi=bi,
         augment_top=ep.augment_top, precision=ep.precision, batch_size=ep.batch_size, bi_batch_size=ep.bi_batch_size,
-        shard_size=ep.shard_size,
+        shard_size=ep.shard_size, backend=RayBackend.from_params(ep.backend, ep.ray),
     )  # fmt: skip
     grid, cells = grids.rows, grids.plan.cells
     write_parquet(grid, layout.NLI_GRID, NLI_GRID)

@@ -13,6 +13,7 @@ import time
 from medrank import layout
 from medrank.encoders.base import read_json, set_threads
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
+from medrank.encoders.distributed import RayBackend
 from medrank.errors import MedrankError
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
@@ -46,7 +47,8 @@ def main(params_path: str = "params.yaml") -> None:
     log.info("%d MEDIQA questions, %d MedQuAD question-answer pairs", len(questions), len(docs))
     model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision)
     scored = score_candidates(questions, docs, model, layout.CACHE_RQE, question_col=qcol, bm25_top_k=rp.bm25_top_k,
-                              precision=rp.precision, batch_size=rp.batch_size, shard_size=rp.shard_size)  # fmt: skip
+                              precision=rp.precision, batch_size=rp.batch_size, shard_size=rp.shard_size,
+                              backend=RayBackend.from_params(rp.backend, rp.ray))  # fmt: skip
     cands = scored.table
     write_parquet(cands[CANDIDATES.names], layout.RQE_CANDIDATES, CANDIDATES)
     chosen = attach_entailed(select_entailed(cands, p.n_candidates, p.rqe_threshold), docs, qcol)

@@ -27,6 +27,7 @@ from medrank.encoders import cache as cache_mod
 from medrank.encoders import extract as extract_mod
 from medrank.encoders.cache import PairCache, existing_precisions, namespace_name, pair_key
 from medrank.encoders.cross_encoder import CrossEncoder
+from medrank.encoders.distributed import RayBackend
 from medrank.encoders.extract import cached_extract, choose_precision, open_cache
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.errors import MedrankError
@@ -453,6 +454,66 @@ def test_read_only_retrieval_and_grids_match_and_write_nothing(tmp_path, tiny_mo
         np.testing.assert_array_equal(np.stack(a.table["rqe_cls"]), np.stack(b.table["rqe_cls"]))
     for g in (grids, r_grids):
         pd.testing.assert_frame_equal(g.rows, w_grids.rows)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray (2 CPUs) for the module's Ray tests: starting one costs seconds."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _cache_content(root: Path, kind: str, model: CrossEncoder, precision: str) -> dict[bytes, tuple]:
+    cache = open_cache(model, kind, root, precision, read_only=True)
+    got = cache.get(cache.keys())
+    return {k: tuple(got[c][i].tobytes() for c in sorted(got)) for i, k in enumerate(cache.keys())}
+
+
+def test_ray_backend_fills_the_same_cache_and_rows_as_local(tmp_path, tiny_models, nli_model, fixture_tables, local_ray):
+    """backend ray: the RQE pass and the NLI grid cells on a 2-actor pool, several shards each → byte-identical cache
+    content, candidate scores and grid rows (what every downstream stage reads)."""
+    answers, medquad = fixture_tables
+    rqe = CrossEncoder.load(tiny_models["rqe"], device="cpu", precision="fp32")
+    bi = SentenceEncoder(str(tiny_models["base"]), device="cpu")
+    questions = questions_table(answers, "question_norm", None)
+    docs = medquad_documents(medquad, "question_norm", "answer_norm")
+    ans = answers.rename(columns={"answer_sentences": "sentences"})
+    backend = RayBackend(actors=2, cpus_per_actor=1)
+
+    def run(root: Path, backend: RayBackend | None):
+        scored = score_candidates(questions, docs, rqe, root / "rqe", question_col="question_norm", bm25_top_k=4, precision="fp32",
+                                  shard_size=7, show_progress=False, backend=backend)  # fmt: skip
+        retrieved = scored.table.groupby(["split", "qid"]).head(2).rename(columns={"bm25_rank": "rank"})
+        retrieved = retrieved.assign(sentences=[list(s) for s in docs["answer_sentences"].iloc[retrieved["doc"]]])
+        grids = answer_grids(ans, retrieved, nli_model, root / "embed", max_sentences=3, prefilter_top_k=None, augment_top=1,
+                             precision="fp32", shard_size=16, show_progress=False, backend=backend)  # fmt: skip
+        return scored, grids
+
+    local, ray = run(tmp_path / "local", None), run(tmp_path / "ray", backend)
+    assert ray[0].extract.computed == local[0].extract.computed > 7 and ray[1].stats["nli"].computed == local[1].stats["nli"].computed > 16
+    pd.testing.assert_frame_equal(ray[0].table.drop(columns="rqe_cls"), local[0].table.drop(columns="rqe_cls"))
+    np.testing.assert_array_equal(np.stack(ray[0].table["rqe_cls"]), np.stack(local[0].table["rqe_cls"]))
+    pd.testing.assert_frame_equal(ray[1].rows, local[1].rows)
+    for kind, model in (("rqe", rqe), ("embed", nli_model)):
+        ns_kind = "rqe" if kind == "rqe" else "nli"
+        assert _cache_content(tmp_path / "ray" / kind, ns_kind, model, "fp32") == _cache_content(tmp_path / "local" / kind, ns_kind, model, "fp32")
+    # a rerun finds everything cached: no actor is started
+    again = score_candidates(questions, docs, rqe, tmp_path / "ray" / "rqe", question_col="question_norm", bm25_top_k=4, precision="fp32",
+                             show_progress=False, backend=backend)  # fmt: skip
+    assert again.extract.computed == 0
+
+
+def test_ray_backend_needs_a_saved_model_and_the_extra(tmp_path, nli_model, monkeypatch):
+    unsaved = CrossEncoder(nli_model.model, nli_model.tokenizer, max_length=48, label_names=NLI_LABELS, device="cpu", precision="fp32")
+    cache = open_cache(unsaved, "nli", tmp_path, "fp32")
+    with pytest.raises(MedrankError, match="backend ray loads the model from its folder"):
+        cached_extract(unsaved, [("a", "b")], cache, "fp32", show_progress=False, backend=RayBackend())
+    monkeypatch.setitem(sys.modules, "ray", None)  # the optional extra not installed
+    with pytest.raises(MedrankError, match=r"Ray is not installed \(pip install -e \"\.\[ray\]\"\)"):
+        cached_extract(nli_model, [("a", "b")], open_cache(nli_model, "nli", tmp_path, "fp32"), "fp32", show_progress=False, backend=RayBackend())
 
 
 def test_stacked_rqe_recipe_rescores_candidates_with_its_bi_encoder(tmp_path, tiny_models, fixture_tables):

@@ -1,5 +1,8 @@
-"""One real `dvc repro` of the whole DAG on the tiny params profile, in a scratch copy of the repo."""
+"""One real `dvc repro` of the whole DAG on the tiny params profile, in a scratch copy of the repo; then the
+newcomer's path on its outputs (`dvc push`, `git clone` + `dvc pull`, and `dvc repro` has nothing to do) and the
+embed stage on the Ray backend (same outputs as local)."""
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -9,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, SHARED_DATA
+from medrank import layout
+from tests.conftest import REPO, SHARED_DATA, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -19,6 +23,10 @@ def deep_merge(base: dict, over: dict) -> dict:
     for k, v in over.items():
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+# a scratch identity: the tiny repos commit without touching the user's git config
+GIT = ["git", "-c", "user.name=medrank-smoke", "-c", "user.email=smoke@medrank.invalid", "-c", "commit.gpgsign=false"]
 
 
 def _dvc(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -43,15 +51,20 @@ def tiny_repo(tmp_path_factory) -> Path:
     for f in ["dvc.lock"]:
         (work / f).unlink(missing_ok=True)
     # a real checkout has commits: dvclive (training stages) records the baseline revision and fails on an empty repo
-    git = ["git", "-c", "user.name=medrank-smoke", "-c", "user.email=smoke@medrank.invalid", "-c", "commit.gpgsign=false"]
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=work, check=True)
-    subprocess.run([*git, "commit", "-qm", "smoke"], cwd=work, check=True)
+    subprocess.run([*GIT, "add", "-A"], cwd=work, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "smoke"], cwd=work, check=True)
     return work
 
 
-def test_dvc_repro_tiny_profile(tiny_repo):
-    r = _dvc("repro", cwd=tiny_repo)
+@pytest.fixture(scope="module")
+def tiny_repro(tiny_repo) -> subprocess.CompletedProcess:
+    """The module's one `dvc repro` (tiny profile): every test here builds on its outputs."""
+    return _dvc("repro", cwd=tiny_repo)
+
+
+def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
+    r = tiny_repro
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data = json.loads((tiny_repo / "metrics/data.json").read_text())
     assert data  # counts per table were written
@@ -124,3 +137,100 @@ def _rank_equals_validation_submission(repo: Path) -> None:
     finally:
         os.chdir(cwd)
     assert checked, "no validation question with gap-free CHiQA ranks in the tiny profile"
+
+
+def _default_remote(repo: Path) -> tuple[str, Path]:
+    """Name and folder of the default remote (`dvc config` resolves a relative url against .dvc/)."""
+    name = _dvc("config", "core.remote", cwd=repo).stdout.strip()
+    return name, Path(_dvc("config", f"remote.{name}.url", cwd=repo).stdout.strip())
+
+
+def _md5s(root: Path) -> dict[str, str]:
+    return {str(f.relative_to(root)): hashlib.md5(f.read_bytes()).hexdigest() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def test_push_clone_pull_round_trip(tiny_repo, tiny_repro, tmp_path):
+    """Commit dvc.lock and the git-tracked (cache: false) outputs, `dvc push`; a `git clone` + `dvc pull` then has
+    every output byte-identical, `dvc status` is clean and `dvc repro` runs no stage (nothing is re-trained).
+    Pushes go to a scratch remote only: the committed default (a folder beside the checkout) stays untouched."""
+    assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
+    # the committed default remote is a local folder outside the checkout (`git clean` or a deleted checkout keeps it)
+    default_name, default_dir = _default_remote(tiny_repo)
+    assert default_name, "no default remote in .dvc/config (docs/sharing.md)"
+    assert not default_dir.resolve().is_relative_to(tiny_repo.resolve()), default_dir
+    store = tmp_path / "remote"
+    # --local -d: a bare `dvc push` would go to the scratch remote too; config.local is git-ignored, so the clone
+    # below is pointed at it the same way
+    assert _dvc("remote", "add", "--local", "-d", "smoke", str(store), cwd=tiny_repo).returncode == 0
+    subprocess.run([*GIT, "add", "-A"], cwd=tiny_repo, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "smoke: dvc.lock and committed outputs"], cwd=tiny_repo, check=True)
+    pushed = _dvc("push", "-r", "smoke", cwd=tiny_repo)
+    assert pushed.returncode == 0, pushed.stdout[-3000:] + pushed.stderr[-3000:]
+    assert store.is_dir()
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(tiny_repo), str(clone)], check=True)
+    clone_default_name, clone_default_dir = _default_remote(clone)
+    assert clone_default_name == default_name  # the committed default came with git
+    assert _dvc("remote", "add", "--local", "-d", "smoke", str(store), cwd=clone).returncode == 0
+    pulled = _dvc("pull", "-r", "smoke", cwd=clone)
+    assert pulled.returncode == 0, pulled.stdout[-3000:] + pulled.stderr[-3000:]
+    for tree in ("models", "data"):  # every DVC output: trained models, raw / interim / processed data, persist caches
+        assert _md5s(clone / tree) == _md5s(tiny_repo / tree), tree
+    assert (clone / "models/mtl").is_dir() and (clone / "data/processed/retrieved.parquet").is_file()
+
+    status = _dvc("status", cwd=clone)
+    assert status.returncode == 0 and "up to date" in status.stdout, status.stdout + status.stderr
+    lock = (clone / "dvc.lock").read_bytes()
+    again = _dvc("repro", cwd=clone)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "Running stage" not in again.stdout, again.stdout
+    assert (clone / "dvc.lock").read_bytes() == lock
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True, check=True).stdout == ""
+    # nothing went to the committed default remote (it resolves to a folder beside each checkout)
+    assert not default_dir.exists() and not clone_default_dir.exists()
+
+
+def _cache_rows(root: Path) -> dict[str, list]:
+    """Every cached row of every namespace under `root`, by namespace, sorted by key (shard layout ignored)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = {}
+    for ns in sorted(d for d in root.iterdir() if d.is_dir()):
+        table = pa.concat_tables([pq.read_table(f) for f in sorted(ns.glob("part-*.parquet"))])
+        out[ns.name] = sorted(zip(*(table.column(c).to_pylist() for c in table.column_names)))
+    return out
+
+
+def test_ray_backend_embed_equals_local(tiny_repo, tiny_repro, tmp_path):
+    """Stage embed again with `embed.backend: ray` (a local Ray, 2 actors) from an empty cache: the same cache rows,
+    a byte-identical NLI grid (what baseline/mtl/score read, so their metrics cannot move) and the same metrics
+    up to timings. The tiny repo's cache, params and metrics are put back afterwards."""
+    assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
+    grid, cache = tiny_repo / layout.NLI_GRID, tiny_repo / layout.CACHE_EMBED
+    metrics_file, params_file = tiny_repo / "metrics/embed.json", tiny_repo / "params.yaml"
+    saved = {p: p.read_bytes() for p in (grid, metrics_file, params_file)}
+    local_rows = _cache_rows(cache)
+    shutil.move(cache, tmp_path / "local_cache")
+    params = yaml.safe_load(saved[params_file])
+    params["embed"]["backend"] = "ray"
+    params["embed"]["ray"] = {**params["embed"]["ray"], "actors": 2, "cpus_per_actor": 1}
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        r = run_module("stages.embed", cwd=tiny_repo)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert grid.read_bytes() == saved[grid]
+        assert _cache_rows(cache) == local_rows and sum(len(v) for v in local_rows.values()) > 0
+        timing = {"seconds", "pairs_per_s"}
+
+        def drop_timing(d):
+            return {k: drop_timing(v) for k, v in d.items() if k not in timing} if isinstance(d, dict) else d
+
+        ray_metrics, local_metrics = (drop_timing(json.loads(b)) for b in (metrics_file.read_bytes(), saved[metrics_file]))
+        assert ray_metrics == local_metrics
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.move(tmp_path / "local_cache", cache)
+        for p, b in saved.items():
+            p.write_bytes(b)

@@ -10,7 +10,7 @@ from tests.conftest import REPO
 
 def test_readme_and_results_blocks_match_metrics():
     stale = stale_docs(REPO / "README.md", REPO / "RESULTS.md", REPO / "metrics")
-    assert not stale, f"{stale}: run `medrank report` (tables from metrics/, DAG from dvc.yaml)"
+    assert not stale, f"{stale}: run `medrank report` (tables and model cards from metrics/ and dvc.lock, DAG from dvc.yaml)"
 
 
 def test_readme_holds_only_the_headline_table():

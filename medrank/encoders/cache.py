@@ -134,6 +134,10 @@ class PairCache:
     def __contains__(self, key: bytes) -> bool:
         return key in self._index
 
+    def keys(self) -> list[bytes]:
+        """Every key held (whatever shard it sits in), sorted: two caches with the same content list the same keys."""
+        return sorted(self._index)
+
     @property
     def shards(self) -> list[Path]:
         return sorted({s for s, _ in self._index.values() if s not in self._memory})

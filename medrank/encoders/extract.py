@@ -1,10 +1,10 @@
 """Cached, batched extraction of model outputs: cross-encoder probabilities + [CLS] vectors per text pair, and
 bi-encoder vectors per text.
 
-`extract_pairs` is a pure function over a batch of text pairs (in: pairs + a loaded model; out: arrays), so the
-same code can run inside a distributed map (e.g. Ray Data with an actor per GPU); `cached_extract` wraps it
-with the content-addressed parquet cache so an experiment computes only pairs it has not seen. A cache opened
-`read_only` computes the missing pairs in memory and writes nothing.
+`extract_pairs` is a pure function over a batch of text pairs (in: pairs + a loaded model; out: arrays);
+`cached_extract` wraps it with the content-addressed parquet cache so an experiment computes only pairs it has
+not seen, one shard at a time: here, or (`backend=RayBackend(...)`) the same shards in a Ray Data actor pool
+(`medrank.encoders.distributed`). A cache opened `read_only` computes the missing pairs in memory and writes nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from tqdm.auto import tqdm
 from medrank.encoders.batching import dedup
 from medrank.encoders.cache import PairCache, existing_precisions, namespace_name, pair_key
 from medrank.encoders.cross_encoder import CrossEncoder
+from medrank.encoders.distributed import RayBackend, ray_extract
 from medrank.encoders.sentence_encoder import SentenceEncoder
+from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +89,10 @@ def cached_extract(
     shard_size: int = 4096,
     desc: str = "extract",
     show_progress: bool = True,
+    backend: RayBackend | None = None,
 ) -> tuple[dict[str, np.ndarray], ExtractStats]:
-    """Outputs for `pairs` in input order; only pairs missing from `cache` are computed, one shard per chunk."""
+    """Outputs for `pairs` in input order; only pairs missing from `cache` are computed, one shard per chunk
+    (`backend`: the same shards on a Ray actor pool, which loads the model from `encoder.path`)."""
     stats = ExtractStats(kind=desc, namespace=cache.dir.name, precision=precision, pairs=len(pairs))
     unique, inverse = dedup([(a, b) for a, b in pairs])
     keys = [pair_key(a, b) for a, b in unique]
@@ -99,13 +103,22 @@ def cached_extract(
     # chunks of similar length (longest first): each shard's batches pad little, and the bar's rate is honest
     todo.sort(key=lambda i: -(len(unique[i][0]) + len(unique[i][1])))
     t0 = time.perf_counter()
+    chunks = [todo[s : s + shard_size] for s in range(0, len(todo), shard_size)]
     with tqdm(total=len(todo), unit="pair", desc=desc, disable=not show_progress or not todo, smoothing=0.1) as bar:
-        for s in range(0, len(todo), shard_size):
-            chunk = todo[s : s + shard_size]
-            out = extract_pairs(encoder, [unique[i] for i in chunk], precision, batch_size)
-            cache.put([keys[i] for i in chunk], out)
-            stats.computed += len(chunk)
-            bar.update(len(chunk))
+
+        def put(chunk_keys: list[bytes], out: dict[str, np.ndarray]) -> None:
+            cache.put(chunk_keys, out)
+            stats.computed += len(chunk_keys)
+            bar.update(len(chunk_keys))
+
+        if backend is None:
+            for chunk in chunks:
+                put([keys[i] for i in chunk], extract_pairs(encoder, [unique[i] for i in chunk], precision, batch_size))
+        elif chunks:
+            if encoder.path is None:
+                raise MedrankError(f"{desc}: backend ray loads the model from its folder; this one was never saved")
+            shards = [([keys[i] for i in c], [unique[i] for i in c]) for c in chunks]
+            ray_extract(encoder.path, encoder.fingerprint, shards, precision, batch_size, backend, put)
     stats.seconds = round(time.perf_counter() - t0, 2)
     stats.pairs_per_s = round(stats.computed / stats.seconds, 1) if stats.computed and stats.seconds > 0 else 0.0
     log.info(

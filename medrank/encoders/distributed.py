@@ -1,0 +1,118 @@
+"""Extraction on Ray Data: the same `extract_pairs` over the same shards, in an actor pool (one model per actor).
+
+`cached_extract(..., backend=RayBackend(...))` hands the shards it would compute locally to `ray_extract`; each
+actor loads the saved model from its folder (weights verified against the driver's fingerprint), computes whole
+shards with the local batch size, and the driver writes the results into the same content-addressed cache. So
+the cache content, and everything downstream, is the local backend's (tests/test_ray_backend.py).
+
+`address=None` starts a local Ray on this machine's cores; "auto" or "ray://head:10001" joins an existing
+cluster, whose workers need medrank installed and the model folder at the same path (shared storage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from medrank.errors import MedrankError
+
+log = logging.getLogger(__name__)
+
+Pair = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class RayBackend:
+    """Where and how wide: cluster address (None = local Ray), actors, CPUs/GPUs per actor."""
+
+    address: str | None = None
+    actors: int = 2
+    cpus_per_actor: float = 1.0
+    gpus_per_actor: float = 0.0
+
+    @classmethod
+    def from_params(cls, backend: str, ray: Any) -> "RayBackend | None":
+        """None for `backend: local`; else the params section's `ray` settings."""
+        if backend == "local":
+            return None
+        return cls(address=ray.address, actors=ray.actors, cpus_per_actor=ray.cpus_per_actor, gpus_per_actor=ray.gpus_per_actor)
+
+
+class ExtractActor:
+    """One loaded cross-encoder; one call computes one shard (a row of keys and text pairs) with `extract_pairs`."""
+
+    def __init__(self, model_dir: str, fingerprint: str, precision: str, batch_size: int, threads: int, device: str) -> None:
+        import torch
+
+        from medrank.encoders.cross_encoder import CrossEncoder
+
+        if device == "cpu":
+            torch.set_num_threads(max(1, threads))
+        self.encoder = CrossEncoder.load(model_dir, device=device, precision=precision)
+        if self.encoder.fingerprint != fingerprint:
+            raise MedrankError(f"{model_dir}: the Ray worker loaded weights {self.encoder.fingerprint[:12]}…, the driver {fingerprint[:12]}…")
+        self.precision, self.batch_size = precision, batch_size
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from medrank.encoders.extract import extract_pairs
+
+        keys, outs = [], []
+        for k, a, b in zip(batch["keys"], batch["a"], batch["b"]):
+            keys.extend(bytes(x) for x in k)
+            outs.append(extract_pairs(self.encoder, list(zip(a, b)), self.precision, self.batch_size))
+        return {"key": np.array(keys, dtype=object), **{c: np.concatenate([o[c] for o in outs]) for c in outs[0]}}
+
+
+@contextlib.contextmanager
+def ray_session(backend: RayBackend) -> Iterator[Any]:
+    """`ray` connected to `backend.address` (a local Ray when None); a Ray started here is shut down on exit."""
+    try:
+        import ray
+    except ImportError as e:  # the optional extra
+        raise MedrankError('backend ray: Ray is not installed (pip install -e ".[ray]")') from e
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=backend.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False  # the caller's tqdm counts pairs written to the cache
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def ray_extract(
+    model_dir: str | Path,
+    fingerprint: str,
+    shards: Sequence[tuple[list[bytes], list[Pair]]],
+    precision: str,
+    batch_size: int,
+    backend: RayBackend,
+    put: Callable[[list[bytes], dict[str, np.ndarray]], None],
+) -> None:
+    """Compute each (keys, pairs) shard on the actor pool and `put(keys, arrays)` every result as it arrives."""
+    if not shards:
+        return
+    device = "cuda" if backend.gpus_per_actor > 0 else "cpu"
+    rows = [{"keys": keys, "a": [p[0] for p in pairs], "b": [p[1] for p in pairs]} for keys, pairs in shards]
+    with ray_session(backend) as ray:
+        ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+        out = ds.map_batches(
+            ExtractActor,
+            fn_constructor_kwargs={"model_dir": str(Path(model_dir).resolve()), "fingerprint": fingerprint, "precision": precision,
+                                   "batch_size": batch_size, "threads": int(backend.cpus_per_actor), "device": device},  # fmt: skip
+            batch_size=1,
+            batch_format="numpy",
+            concurrency=min(backend.actors, len(rows)),
+            num_cpus=backend.cpus_per_actor,
+            num_gpus=backend.gpus_per_actor,
+            max_restarts=0,  # a failed actor fails the pass; the shards already written stay cached (a rerun resumes)
+        )
+        for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
+            put([bytes(k) for k in batch["key"]], {c: np.asarray(v) for c, v in batch.items() if c != "key"})
