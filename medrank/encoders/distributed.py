@@ -112,7 +112,6 @@ def ray_extract(
             concurrency=min(backend.actors, len(rows)),
             num_cpus=backend.cpus_per_actor,
             num_gpus=backend.gpus_per_actor,
-            max_restarts=0,  # a failed actor fails the pass; the shards already written stay cached (a rerun resumes)
-        )
+        )  # a pass that fails keeps the shards already written in the cache: a rerun computes only the rest
         for batch in out.iter_batches(batch_size=None, batch_format="numpy"):
             put([bytes(k) for k in batch["key"]], {c: np.asarray(v) for c, v in batch.items() if c != "key"})
