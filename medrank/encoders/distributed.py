@@ -3,7 +3,7 @@
 `cached_extract(..., backend=RayBackend(...))` hands the shards it would compute locally to `ray_extract`; each
 actor loads the saved model from its folder (weights verified against the driver's fingerprint), computes whole
 shards with the local batch size, and the driver writes the results into the same content-addressed cache. So
-the cache content, and everything downstream, is the local backend's (tests/test_ray_backend.py).
+the cache content, and everything downstream, is the local backend's (tests/test_embed_cache.py, test_pipeline_smoke.py).
 
 `address=None` starts a local Ray on this machine's cores; "auto" or "ray://head:10001" joins an existing
 cluster, whose workers need medrank installed and the model folder at the same path (shared storage).
