@@ -350,9 +350,15 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 _RECIPE_SECTIONS = ("seed", "device", "n_candidates", "rqe_threshold", "normalize", "retrieve", "embed", "bienc", "qa")  # seed: group qtype
 
 
+# where an extraction pass runs (local | a Ray pool), not what it computes: the outputs are the same either way
+_PLACEMENT = {"retrieve": {"backend", "ray"}, "embed": {"backend", "ray"}}
+
+
 def inference_recipe(p: Params) -> dict:
-    """The knobs of the inference path (the sections above + cnn.mediqa_aggregation), saved with the final system."""
-    return {**p.model_dump(mode="json", include=set(_RECIPE_SECTIONS)), "cnn": {"mediqa_aggregation": p.cnn.mediqa_aggregation}}
+    """The knobs of the inference path (the sections above, less where extraction runs, + cnn.mediqa_aggregation),
+    saved with the final system; stage score declares exactly these keys in dvc.yaml."""
+    recipe = p.model_dump(mode="json", include=set(_RECIPE_SECTIONS), exclude=_PLACEMENT)
+    return {**recipe, "cnn": {"mediqa_aggregation": p.cnn.mediqa_aggregation}}
 
 
 def recipe_params(recipe: dict, where: str) -> Params:

@@ -456,6 +456,17 @@ def test_read_only_retrieval_and_grids_match_and_write_nothing(tmp_path, tiny_mo
         pd.testing.assert_frame_equal(g.rows, w_grids.rows)
 
 
+def test_ray_backend_names_an_address_without_a_cluster():
+    """`ray.address: auto` with no Ray running: one error line naming the address, exit 2. Runs before `local_ray`
+    below starts this module's Ray (`auto` would join that one)."""
+    code = ("from medrank.runner import run\nfrom medrank.encoders.distributed import RayBackend, ray_session\n"
+            "def main():\n    with ray_session(RayBackend(address='auto')):\n        pass\nrun(main)\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error:") or "Traceback" in line]
+    assert r.returncode == 2 and len(lines) == 1 and "cannot start or join Ray at address 'auto'" in lines[0], r.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray (2 CPUs) for the module's Ray tests: starting one costs seconds."""

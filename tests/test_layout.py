@@ -132,3 +132,19 @@ def test_every_layout_path_is_declared_in_dvc_yaml():
         if p not in declared and not any(p.startswith(d + "/") or d.startswith(p + "/") for d in declared)
     )  # fmt: skip
     assert not missing, f"in medrank/layout.py but never declared in dvc.yaml: {missing}"
+
+
+def test_score_declares_exactly_the_saved_inference_recipe():
+    """Stage score saves `inference_recipe` in models/system.json: it declares those keys and no more (so e.g.
+    `embed.backend`, which moves extraction but changes no output, does not re-run it)."""
+    from medrank.params import Params, inference_recipe
+
+    def keys(d: dict, prefix: str = "") -> set[str]:
+        return {k for name, v in d.items() for k in (keys(v, f"{prefix}{name}.") if isinstance(v, dict) else {f"{prefix}{name}"})}
+
+    declared = set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["score"]["params"]) - {"score"}
+    recipe = inference_recipe(Params())
+    sections = {k for k in declared if "." not in k}
+    expanded = {k for k in keys(recipe) if k.split(".")[0] not in sections} | sections
+    assert declared == expanded
+    assert "backend" not in recipe["embed"] and "ray" not in recipe["retrieve"]

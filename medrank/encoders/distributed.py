@@ -77,7 +77,10 @@ def ray_session(backend: RayBackend) -> Iterator[Any]:
         raise MedrankError('backend ray: Ray is not installed (pip install -e ".[ray]")') from e
     started = not ray.is_initialized()
     if started:
-        ray.init(address=backend.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        try:
+            ray.init(address=backend.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        except (ConnectionError, ValueError, RuntimeError) as e:  # no cluster at that address, a malformed address
+            raise MedrankError(f"backend ray: cannot start or join Ray at address {backend.address!r} ({type(e).__name__}: {e})") from e
     ray.data.DataContext.get_current().enable_progress_bars = False  # the caller's tqdm counts pairs written to the cache
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
