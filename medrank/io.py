@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import json
+import logging
 import os
+import re
+import secrets
+import shutil
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 import pyarrow as pa
@@ -16,9 +23,27 @@ import pyarrow.parquet as pq
 
 from medrank.errors import MedrankError
 
+log = logging.getLogger(__name__)
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+
+# Names of what atomic_path / atomic_dir leave behind when killed: `.<name>.<8 mkstemp chars>.tmp` (files),
+# `.<name>.<8>.staging` (folders being built, or the replaced copy being removed), `.<name>.old-<8 hex>`
+# (the replaced copy while renameat2 is unavailable). Only these are ever swept.
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.(?:tmp|staging)|(?P<old>old)-[0-9a-f]{8})$")
+
+
+def _fsync_path(path: Path) -> None:
+    """fsync a file or a folder (some filesystems refuse folder fsync: nothing more can be done there)."""
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -32,10 +57,171 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp_path
         os.chmod(tmp_path, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file normal permissions
+        _fsync_path(tmp_path)  # data on disk before the name points at it: a crash never leaves a short file
         os.replace(tmp_path, path)
+        _fsync_path(path.parent)  # the rename itself survives a power loss
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+# ---------------------------------------------------------------- whole folders
+
+
+def _renameat2() -> Callable | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2  # glibc >= 2.28
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn
+
+
+_RENAMEAT2 = _renameat2()
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (Linux renameat2); False where the kernel or filesystem cannot."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(new: Path, target: Path) -> Path | None:
+    """Put folder `new` at `target` so that every instant has a complete `target` (or its `.old` copy);
+    returns where the replaced copy now is (None if there was none)."""
+    if not target.exists():
+        os.rename(new, target)
+        replaced = None
+    elif _exchange(new, target):
+        replaced = new
+    else:  # crash between the two renames: _recover() puts the `.old` copy back at the next start
+        replaced = target.with_name(f".{target.name}.old-{secrets.token_hex(4)}")
+        os.rename(target, replaced)
+        os.rename(new, target)
+    _fsync_path(target.parent)
+    return replaced
+
+
+def _recover(target: Path) -> None:
+    """A run killed mid-swap (fallback path) left no `target` but its `.old` copy: put that back."""
+    if target.exists() or target.is_symlink() or not target.parent.is_dir():
+        return
+    olds = sorted(p for p in target.parent.iterdir() if (m := _LEFTOVER.match(p.name)) and m["old"] and m["name"] == target.name)
+    if olds:
+        log.warning("%s: missing after an interrupted swap; restoring %s", target, olds[-1].name)
+        os.rename(olds[-1], target)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    for d, _, files in os.walk(root, topdown=False):
+        for f in files:
+            if not os.path.islink(os.path.join(d, f)):
+                _fsync_path(Path(d, f))
+        _fsync_path(Path(d))
+
+
+def declared_outputs(stage: str | None = None, dvcfile: str | os.PathLike = "dvc.yaml") -> list[Path]:
+    """Outs, metrics and plots that dvc.yaml declares (for one stage, or all); [] without a dvc.yaml."""
+    import yaml
+
+    try:
+        text = Path(dvcfile).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    stages = (yaml.safe_load(text) or {}).get("stages") or {}
+    out = []
+    for name, st in stages.items():
+        if stage is not None and name != stage:
+            continue
+        st = st.get("do", st)  # foreach/matrix: templated paths are skipped below
+        for key in ("outs", "metrics", "plots"):
+            for e in st.get(key) or []:
+                p = next(iter(e)) if isinstance(e, dict) else e
+                if isinstance(p, str) and "${" not in p:
+                    out.append(Path(p))
+    return out
+
+
+def _check_owned(path: Path, owns: Callable[[Path], bool], what: str) -> None:
+    """Refuse (one MedrankError line) to replace a folder this stage does not own."""
+    root = Path.cwd()
+    full = Path(os.path.abspath(path))
+    if full == root:
+        raise MedrankError(f"{path}: refusing to replace the project folder itself")
+    if root not in full.parents:
+        raise MedrankError(f"{path}: refusing to replace a folder outside the project ({root})")
+    for other in declared_outputs():
+        if full in Path(os.path.abspath(other)).parents:
+            raise MedrankError(f"{path}: refusing to replace a folder that holds another declared output ({other})")
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise MedrankError(f"{path}: refusing to replace: not a folder")
+    if path.is_dir() and any(path.iterdir()) and not owns(path):
+        raise MedrankError(f"{path}: refusing to replace a non-empty folder that is not {what}")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike, owns: Callable[[Path], bool], what: str = "this stage's output") -> Iterator[Path]:
+    """Yield an empty staging folder beside `path`; if the block succeeds, fsync it and swap it in atomically.
+
+    A crash at any instant leaves `path` complete (old or new); `owns(path)` must accept an existing non-empty
+    `path` (`what` names that content in the error), else nothing is touched.
+    """
+    path = Path(os.path.normpath(path))
+    _check_owned(path, owns, what)
+    _recover(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".staging", dir=path.parent))
+    os.chmod(staging, 0o777 & ~_UMASK)  # mkdtemp makes 0700; the swapped-in folder gets normal permissions
+    replaced = None
+    try:
+        yield staging
+        _fsync_tree(staging)
+        replaced = _swap_in(staging, path)
+    finally:
+        # the failed build, or (after the swap) the replaced copy; a kill here leaves it to sweep_leftovers
+        for p in (staging, replaced):
+            if p is not None and p.exists():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def sweep_leftovers(outputs: Iterable[str | os.PathLike]) -> list[Path]:
+    """Remove what killed atomic_path/atomic_dir runs left beside or inside `outputs` (only our temp names)."""
+    removed = []
+    for out in map(Path, outputs):
+        _recover(out)
+        found = [p for p in (out.parent.iterdir() if out.parent.is_dir() else ()) if (m := _LEFTOVER.match(p.name)) and m["name"] == out.name]
+        if out.is_dir() and not out.is_symlink():
+            for d, dirs, files in os.walk(out):
+                hits = [Path(d, n) for n in dirs + files if _LEFTOVER.match(n)]
+                dirs[:] = [n for n in dirs if not _LEFTOVER.match(n)]  # removed whole, not walked
+                for p in hits:
+                    m = _LEFTOVER.match(p.name)
+                    if m["old"] and not p.with_name(m["name"]).exists():
+                        _recover(p.with_name(m["name"]))
+                    else:
+                        found.append(p)
+        for p in found:
+            if p.exists() or p.is_symlink():
+                log.info("removing leftover of an interrupted run: %s", p)
+                _remove(p)
+                removed.append(p)
+    return removed
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -80,3 +266,21 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def read_text_capped(path: str | os.PathLike, max_bytes: int, what: str) -> str:
+    """UTF-8 text of a user-supplied file, refused (one line) when larger than `max_bytes` or not UTF-8; a BOM is dropped."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise MedrankError(f"{path}: {size / 2**20:.1f} MiB, more than {what} can be (at most {max_bytes / 2**20:.0f} MiB)")
+    return decode_utf8(path.read_bytes(), path)
+
+
+def decode_utf8(data: bytes, name: str | os.PathLike) -> str:
+    """`data` as text; not UTF-8 -> one line naming `name` and the offending byte's offset in the file."""
+    bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MedrankError(f"{name}: not UTF-8 text (byte 0x{data[bom + e.start]:02x} at offset {bom + e.start}: {e.reason})") from None

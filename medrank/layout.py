@@ -16,6 +16,8 @@ TEST_SPLIT = "test"  # unlabelled: never a training or selection input
 LABELLED_SPLITS = (*TRAIN_SPLITS, VAL_SPLIT)
 
 # ---------------------------------------------------------------- data
+PARAMS_FILE = Path("params.yaml")  # every stage's knobs (medrank.params)
+PARAMS_SCHEMA = Path("data/params_schema.json")  # check_params: the schema params.yaml was validated against
 RAW = Path("data/raw")  # acquire: byte-exact upstream files
 CLEAN = Path("data/interim/clean")  # clean: one parquet per table (medrank.data.schemas.TABLES)
 NORMALIZED = Path("data/interim/normalized")  # normalize: the same tables with normalized text + sentences

@@ -7,6 +7,7 @@ Where the official script crashes or reads a header as data, the rule used here 
 from __future__ import annotations
 
 import csv
+import io
 import os
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -16,6 +17,7 @@ import pandas as pd
 import scipy.stats
 
 from medrank.errors import MedrankError
+from medrank.io import read_text_capped
 
 Table = pd.DataFrame | str | os.PathLike
 
@@ -23,6 +25,9 @@ TASK3_COLUMNS = ["qid", "aid", "label"]
 TASK2_COLUMNS = ["pair_id", "label"]
 TASK2_HEADER = ["pair_id", "label"]
 _LABELS = {"0": 0, "1": 1}
+# a gold or submission file is at most a few thousand rows (MEDIQA's largest is under 100 KB): refuse a bigger one
+# before reading it, rather than spend seconds and a GB of rows on a file that cannot be one
+MAX_TABLE_BYTES = 8 << 20
 
 
 # ---------------------------------------------------------------- reading
@@ -36,26 +41,20 @@ def _read_csv_rows(path: Table, n_fields: int, what: str, header: Sequence[str] 
     path = Path(path)
     if not path.is_file():
         raise MedrankError(f"{path}: {what} file not found")
+    reader = csv.reader(io.StringIO(read_text_capped(path, MAX_TABLE_BYTES, f"a {what} file"), newline=""))
     rows: list[list[str]] = []
     where: list[str] = []
     try:
-        # utf-8-sig: a BOM (pandas strips it too) must not become part of the first id
-        with open(path, encoding="utf-8-sig", newline="") as f:
-            reader = csv.reader(f)
-            for fields in reader:
-                if not fields or (len(fields) == 1 and fields[0].strip() == ""):
-                    continue  # pandas skips blank lines
-                if header is not None and not rows and fields == list(header):
-                    header = None
-                    continue
-                if len(fields) != n_fields:
-                    raise MedrankError(
-                        f"{path}: line {reader.line_num}: expected {n_fields} comma-separated fields, got {len(fields)}"
-                    )
-                rows.append(fields)
-                where.append(f"line {reader.line_num}")
-    except UnicodeDecodeError as e:
-        raise MedrankError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        for fields in reader:
+            if not fields or (len(fields) == 1 and fields[0].strip() == ""):
+                continue  # pandas skips blank lines
+            if header is not None and not rows and fields == list(header):
+                header = None
+                continue
+            if len(fields) != n_fields:
+                raise MedrankError(f"{path}: line {reader.line_num}: expected {n_fields} comma-separated fields, got {len(fields)}")
+            rows.append(fields)
+            where.append(f"line {reader.line_num}")
     except csv.Error as e:
         raise MedrankError(f"{path}: malformed CSV ({e})") from None
     if not rows:

@@ -13,11 +13,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from medrank.errors import MedrankError
+from medrank.io import decode_utf8
 from medrank.layout import DISEASE_ONTOLOGY
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML `true` is not the int 1 and "yes" is not a bool (DVC hashes the file as written, so must we)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class AcquireParams(_Section):
@@ -294,13 +296,13 @@ class BaselineParams(_Section):
 
 
 class Params(_Section):
-    seed: int = 13
+    seed: int = Field(default=13, ge=0, le=2**32 - 1)  # numpy's seed range
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     n_candidates: int = Field(default=3, ge=1, le=50)
     rqe_threshold: float | None = Field(default=0.5, ge=0.0, le=1.0)
     # the first questions of each split by (split, qid), the same for every stage (tiny profiles cap it); None = all
     max_questions_per_split: int | None = Field(default=None, ge=1)
-    # one section per stage, in DAG order; a missing section takes its defaults
+    # one section per stage, in DAG order (params.yaml spells out every key: see load_params)
     acquire: AcquireParams = AcquireParams()
     clean: CleanParams = CleanParams()
     normalize: NormalizeParams = NormalizeParams()
@@ -327,23 +329,57 @@ def _format_error(path: Path, err: ValidationError) -> str:
     return f"{path}: {key}: {first['msg']}{got_s}{more}"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a mapping with a repeated key (YAML allows it, the last silently wins; DVC refuses)."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.MarkedYAMLError(problem=f"duplicate key {key!r}", problem_mark=key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _missing_keys(model: type[BaseModel], raw: dict, prefix: str = "") -> list[str]:
+    """Dotted keys of `model` (sections recursed) that `raw` does not spell out."""
+    out = []
+    for name, field in model.model_fields.items():
+        if name not in raw:
+            out.append(prefix + name)
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, _Section) and isinstance(raw[name], dict):
+            out += _missing_keys(field.annotation, raw[name], f"{prefix}{name}.")
+    return out
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
-    """Load and validate the whole params file."""
+    """Load and validate the whole params file: every key present (DVC refuses a file without a key a stage declares,
+    and a default hidden in code is a knob no experiment records), none unknown, none repeated, types strict."""
     path = Path(path)
     if not path.exists():
         raise MedrankError(f"{path}: params file not found")
+    text = decode_utf8(path.read_bytes(), path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
-        line = getattr(getattr(e, "problem_mark", None), "line", None)
-        where = f" line {line + 1}" if line is not None else ""
-        raise MedrankError(f"{path}:{where} not valid YAML") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None)
+        raise MedrankError(f"{path}:{where} not valid YAML" + (f" ({problem})" if problem else "")) from None
+    if raw is None:
+        raise MedrankError(f"{path}: empty (expected a mapping of sections, e.g. the repository's params.yaml)")
     if not isinstance(raw, dict):
         raise MedrankError(f"{path}: expected a mapping of sections at top level")
     try:
-        return Params.model_validate(raw)
+        params = Params.model_validate(raw)
     except ValidationError as e:
         raise MedrankError(_format_error(path, e)) from None
+    missing = _missing_keys(Params, raw)
+    if missing:
+        more = f" [+{len(missing) - 1} more]" if len(missing) > 1 else ""
+        raise MedrankError(f"{path}: missing key '{missing[0]}'{more} (params.yaml spells out every key, as DVC reads it)")
+    return params
 
 
 # what `medrank rank` needs to treat a new question exactly as the stages treated the test questions

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 from medrank import layout
 from medrank.errors import MedrankError
+from medrank.io import decode_utf8, read_text_capped
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -48,15 +49,13 @@ class RankInput:
 
 
 MAX_ANSWERS = 1000  # more candidates than any MEDIQA question by far; bounds the pairwise work (n²)
+MAX_INPUT_BYTES = 16 << 20  # a thousand long answers fit; refused before it is read or parsed
 
 
 def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
     """Validate `{"question": str, "answers": [{"id"?, "text", "url"?}, ...]}`; MedrankError names the problem."""
     if isinstance(raw, bytes):
-        try:
-            raw = raw.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            raise MedrankError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raw = decode_utf8(raw, where)
     if not raw.strip():
         raise MedrankError(f"{where}: empty input (expected a JSON object with 'question' and 'answers')")
     try:
@@ -109,11 +108,14 @@ def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
 def read_rank_input(path: str) -> RankInput:
     """Read the JSON input from a file path, or stdin for '-'."""
     if path == "-":
-        return parse_rank_input(sys.stdin.buffer.read(), "<stdin>")
+        data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)  # no more than the cap is ever held
+        if len(data) > MAX_INPUT_BYTES:
+            raise MedrankError(f"<stdin>: more than {MAX_INPUT_BYTES >> 20} MiB, more than one question's answers can be")
+        return parse_rank_input(data, "<stdin>")
     p = Path(path)
     if not p.is_file():
         raise MedrankError(f"{path}: input file not found")
-    return parse_rank_input(p.read_bytes(), path)
+    return parse_rank_input(read_text_capped(p, MAX_INPUT_BYTES, "one question's answers"), path)
 
 
 def read_system(models_dir: str | Path = layout.MODELS) -> tuple[dict, Params]:

@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -37,3 +38,19 @@ def run_module(module: str, *args: str, cwd: Path, env: dict | None = None) -> s
 def error_lines(stderr: str) -> list[str]:
     """The user-facing error lines (logs and progress bars may precede them on stderr)."""
     return [line for line in stderr.splitlines() if line.startswith("error:") or "Traceback" in line]
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """`over` on top of `base`, nested mappings merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def write_params(folder: Path, overrides: dict | None = None) -> Path:
+    """folder/params.yaml: the repository's params with `overrides` merged in (load_params wants every key spelled out)."""
+    base = yaml.safe_load((REPO / "params.yaml").read_text(encoding="utf-8"))
+    path = Path(folder) / "params.yaml"
+    path.write_text(yaml.safe_dump(deep_merge(base, overrides or {}), sort_keys=False), encoding="utf-8")
+    return path

@@ -8,7 +8,13 @@ import pytest
 from medrank.data import acquire as acq
 from medrank.data.sources import SOURCES, Source
 from medrank.errors import MedrankError
-from tests.conftest import error_lines, run_module
+from tests.conftest import error_lines, run_module, write_params
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """acquire replaces only folders inside the project (the cwd): run each test in its own."""
+    monkeypatch.chdir(tmp_path)
 
 
 def _src(path: str, data: bytes, **kw) -> Source:
@@ -47,7 +53,7 @@ def test_checksum_mismatch_is_one_clear_error_and_writes_nothing(tmp_path):
     with pytest.raises(MedrankError, match="bad.txt: sha256 mismatch"):
         acq.acquire(out, [mirror], download=False, sources=srcs)
     assert not out.exists()
-    assert not list(tmp_path.glob("raw*"))
+    assert [p.name for p in tmp_path.iterdir()] == ["mirror"]  # no staging folder left either
 
 
 def test_no_source_reachable(tmp_path, monkeypatch):
@@ -101,7 +107,7 @@ def test_snapshot_content_digests_match_mirror(shared_data, src):
 
 
 def test_stage_cli_error_exit_2(tmp_path):
-    (tmp_path / "params.yaml").write_text("acquire:\n  mirrors: [nowhere]\n  download: false\n")
+    write_params(tmp_path, {"acquire": {"mirrors": ["nowhere"], "download": False}})
     r = run_module("stages.acquire", cwd=tmp_path)
     assert r.returncode == 2
     errs = error_lines(r.stderr)

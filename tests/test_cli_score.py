@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +72,30 @@ def test_malformed_submission_via_module_entry_point(tmp_path):
     assert proc.stderr == f"error: {bad}: line 2: duplicate row for 1, 1_A2 (first at line 1); the official script silently keeps the first, medrank refuses\n"
 
 
+def test_oversized_input_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
+    """A 50 MB file used to take 19 s and 1 GB before its error: now the size alone stops it."""
+    big = tmp_path / "big.csv"
+    with open(big, "wb") as f:  # sparse: the size is what counts, not the bytes
+        f.truncate(50 << 20)
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self} was read") if self == big else read_bytes(self))
+    code, out, err = run_cli(capsys, "score", str(GOLD), str(big))
+    assert code == 2 and out == "" and err == f"error: {big}: 50.0 MiB, more than a submission file can be (at most 8 MiB)\n"
+
+
+@pytest.mark.parametrize("prefix", [b"", b"\xef\xbb\xbf"])
+@pytest.mark.parametrize("line", [1, 2, 3])
+def test_utf8_error_names_the_byte_offset_in_the_file(tmp_path, capsys, prefix, line):
+    """The offset is the bad byte's position in the file (it used to be counted within the decoder's chunk)."""
+    rows = [f"{q},{q}_A{i},{i % 2}\n".encode() for q in range(1, 2000) for i in range(1, 3)]
+    rows[line * 700] = rows[line * 700].replace(b"_A", b"_\xe9")
+    data = prefix + b"".join(rows)
+    (tmp_path / "sub.csv").write_bytes(data)
+    code, _, err = run_cli(capsys, "score", str(GOLD), str(tmp_path / "sub.csv"))
+    offset = data.index(b"\xe9")
+    assert code == 2 and f"not UTF-8 text (byte 0xe9 at offset {offset}:" in err
+
+
 def test_adding_a_subcommand_is_one_registry_entry(capsys, monkeypatch):
     seen = {}
 
@@ -82,3 +108,34 @@ def test_adding_a_subcommand_is_one_registry_entry(capsys, monkeypatch):
     monkeypatch.setitem(cli.COMMANDS, "echo", cli.Command("test command", add_arguments, handler))
     code, _, _ = run_cli(capsys, "echo", "--k", "7")
     assert code == 0 and seen == {"k": 7}
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_stdout_to_a_full_device_is_one_error_line(unbuffered):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "medrank.cli", "score", str(GOLD), str(SUB)], cwd=REPO, stdout=full, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONUNBUFFERED": unbuffered})  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "No space left on device" in proc.stderr, proc.stderr
+
+
+def test_a_full_disk_while_writing_is_one_error_line(monkeypatch, capsys, tmp_path):
+    from medrank import runner
+    from medrank.io import write_text
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    (tmp_path / "out.txt").write_text("previous")
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(SystemExit) as e:
+        runner.run(lambda: write_text(tmp_path / "out.txt", "new"))
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: No space left on device (files are written to a temp file")
+    monkeypatch.undo()
+    assert (tmp_path / "out.txt").read_text() == "previous" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_a_reader_that_leaves_early_is_no_error():
+    proc = subprocess.run(f"{sys.executable} -m medrank.cli score {GOLD} {SUB} --json | head -c 1", shell=True, cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONUNBUFFERED": ""})  # fmt: skip
+    assert proc.stdout == "{" and "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr

@@ -19,7 +19,6 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
 
 from medrank import layout
 from medrank.data.schemas import LIVEQA_QRELS, LIVEQA_QUESTIONS
@@ -33,6 +32,7 @@ from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.errors import MedrankError
 from medrank.grids import answer_grids, answer_pairs, anli_score, grid_table, nli_grids, plan_grids, select_columns
 from medrank.retrieval import medquad_documents, questions_table, score_candidates
+from tests.conftest import write_params
 
 FIXTURES = Path(__file__).parent / "fixtures" / "embed"
 REPO = Path(__file__).resolve().parents[1]
@@ -355,7 +355,7 @@ def _write_inputs(work: Path, tables, models: dict[str, Path], n_candidates: int
         "embed": {"bi_encoder": str(models["base"]), "max_sentences": 3, "prefilter_top_k": None, "augment_top": 2, "precision": "fp32",
                   "precision_check_pairs": 0, "shard_size": 32},
     }  # fmt: skip
-    (work / "params.yaml").write_text(yaml.safe_dump(params))
+    write_params(work, params)
 
 
 def _cells(work: Path) -> set[tuple[str, str]]:

@@ -18,7 +18,7 @@ from medrank.errors import MedrankError
 from medrank.io import write_parquet
 from medrank.metrics import score_task2
 
-from tests.conftest import REPO, error_lines, run_module
+from tests.conftest import REPO, error_lines, run_module, write_params
 from tests.test_encoders import FIXTURES, make_tiny_bert
 
 
@@ -92,7 +92,7 @@ def workdir(tmp_path_factory) -> Path:
         "finetune": {"nli": task, "rqe": {**task, "epochs": 1, "medquad_pairs": 12, "folds": 2, "val_epochs": 1, "bi_encoder": str(base),
                                           "extra_sets": [["amia"], ["meqsum", "liveqa", "medquad"]], "bi_encoder_sets": [["meqsum"]]}},  # fmt: skip
     }
-    (root / "params.yaml").write_text(yaml.safe_dump(params))
+    write_params(root, params)
     return root
 
 
@@ -171,7 +171,7 @@ def test_nli_stage_three_classes(workdir, monkeypatch):
 
 
 def test_stage_missing_table_is_a_medrank_error(tmp_path, monkeypatch):
-    (tmp_path / "params.yaml").write_text("seed: 1\n")
+    write_params(tmp_path, {"seed": 1})
     with pytest.raises(MedrankError, match="rqe_pairs.parquet: file not found"):
         run_stage_in_process("rqe", tmp_path, monkeypatch)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -341,6 +343,37 @@ def test_save_load_round_trip(data, tmp_path):
     assert np.allclose(f1["prob"], f2["prob"], atol=1e-6) and np.allclose(p1["prob"], p2["prob"], atol=1e-6)
     with pytest.raises(MedrankError, match="no trained MTL model"):
         mtl.FittedMTL.load(tmp_path / "missing")
+
+
+def _doctor_mtl_json(text: str) -> list[str]:
+    meta = json.loads(text)
+    dims = {**meta["dims"], "meta_dim": meta["dims"]["meta_dim"] + 1}
+    return [
+        text[: len(text) // 2],  # torn write
+        "",
+        json.dumps({k: v for k, v in meta.items() if k != "builder"}),  # incomplete
+        json.dumps({**meta, "config": {**meta["config"], "alpha": "two"}}),
+        json.dumps({**meta, "dims": dims}),  # the weights no longer fit the network
+        json.dumps({**meta, "pf_mean": "x"}),
+        json.dumps([1, 2]),
+    ]
+
+
+def test_corrupt_model_folder_is_one_error_line(data, tmp_path):
+    model = mtl.fit_mtl(data, gids_of(data, "train"), tiny_config(max_epochs=1), mtl.builder_factory(["metadata"], 2)(), seed=1)
+    model.save(tmp_path / "m")
+    good = (tmp_path / "m" / "mtl.json").read_text()
+    for i, text in enumerate([*_doctor_mtl_json(good), "\udcff"]):
+        (tmp_path / "m" / "mtl.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+        with pytest.raises(MedrankError, match="not a model folder the mtl stage writes") as e:
+            mtl.FittedMTL.load(tmp_path / "m")
+        assert "\n" not in str(e.value), i
+    (tmp_path / "m" / "mtl.json").write_text(good)
+    weights = (tmp_path / "m" / "model.pt").read_bytes()
+    for torn in (weights[: len(weights) // 2], b"", b"not a zip"):
+        (tmp_path / "m" / "model.pt").write_bytes(torn)
+        with pytest.raises(MedrankError, match="not a model folder the mtl stage writes"):
+            mtl.FittedMTL.load(tmp_path / "m")
 
 
 def test_seed_bag_averages_its_members_and_round_trips(data, tmp_path):

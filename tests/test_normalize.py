@@ -32,6 +32,7 @@ from medrank.text.coref import Chain, Mention, make_coref, resolve, stanza_pipel
 from medrank.text.matcher import PhraseMatcher, tokens
 from medrank.text.normalize import TABLES, TextNormalizer, build_normalizer, normalize_table
 from medrank.text.sentences import PysbdSplitter, cut, make_splitter, split_rule
+from tests.conftest import write_params
 
 FIX = Path(__file__).parent / "fixtures" / "normalize"
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -478,9 +479,7 @@ def test_stage_end_to_end(tmp_path, monkeypatch):
     from stages import normalize as stage
 
     _write_inputs(tmp_path / layout.CLEAN)
-    (tmp_path / "params.yaml").write_text(
-        f"normalize:\n  disease_ontology: {FIX / 'doid_tiny.obo'}\n  min_term_chars: 3\n", encoding="utf-8"
-    )
+    write_params(tmp_path, {"normalize": {"disease_ontology": str(FIX / "doid_tiny.obo"), "min_term_chars": 3}})
     monkeypatch.chdir(tmp_path)
     stage.main()
     for name, schema in NORMALIZED_TABLES.items():
@@ -497,7 +496,7 @@ def test_stage_end_to_end(tmp_path, monkeypatch):
 def test_stage_missing_input_is_clear(tmp_path, monkeypatch):
     from stages import normalize as stage
 
-    (tmp_path / "params.yaml").write_text(f"normalize:\n  disease_ontology: {FIX / 'doid_tiny.obo'}\n", encoding="utf-8")
+    write_params(tmp_path, {"normalize": {"disease_ontology": str(FIX / "doid_tiny.obo")}})
     monkeypatch.chdir(tmp_path)  # no data/interim/clean here
     with pytest.raises(MedrankError, match="not found"):
         stage.main()
@@ -508,7 +507,6 @@ def test_params_section(tmp_path):
     p.write_text("normalize:\n  coref: true\n", encoding="utf-8")
     with pytest.raises(MedrankError, match="normalize.coref"):
         load_params(p)
-    p.write_text("normalize:\n  sentence_splitter: pysbd\n  coref: stanza\n", encoding="utf-8")
-    n = load_params(p).normalize
+    n = load_params(write_params(tmp_path, {"normalize": {"sentence_splitter": "pysbd", "coref": "stanza"}})).normalize
     assert (n.sentence_splitter, n.coref) == ("pysbd", "stanza")
     assert NormalizeParams().coref is False

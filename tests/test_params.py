@@ -1,7 +1,11 @@
+import copy
+import re
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from medrank.errors import MedrankError
 from medrank.params import Params, load_params
@@ -70,3 +74,88 @@ def test_stage_exits_2_with_one_line_on_bad_params(tmp_path):
     errs = error_lines(r.stderr)
     assert len(errs) == 1 and "n_candidates" in errs[0]
     assert not (tmp_path / "data").exists()
+
+
+# ---------------------------------------------------------------- as strict as DVC's reading of the same file
+
+
+def _leaves(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _with(d: dict, dotted: str, value=None, delete: bool = False) -> dict:
+    d = copy.deepcopy(d)
+    *parents, last = dotted.split(".")
+    node = d
+    for k in parents:
+        node = node[k]
+    if delete:
+        del node[last]
+    else:
+        node[last] = value
+    return d
+
+
+REPO_PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+LEAVES = _leaves(REPO_PARAMS)
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (b"", "empty"),
+        (b"# nothing but a comment\n", "empty"),
+        (b"seed: 13\nseed: 14\n", "line 2 not valid YAML (duplicate key 'seed')"),
+        (b"acquire:\n  download: true\n  download: false\n", "duplicate key 'download'"),
+        (b"seed: 13\n# caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 14"),
+        (b"n_candidates: true\n", "n_candidates: Input should be a valid integer (got True)"),
+        (b"acquire:\n  download: 'yes'\n", "acquire.download: Input should be a valid boolean (got 'yes')"),
+        (b"mtl:\n  max_epochs: 2.0\n", "mtl.max_epochs: Input should be a valid integer"),
+        (b"seed: -1\n", "seed: Input should be greater than or equal to 0"),
+        (b"seed: 13\n", "missing key 'device'"),
+    ],
+)
+def test_params_file_is_read_as_strictly_as_dvc(tmp_path, data, expected):
+    p = tmp_path / "params.yaml"
+    p.write_bytes(data)
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+@settings(max_examples=25, deadline=None)
+@given(key=st.sampled_from(sorted(LEAVES)))
+def test_every_missing_key_is_named(tmp_path_factory, key):
+    p = tmp_path_factory.mktemp("params") / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(REPO_PARAMS, key, delete=True)))
+    with pytest.raises(MedrankError, match=rf"missing key '{re.escape(key)}'"):
+        load_params(p)
+
+
+WRONG = {bool: st.one_of(st.integers(0, 1), st.sampled_from(["yes", "no", "true", "on"])), int: st.one_of(st.booleans(), st.sampled_from(["3", "1e3"]))}
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_bools_and_ints_are_not_coerced(tmp_path_factory, data):
+    """YAML `true` is not 1, 1 is not true, "yes" is not a bool, "3" is not a number: each stops with the key named."""
+    key = data.draw(st.sampled_from(sorted(k for k, v in LEAVES.items() if type(v) in WRONG)))
+    bad = data.draw(WRONG[type(LEAVES[key])])
+    p = tmp_path_factory.mktemp("params") / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(REPO_PARAMS, key, bad)))
+    with pytest.raises(MedrankError, match=re.escape(f"{key}: ")):
+        load_params(p)
+
+
+@pytest.mark.parametrize("data", [b"seed: 13\n# \xff\n", b"", b"seed: 1\nseed: 2\n"])
+def test_every_stage_reports_a_bad_params_file_in_one_line(tmp_path, data):
+    (tmp_path / "params.yaml").write_bytes(data)
+    r = run_module("stages.normalize", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert len(error_lines(r.stderr)) == 1 and "params.yaml" in error_lines(r.stderr)[0]

@@ -27,6 +27,7 @@ from medrank.features import (
 from medrank.models.rqe import QuestionTypes
 from medrank.params import BaselineParams, Params, inference_recipe
 from tests.test_rqe_selection import MEDQUAD  # 5 foci x 4 types in MedQuAD's templates
+from tests.conftest import write_params
 
 # one question, three answers: the right aspect, a wrong aspect of the same focus, a question-shaped heading
 ANSWERS = pd.DataFrame(
@@ -102,7 +103,7 @@ def test_stage_bienc_writes_the_qtype_columns(tmp_path, monkeypatch):
     (tmp_path / layout.CLEAN).mkdir(parents=True)
     ANSWERS.to_parquet(tmp_path / layout.ANSWERS)
     MEDQUAD.to_parquet(tmp_path / layout.CLEAN_MEDQUAD)
-    (tmp_path / "params.yaml").write_text("seed: 0\n", encoding="utf-8")
+    write_params(tmp_path, {"seed": 0})
     n = len(ANSWERS)
     # the encoder is tested elsewhere (test_embed_cache): fixed cosines here
     monkeypatch.setattr(stage, "answer_bienc_scores", lambda answers, *a, **k: ({"bienc_cos": np.full(n, 0.5), "heading_cos": np.full(n, 0.25)}, {}))

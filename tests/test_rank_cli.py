@@ -4,6 +4,7 @@ checked by the smoke `dvc repro`, tests/test_pipeline_smoke.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import shutil
@@ -58,6 +59,19 @@ def test_non_utf8_and_deep_nesting_are_clear_errors():
         parse_rank_input(b'{"question": "\xff"}', "in.json")
     with pytest.raises(MedrankError, match="nested too deeply|not valid JSON"):
         parse_rank_input("[" * 100000, "in.json")
+
+
+def test_oversized_input_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from medrank import rank
+
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(rank.MAX_INPUT_BYTES + 1)
+    with pytest.raises(MedrankError, match="more than one question's answers can be"):
+        rank.read_rank_input(str(big))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b" " * (rank.MAX_INPUT_BYTES + 1))))
+    with pytest.raises(MedrankError, match="<stdin>: more than 16 MiB"):
+        rank.read_rank_input("-")
 
 
 def test_ids_default_to_positions_and_are_strings():

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from medrank.data.sources import SOURCES, Source
 from medrank.errors import MedrankError
-from medrank.io import atomic_path, sha256_file, write_json
+from medrank.io import atomic_dir, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +92,17 @@ def _from_mirror(src: Source, mirrors: list[Path], dest: Path) -> str | None:
         cand = mirror / src.path
         if not cand.is_file():
             continue
-        got = sha256_file(cand)
+        shutil.copyfile(cand, dest)
+        got = sha256_file(dest)  # hash the copy, not the mirror: what is verified is what is kept
         if got != src.sha256:
             raise MedrankError(f"{cand}: sha256 mismatch (expected {src.sha256}, got {got}); the mirror copy is not the pinned file")
-        shutil.copyfile(cand, dest)
         return str(mirror)
     return None
+
+
+def is_raw_dir(path: Path) -> bool:
+    """A folder acquire wrote (it has acquire's MANIFEST.json)."""
+    return (path / "MANIFEST.json").is_file()
 
 
 def acquire(
@@ -107,37 +112,27 @@ def acquire(
     timeout_s: float = 60.0,
     sources: tuple[Source, ...] = SOURCES,
 ) -> list[dict]:
-    """Materialise every source under `out_dir`; all or nothing (built in a sibling folder, then renamed)."""
-    out_dir = Path(out_dir)
+    """Materialise every source under `out_dir`; all or nothing: every file is fetched and verified in a staging
+    folder beside it, which then replaces `out_dir` in one atomic swap (medrank.io.atomic_dir)."""
     present = [Path(m) for m in mirrors if Path(m).is_dir()]
     for m in mirrors:
         if not Path(m).is_dir():
             log.info("mirror %s not found: skipped", m)
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    if staging.exists():
-        shutil.rmtree(staging)
     manifest = []
-    try:
+    with atomic_dir(out_dir, owns=is_raw_dir, what="acquire's (no MANIFEST.json)") as staging:
         for src in tqdm(sources, desc="acquire", unit="file"):
             dest = staging / src.path
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(dest) as tmp:
-                origin = _from_mirror(src, present, tmp)
-                if origin is None:
-                    if not download:
-                        raise MedrankError(f"{src.path}: not in any mirror ({', '.join(map(str, mirrors)) or 'none listed'}) and acquire.download is false")
-                    try:
-                        fetch_upstream(src, tmp, timeout_s)
-                    except (urllib.error.URLError, TimeoutError, OSError) as e:
-                        reason = getattr(e, "reason", e)
-                        raise MedrankError(f"{src.path}: not in any mirror and download from {src.url} failed ({reason})") from None
-                    origin = src.url
+            origin = _from_mirror(src, present, dest)
+            if origin is None:
+                if not download:
+                    raise MedrankError(f"{src.path}: not in any mirror ({', '.join(map(str, mirrors)) or 'none listed'}) and acquire.download is false")
+                try:
+                    fetch_upstream(src, dest, timeout_s)
+                except (urllib.error.URLError, TimeoutError, OSError) as e:
+                    reason = getattr(e, "reason", e)
+                    raise MedrankError(f"{src.path}: not in any mirror and download from {src.url} failed ({reason})") from None
+                origin = src.url
             manifest.append({"path": src.path, "sha256": sha256_file(dest), "bytes": dest.stat().st_size, "origin": origin, "license": src.license})
         write_json(staging / "MANIFEST.json", manifest)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
     return manifest

@@ -7,7 +7,9 @@ import copy
 import json
 import logging
 import math
+import pickle
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -194,13 +196,18 @@ class FittedMTL:
         path = Path(path)
         if not (path / "model.pt").exists() or not (path / "mtl.json").exists():
             raise MedrankError(f"{path}: no trained MTL model (model.pt + mtl.json; run the mtl stage)")
-        meta = json.loads((path / "mtl.json").read_text(encoding="utf-8"))
-        cfg = MtlParams.model_validate(meta["config"])
-        net = MTLNet(cfg, **meta["dims"])
-        state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-        net.load_state_dict(state)
-        net.eval()
-        fitted = cls(cfg, net, builder_from_json(meta["builder"]), np.asarray(meta["pf_mean"]), np.asarray(meta["pf_scale"]), meta.get("history", []), meta.get("best_epoch", 0))
+        try:  # a truncated or doctored model folder is one line naming it, not a traceback
+            meta = json.loads((path / "mtl.json").read_text(encoding="utf-8"))
+            cfg = MtlParams.model_validate(meta["config"])
+            net = MTLNet(cfg, **meta["dims"])
+            state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+            net.load_state_dict(state)
+            fitted = cls(cfg, net.eval(), builder_from_json(meta["builder"]), np.asarray(meta["pf_mean"], dtype=float),
+                         np.asarray(meta["pf_scale"], dtype=float), meta.get("history", []), meta.get("best_epoch", 0))  # fmt: skip
+        except (ValueError, KeyError, TypeError, AttributeError, RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
+            # ValueError covers JSON, UTF-8 and pydantic errors; RuntimeError a state dict of other shapes or a torn model.pt
+            reason = str(e).splitlines()[0][:200] if str(e) else ""
+            raise MedrankError(f"{path}: not a model folder the mtl stage writes ({type(e).__name__}: {reason}); re-run `dvc repro mtl` or `dvc checkout mtl`") from None
         return fitted, meta
 
 
