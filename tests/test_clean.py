@@ -5,13 +5,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medrank.data.schemas import TABLES
 from medrank.text.clean import BOILERPLATE, TAG_RE, boilerplate_rules_hit, clean_answer, normalize_text
-from tests.conftest import error_lines, run_module
+from tests.conftest import error_lines, run_module, write_params
 from tests.test_parsers import FIX, make_raw_dir
 
 # One real (shortened) example per boilerplate rule: raw text -> cleaned text.
@@ -134,7 +133,7 @@ def test_clean_answer_properties(text):
 
 
 def _write_params(workdir, **clean):
-    (workdir / "params.yaml").write_text(yaml.safe_dump({"clean": clean}))
+    write_params(workdir, {"clean": clean})  # the repository's params.yaml, `clean` keys overridden
 
 
 def _workdir(tmp_path) -> Path:
@@ -164,15 +163,23 @@ def test_stage_writes_tables_with_schemas_and_counts(tmp_path):
     assert not list(work.glob("data/interim/clean/.*.tmp"))  # atomic writes leave no temp files
 
 
-def test_stage_bad_raw_data_is_one_error_line(tmp_path):
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ((FIX / "unsafe" / "billion_laughs.xml").read_bytes(), "rejected unsafe XML (entity declaration)"),
+        # a server's 404 page saved in place of the file: was exit 0 with the validation split silently gone
+        (
+            b"<html><head><title>404 Not Found</title></head><body><h1>Not Found</h1></body></html>",
+            "expected root <MEDIQA2019-Task3-QA-ValidationSet> (a MEDIQA 2019 Task 3 val file), got <html>",
+        ),
+    ],
+    ids=["unsafe", "html_404"],
+)
+def test_stage_bad_raw_data_is_one_error_line(tmp_path, content, message):
     work = _workdir(tmp_path)
-    bomb = (FIX / "unsafe" / "billion_laughs.xml").read_bytes()
-    (work / "data/raw/mediqa2019/MEDIQA_Task3_QA/MEDIQA2019-Task3-QA-ValidationSet.xml").write_bytes(bomb)
+    (work / "data/raw/mediqa2019/MEDIQA_Task3_QA/MEDIQA2019-Task3-QA-ValidationSet.xml").write_bytes(content)
     _write_params(work)
     r = run_module("stages.clean", cwd=work)
     assert r.returncode == 2
-    assert error_lines(r.stderr) == [
-        "error: data/raw/mediqa2019/MEDIQA_Task3_QA/MEDIQA2019-Task3-QA-ValidationSet.xml: "
-        "rejected unsafe XML (entity declaration)"
-    ]
+    assert error_lines(r.stderr) == [f"error: data/raw/mediqa2019/MEDIQA_Task3_QA/MEDIQA2019-Task3-QA-ValidationSet.xml: {message}"]
     assert not (work / "data/interim/clean").exists()

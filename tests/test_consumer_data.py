@@ -175,7 +175,10 @@ def test_liveqa_questions_wrong_root_or_unsafe_xml_is_an_error(tmp_path):
     wrong = write_liveqa_questions(tmp_path / "w.xml", root="MEDIQA2019-Task3-QA-TestSet")
     with pytest.raises(MedrankError) as e:
         consumer.read_liveqa_questions(wrong)
-    assert str(e.value) == f"{wrong}: root element <MEDIQA2019-Task3-QA-TestSet>, expected <{consumer.LIVEQA_ROOT}>"
+    assert str(e.value) == (
+        f"{wrong}: expected root <{consumer.LIVEQA_ROOT}> (the TREC 2017 LiveQA-Med test questions), "
+        "got <MEDIQA2019-Task3-QA-TestSet>"
+    )
     dtd = tmp_path / "d.xml"
     dtd.write_text(f'<?xml version="1.0"?><!DOCTYPE x SYSTEM "http://example.org/x.dtd"><{consumer.LIVEQA_ROOT}/>')
     with pytest.raises(MedrankError, match=r"d\.xml: rejected unsafe XML \(DTD\)"):

@@ -115,12 +115,12 @@ def test_task3_test_file_has_null_ranks_and_labels():
 def test_task3_bad_rank_names_file_and_answer(tmp_path):
     path = tmp_path / "bad.xml"
     path.write_text(
-        '<Q3><Question QID="1"><QuestionText>q</QuestionText><AnswerList>'
+        '<MEDIQA2019-Task3-QA-TestSet><Question QID="1"><QuestionText>q</QuestionText><AnswerList>'
         '<Answer AID="1_Answer1" SystemRank="one"><AnswerURL>#</AnswerURL><AnswerText>a</AnswerText></Answer>'
-        "</AnswerList></Question></Q3>"
+        "</AnswerList></Question></MEDIQA2019-Task3-QA-TestSet>"
     )
     with pytest.raises(MedrankError, match=r"bad\.xml: answer 1_Answer1: SystemRank='one' is not an integer"):
-        mediqa.read_task3(path, "val")
+        mediqa.read_task3(path, "test")
 
 
 @pytest.mark.parametrize(

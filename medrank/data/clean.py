@@ -46,6 +46,16 @@ def drop_exact_duplicates(df: pd.DataFrame, table: str) -> tuple[pd.DataFrame, i
     return df.reset_index(drop=True), int(exact.sum())
 
 
+def _require_every_split(
+    by_split: dict[str, dict], files: dict[str, str], unit: str, raw_dir: Path, table: str
+) -> None:
+    """Stop unless every split of `files` has > 0 `unit` (a split that vanished would only show in the metrics)."""
+    for split, rel in files.items():
+        n = by_split.get(split, {}).get(unit, 0)
+        if n == 0:
+            raise MedrankError(f"{raw_dir / rel}: {table} split {split!r} has no {unit}, expected > 0")
+
+
 def _boilerplate_counts(raw: pd.Series) -> dict[str, int]:
     hits: Counter[str] = Counter()
     for text in raw:
@@ -64,6 +74,7 @@ def _answers(raw_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
         }
         for split, g in df.groupby("split", sort=False)
     }
+    _require_every_split(by_split, mediqa.TASK3_FILES, "questions", raw_dir, "answers")
     empty = int((df["answer"] == "").sum())
     if empty:
         # Task 3 rows are never dropped: keep the row (its raw text is there) but say so.
@@ -86,6 +97,7 @@ def _rqe(raw_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
         split: {"pairs": len(g), "positive": int(g["label"].sum()) if g["label"].notna().any() else None}
         for split, g in df.groupby("split", sort=False)
     }
+    _require_every_split(by_split, mediqa.RQE_FILES, "pairs", raw_dir, "rqe_pairs")
     return df, {"rows": len(df), "by_split": by_split, "duplicates_dropped": dup}
 
 

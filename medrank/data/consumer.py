@@ -9,12 +9,14 @@ import logging
 import os
 import re
 import zipfile
+import zlib
 from pathlib import Path
 
 import pandas as pd
 
-from medrank.data.mediqa import read_xml_file
+from medrank.data.mediqa import expect_root, read_xml_file
 from medrank.errors import MedrankError
+from medrank.io import decode_utf8
 from medrank.text.clean import clean_answer, normalize_text
 
 log = logging.getLogger(__name__)
@@ -147,35 +149,51 @@ def drop_test_overlap(df: pd.DataFrame, column: str, keys: set[str]) -> tuple[pd
 # ---------------------------------------------------------------- MeQSum
 
 
-def read_meqsum(path: str | os.PathLike) -> pd.DataFrame:
-    """MeQSum pairs (sheet 1, header File, CHQ, Summary): one row per non-empty (chq, summary), text cleaned;
-    a CHQ written "SUBJECT: s MESSAGE: m" becomes "s. m", as MEDIQA writes consumer questions."""
+# what a truncated or corrupt workbook raises, at load or while streaming rows (SyntaxError: XML ParseError)
+_UNREADABLE_XLSX = (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError, ValueError, SyntaxError)
+
+
+def _meqsum_cells(path: Path) -> tuple[tuple, list[tuple]]:
+    """Header row and the first three cells of every other row of sheet 1; an unreadable workbook (not a zip, a
+    corrupt member: also found while streaming rows) is one line."""
     import openpyxl  # only this reader needs it
     from openpyxl.utils.exceptions import InvalidFileException
 
+    try:
+        book = openpyxl.load_workbook(path, read_only=True, data_only=True)
+        try:
+            rows = book.worksheets[0].iter_rows(values_only=True)
+            header = tuple(next(rows, ()))
+            body = [(tuple(r[:3]) + (None, None, None))[:3] for r in rows]
+        finally:
+            book.close()
+    except _UNREADABLE_XLSX + (InvalidFileException,) as e:
+        raise MedrankError(f"{path}: unreadable xlsx workbook ({type(e).__name__}: {e})") from None
+    return header, body
+
+
+def read_meqsum(path: str | os.PathLike) -> pd.DataFrame:
+    """MeQSum pairs (sheet 1, header File, CHQ, Summary): one row per non-empty (chq, summary), text cleaned;
+    a CHQ written "SUBJECT: s MESSAGE: m" becomes "s. m", as MEDIQA writes consumer questions."""
     path = Path(path)
     if not path.is_file():
         raise MedrankError(f"{path}: raw file not found (run the acquire stage)")
-    try:
-        book = openpyxl.load_workbook(path, read_only=True, data_only=True)
-    except (InvalidFileException, zipfile.BadZipFile, KeyError, OSError) as e:  # not an xlsx workbook
-        raise MedrankError(f"{path}: unreadable xlsx workbook ({type(e).__name__}: {e})") from None
-    try:
-        rows = book.worksheets[0].iter_rows(values_only=True)
-        header = tuple(str(c).strip() if c is not None else "" for c in next(rows, ()))
-        # the sheet is 1,023 columns wide, every one past the third empty
-        if header[:3] != MEQSUM_HEADER or any(header[3:]):
-            got = ", ".join(c for c in header if c) or "(empty)"
-            raise MedrankError(f"{path}: sheet 1 header is [{got}], expected [{', '.join(MEQSUM_HEADER)}]")
-        out = []
-        for file, chq, summary in (r[:3] for r in rows):
-            m = _SUBJECT_MESSAGE_RE.fullmatch(str(chq or ""))
-            chq = join_subject_message(m["subject"], m["message"]) if m else normalize_text(str(chq or ""))
-            out.append({"file": normalize_text(str(file or "")), "chq": chq, "summary": normalize_text(str(summary or ""))})
-    finally:
-        book.close()
+    cells, body = _meqsum_cells(path)
+    header = tuple(str(c).strip() if c is not None else "" for c in cells)
+    # the sheet is 1,023 columns wide, every one past the third empty
+    if header[:3] != MEQSUM_HEADER or any(header[3:]):
+        got = ", ".join(c for c in header if c) or "(empty)"
+        raise MedrankError(f"{path}: sheet 1 header is [{got}], expected [{', '.join(MEQSUM_HEADER)}]")
+    out = []
+    for file, chq, summary in body:
+        m = _SUBJECT_MESSAGE_RE.fullmatch(str(chq or ""))
+        chq = join_subject_message(m["subject"], m["message"]) if m else normalize_text(str(chq or ""))
+        out.append({"file": normalize_text(str(file or "")), "chq": chq, "summary": normalize_text(str(summary or ""))})
     df = pd.DataFrame(out, columns=["file", "chq", "summary"])
-    return df[(df["chq"] != "") & (df["summary"] != "")].reset_index(drop=True)
+    df = df[(df["chq"] != "") & (df["summary"] != "")].reset_index(drop=True)
+    if df.empty:
+        raise MedrankError(f"{path}: no MeQSum pairs (expected rows with a CHQ and a Summary under the header)")
+    return df
 
 
 # ---------------------------------------------------------------- LiveQA-Med 2017 test questions
@@ -190,13 +208,14 @@ def read_liveqa_questions(xml_path: str | os.PathLike, answers: pd.DataFrame | N
     normalised text, found in `answers` (the clean answers table; null without it or without a match)."""
     xml_path = Path(xml_path)
     root = read_xml_file(xml_path)
-    if root.tag != LIVEQA_ROOT:
-        raise MedrankError(f"{xml_path}: root element <{root.tag}>, expected <{LIVEQA_ROOT}>")
+    expect_root(root, LIVEQA_ROOT, xml_path, "the TREC 2017 LiveQA-Med test questions")
     rows = []
     for n, q in enumerate(root.iter("NLM-QUESTION"), 1):
         lq_id = (q.get("qid") or "").strip()
         if not re.fullmatch(r"TQ\d+", lq_id):
             raise MedrankError(f"{xml_path}: NLM-QUESTION #{n}: qid={lq_id!r} is not TQ<number>")
+        if q.find("Original-Question") is None:
+            raise MedrankError(f"{xml_path}: NLM-QUESTION {lq_id} has no <Original-Question> element")
         subject = normalize_text(q.findtext("Original-Question/SUBJECT"))
         message = normalize_text(q.findtext("Original-Question/MESSAGE"))
         rows.append(
@@ -252,7 +271,7 @@ def _one_member(members: dict[str, bytes], suffix: str, zip_path: Path) -> tuple
     found = [n for n in members if n.lower().endswith(suffix)]
     if len(found) != 1:
         raise MedrankError(f"{zip_path}: expected one {suffix} file, found {found or 'none'}")
-    return found[0], members[found[0]].decode("utf-8-sig")
+    return found[0], decode_utf8(members[found[0]], f"{zip_path}:{found[0]}")
 
 
 def _medquad_answers(text: str, where: str) -> dict[str, tuple[str, str]]:
@@ -316,8 +335,11 @@ def read_liveqa_qrels(
         question, answer = texts[m[4]]
         rows.append({"number": int(m[1]), "answer_id": m[4], "grade": grade, "source": "medquad", "question": question, "answer": answer})
     n_medquad = len(rows)
+    if not n_medquad:
+        expected = "'<number> <grade>-<Label> <AnswerID>.txt' lines"
+        raise MedrankError(f"{zip_path}:{qrels_name}: no judgments (expected {expected})")
     nist_dropped = 0
-    for line, text in enumerate(nist_path.read_text(encoding="utf-8").splitlines(), 1):
+    for line, text in enumerate(decode_utf8(nist_path.read_bytes(), nist_path).splitlines(), 1):
         if not text.strip():
             continue
         m = re.fullmatch(r"(\d+) (-?\d+) (.*)", text, re.S)
@@ -328,6 +350,8 @@ def read_liveqa_qrels(
             continue
         grade = _grade(m[2], f"{nist_path}:{line}")
         rows.append({"number": int(m[1]), "answer_id": f"nist-{m[1]}-{line}", "grade": grade, "source": "nist", "question": None, "answer": clean_answer(m[3])})
+    if len(rows) + nist_dropped == n_medquad:
+        raise MedrankError(f"{nist_path}: no judgments (expected '<number> <grade> <answer text>' lines)")
     df = pd.DataFrame(rows, columns=QRELS_COLUMNS[:-1])
     df["question"] = df["question"].astype(object).where(df["question"].notna(), None)  # None, not NaN
     df["number"] = df["number"].astype("int32")

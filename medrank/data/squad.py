@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from medrank.errors import MedrankError
+from medrank.io import decode_utf8
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,16 @@ def _text(fragment: str) -> str:
 
 
 def parse_article(page: str, split: str, fallback_title: str, name: str) -> list[dict]:
-    """Rows (one per question) of one explorer article page."""
+    """Rows (one per question) of one explorer article page (at least one `<div class="para-wrap">` block)."""
     title_m = _TITLE.search(page)
     article = _text(title_m.group(1)) if title_m else fallback_title
+    blocks = _PARA_SPLIT.split(page)[1:]
+    if not blocks:
+        raise MedrankError(
+            f'{name}: not a SQuAD-explorer article page (expected <div class="para-wrap"> paragraph blocks, found none)'
+        )
     rows = []
-    for p_idx, block in enumerate(_PARA_SPLIT.split(page)[1:]):
+    for p_idx, block in enumerate(blocks):
         pre = _PRE.search(block)
         if pre is None:
             raise MedrankError(f"{name}: paragraph block {p_idx} has no <pre> paragraph")
@@ -70,7 +76,8 @@ def parse_article(page: str, split: str, fallback_title: str, name: str) -> list
 
 
 def read_squad(path: str | os.PathLike, split: str, max_articles: int | None = None) -> pd.DataFrame:
-    """All questions of one SQuAD-explorer tarball (articles in name order, the first `max_articles`)."""
+    """All questions of one SQuAD-explorer tarball (articles in name order, the first `max_articles`); every
+    .html member but index.html must be a UTF-8 article page, and there must be at least one question."""
     path = Path(path)
     if not path.is_file():
         raise MedrankError(f"{path}: raw file not found (run the acquire stage)")
@@ -83,10 +90,13 @@ def read_squad(path: str | os.PathLike, split: str, max_articles: int | None = N
             )
             members = [m for m in members if Path(m.name).name != "index.html"]
             for member in members[:max_articles]:
-                page = tar.extractfile(member).read().decode("utf-8", errors="replace")
-                rows.extend(parse_article(page, split, Path(member.name).stem, f"{path}:{member.name}"))
+                name = f"{path}:{member.name}"
+                page = decode_utf8(tar.extractfile(member).read(), name)
+                rows.extend(parse_article(page, split, Path(member.name).stem, name))
     except (tarfile.TarError, EOFError, OSError) as e:
         raise MedrankError(f"{path}: unreadable tar.gz archive ({e})") from None
+    if not rows:
+        raise MedrankError(f"{path}: no SQuAD questions (expected SQuAD-explorer <article>.html pages in the archive)")
     df = pd.DataFrame(rows, columns=COLUMNS)
     log.info("SQuAD %s: %d articles, %d questions", split, df["article"].nunique(), len(df))
     return df
