@@ -80,6 +80,7 @@ class CnnParams(_Section):
     crossenc_lr: float = Field(default=1e-4, gt=0.0)
     crossenc_batch_size: int = Field(default=16, ge=1)
     crossenc_max_length: int = Field(default=128, ge=16)
+    crossenc_threads: int | None = Field(default=None, ge=1)  # CPU threads of its fine-tune (weights depend on it); None = every core
     mediqa_aggregation: Literal["max", "mean"] = "max"  # answer score from its sentence scores
 
 
@@ -93,10 +94,10 @@ class FinetuneTaskParams(_Section):
     warmup_ratio: float = Field(default=0.1, ge=0, le=1)
     weight_decay: float = Field(default=0.01, ge=0)
     max_train_pairs: int | None = Field(default=None, ge=1)  # stratified cap on task training pairs; None = all
-    train_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = start-up probe picks the faster
+    train_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 where the device computes it natively, else fp32
     predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     eval_batch_size: int = Field(default=64, ge=1)
-    # CPU threads for training; None = every core (the weights depend on the count: fixed = reproducible);
+    # CPU threads for training; None = every core (the weights depend on the count: pinned = the same on any machine);
     # "probe" = time 1 vs all cores on a real step (faster on busy shared cores, weights then depend on load)
     threads: Annotated[int, Field(ge=1)] | Literal["probe"] | None = None
     eval_every: int | None = Field(default=100, ge=1)  # optimizer steps between curve points (val eval); None = per epoch
@@ -190,7 +191,7 @@ class QaParams(_Section):
     train_precision: Literal["auto", "fp32", "bf16"] = "auto"
     predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     eval_batch_size: int = Field(default=32, ge=1)
-    threads: int | None = Field(default=None, ge=1)  # None = every core (reproducible weights)
+    threads: int | None = Field(default=None, ge=1)  # None = every core (the weights depend on the count: pin it)
     eval_every: int | None = Field(default=100, ge=1)
 
 
@@ -318,9 +319,25 @@ class Params(_Section):
     score: ScoreParams = ScoreParams()
 
 
+def _key(loc: tuple) -> str:
+    """The params key of a Params error location, without pydantic's union-member tags (`threads.constrained-int`)."""
+    model: type[BaseModel] | None = Params
+    parts: list[str] = []
+    for el in loc:
+        if isinstance(el, int):
+            parts.append(str(el))
+        elif model is not None and el in model.model_fields:
+            parts.append(el)
+            ann = model.model_fields[el].annotation
+            model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        elif model is not None:  # an unknown key: named as written
+            parts.append(str(el))
+    return ".".join(parts) or "<root>"
+
+
 def _format_error(path: Path, err: ValidationError) -> str:
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "<root>"
+    key = _key(first["loc"])
     if first["type"] == "extra_forbidden":
         return f"{path}: unknown key '{key}'"
     got = first.get("input")

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from medrank import layout
 from medrank.data.sentence_selection import sample_pairs, sample_questions
-from medrank.encoders.base import DEFAULT_MODEL
+from medrank.encoders.base import DEFAULT_MODEL, runtime_info
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
@@ -36,8 +36,11 @@ def main(params_path: str = "params.yaml") -> None:
         lr=c.crossenc_lr,
         batch_size=c.crossenc_batch_size,
         seed=p.seed,
+        threads=c.crossenc_threads,
     )
-    probs = model.predict(list(zip(dev["question"], dev["sentence"])), batch_size=64)
+    # scored at the training precision (as fit's evaluation is): a timed start-up probe could pick another one
+    # under load, and the dev scores (the cross-encoder's row in metrics/cnn_squad.json) with it
+    probs = model.predict(list(zip(dev["question"], dev["sentence"])), batch_size=64, precision=model.train_precision)
     out = dev[["question_id", "sent_idx"]].assign(score=probs[:, 1].astype("float64"))
     write_parquet(out, layout.CROSSENC_DEV_SCORES, SCORES_SCHEMA)
     write_json(
@@ -49,6 +52,8 @@ def main(params_path: str = "params.yaml") -> None:
             "train_questions": int(train["question_id"].nunique()),
             "history": history,
             "predict": model.last_predict_stats,
+            # the weights depend on the training precision and the thread count (every core: recorded, not pinned)
+            "runtime": runtime_info(model.device, train_precision=model.train_precision, predict_precision=model.train_precision),
         },
     )
 

@@ -12,6 +12,7 @@ import torch
 
 from medrank import layout
 from medrank.decision import best_cut_threshold, relative_to_question_best
+from medrank.encoders.base import runtime_info
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.metrics import gold_from_answers, ir_metrics, score_task3
 from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, answer_scores
@@ -57,6 +58,8 @@ def main(params_path: str = "params.yaml") -> None:
         write_task3_submission(layout.task3_submission(split, "cnn"), sub)
 
     out: dict = {"aggregation": p.cnn.mediqa_aggregation, "relative_threshold": threshold}
+    # fp32 on one thread: scores agree bit for bit only where the kernels do (word2vec's BLAS, conv1d: flags, ATen level)
+    out["runtime"] = runtime_info("cpu", precision="fp32")
     out["val"] = score_task3(gold_from_answers(answers, layout.VAL_SPLIT), layout.task3_submission(layout.VAL_SPLIT, "cnn"))
     out.update(held_out_scores(scored.assign(prob=relative, rank_key=scored["cnn_score"]), answers, p.seed))
     # ranking quality alone (every answer ranked by score; relevance = reference_score >= 3), per labelled split

@@ -21,7 +21,7 @@ def main(params_path: str = "params.yaml") -> None:
     from dvclive import Live
 
     from medrank import layout as L
-    from medrank.encoders.base import resolve_device
+    from medrank.encoders.base import deterministic_torch, fixed_blas_threads, resolve_device
     from medrank.evaluation import split_questions, rounded
     from medrank.features import medquad_tfidf, read_answer_scores
     from medrank.io import read_parquet, write_json, write_parquet
@@ -55,11 +55,13 @@ def main(params_path: str = "params.yaml") -> None:
     log.info("%d candidates, %d (candidate, entailed) pairs; questions: %d train, %d val, %d test",
              len(data.cand), len(data.pairs), len(train_gids), len(val_gids), len(test_gids))  # fmt: skip
 
-    report = mtl.run_recipe(
-        data, train_gids, val_gids, test_gids, mp, builder(mp), seed=p.seed, device=device,
-        live=Live(dir=str(L.plots_dir("mtl")), dvcyaml=None, save_dvc_exp=False),
-        ablations={name: (r, builder(r)) for name, (_, r) in ablations.items()}, sources=L.LABELLED_SPLITS,
-    )  # fmt: skip
+    # deterministic kernels (on CUDA; CPU kernels already are at the fixed mtl.threads) and fixed BLAS threads
+    with deterministic_torch(), fixed_blas_threads():
+        report = mtl.run_recipe(
+            data, train_gids, val_gids, test_gids, mp, builder(mp), seed=p.seed, device=device,
+            live=Live(dir=str(L.plots_dir("mtl")), dvcyaml=None, save_dvc_exp=False),
+            ablations={name: (r, builder(r)) for name, (_, r) in ablations.items()}, sources=L.LABELLED_SPLITS,
+        )  # fmt: skip
     report.final_model.save(L.MTL_MODEL, extra_meta={"decision": report.decisions["final"], "n_candidates": p.n_candidates})
     report.val_model.save(L.MTL_MODEL / "val", extra_meta={"decision": report.decisions["val"], "n_candidates": p.n_candidates})
     write_parquet(report.predictions, L.MTL_PREDICTIONS, mtl.PREDICTIONS_SCHEMA)

@@ -336,6 +336,9 @@ def test_test_rows_cannot_be_trained_on(data):
 def test_save_load_round_trip(data, tmp_path):
     model = mtl.fit_mtl(data, gids_of(data, "train"), tiny_config(max_epochs=2), mtl.builder_factory(["metadata", "rqe", "anli"], 2)(), seed=1)
     model.save(tmp_path / "m", extra_meta={"decision": {"ensemble": "sum"}})
+    model.save(tmp_path / "again", extra_meta={"decision": {"ensemble": "sum"}})
+    for name in ("model.pt", "mtl.json"):  # same model, same bytes (torch.save used to embed the temp file's name)
+        assert (tmp_path / "m" / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
     loaded, meta = mtl.FittedMTL.load(tmp_path / "m")
     assert meta["decision"] == {"ensemble": "sum"}
     f1, p1 = model.predict(data)

@@ -234,3 +234,149 @@ def test_ray_backend_embed_equals_local(tiny_repo, tiny_repro, tmp_path):
         shutil.move(tmp_path / "local_cache", cache)
         for p, b in saved.items():
             p.write_bytes(b)
+
+
+# ---------------------------------------------------------------- reproducibility (docs/reproducibility.md)
+
+# keys that record how a run went (time, thread count, where it ran), not what it computed
+_HOW = {"seconds", "seconds_total", "pairs_per_s", "timings_s", "train_seconds", "train_pairs_per_s", "threads", "runtime"}
+
+
+def _what(d):
+    if isinstance(d, dict):
+        return {k: _what(v) for k, v in d.items() if k not in _HOW}
+    return [_what(v) for v in d] if isinstance(d, list) else d
+
+
+def _declared_outputs(repo: Path, stages: tuple[str, ...]) -> list[Path]:
+    """Every out and metrics file the stages declare in dvc.yaml (folders as folders; persist caches included)."""
+    dvc = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    paths = [repo / (next(iter(o)) if isinstance(o, dict) else o) for s in stages for o in dvc[s].get("outs", []) + dvc[s].get("metrics", [])]
+    return list(dict.fromkeys(paths))
+
+
+def _files(paths: list[Path], repo: Path) -> dict[str, bytes]:
+    out = {}
+    for p in paths:
+        for f in sorted(p.rglob("*")) if p.is_dir() else [p]:
+            if f.is_file():
+                out[str(f.relative_to(repo))] = f.read_bytes()
+    return out
+
+
+def _put_back(paths: list[Path], saved: Path, repo: Path) -> None:
+    """Replace each of `paths` by its copy under `saved` (see _save)."""
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        src = saved / p.relative_to(repo)
+        if src.exists():
+            shutil.move(src, p)
+
+
+def _save(paths: list[Path], saved: Path, repo: Path) -> None:
+    for p in paths:
+        dst = saved / p.relative_to(repo)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(p, dst) if p.is_dir() else shutil.copy2(p, dst)
+
+
+def _run_stages(repo: Path, stages: tuple[str, ...], cpus: set[int] | None = None) -> None:
+    """`python -m stages.<name>` for each, as dvc runs them; `cpus`: the CPU affinity, set before anything is imported
+    (torch, OpenMP and OpenBLAS size their pools from it: a machine with fewer cores)."""
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    pin = f"import os, runpy, sys; os.sched_setaffinity(0, {sorted(cpus or [])!r}); runpy.run_module(sys.argv[1], run_name='__main__', alter_sys=True)"
+    for s in stages:
+        cmd = [sys.executable, "-c", pin, f"stages.{s}"] if cpus else [sys.executable, "-m", f"stages.{s}"]
+        r = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+        assert r.returncode == 0, f"stage {s}: " + r.stderr[-3000:]
+
+
+# the stages downstream of the fine-tunes that compute with every core (torch threads, BLAS) on the submissions' path;
+# the others there pin their threads (mtl.threads, the CNN stages' one thread), so a core count cannot move them
+EVERY_CORE_STAGES = ("retrieve", "embed", "bienc", "baseline", "score")
+
+
+def test_one_core_gives_byte_identical_outputs(tiny_repo, tiny_repro, tmp_path):
+    """The tiny repo's downstream stages again on ONE core (their caches emptied, so everything is recomputed with
+    1 torch thread and 1 default BLAS thread instead of 2): every output byte-identical - features, predictions,
+    submissions, models, caches; metrics up to timings, thread counts and `runtime`. Put back afterwards."""
+    import os
+
+    assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) < 2:
+        pytest.skip("needs 2 cores to compare 1 with 2")
+    caches = [tiny_repo / c for c in (layout.CACHE_RQE, layout.CACHE_EMBED, layout.CACHE_BIENC)]
+    outs = [p for p in _declared_outputs(tiny_repo, EVERY_CORE_STAGES) if p not in caches]  # caches: compared by rows
+    before, cache_rows = _files(outs, tiny_repo), {c.name: _cache_rows(c) for c in caches}
+    saved = tmp_path / "saved"
+    _save(outs + caches, saved, tiny_repo)
+    try:
+        for c in caches:
+            shutil.rmtree(c)
+        _run_stages(tiny_repo, EVERY_CORE_STAGES, cpus={cpus[0]})
+        after = _files(outs, tiny_repo)
+        assert after.keys() == before.keys()
+        for name, b in before.items():
+            if name.startswith("metrics/"):
+                assert _what(json.loads(after[name])) == _what(json.loads(b)), name
+            else:
+                assert after[name] == b, f"{name} changed on one core"
+        assert {c.name: _cache_rows(c) for c in caches} == cache_rows
+        assert json.loads((tiny_repo / "metrics/embed.json").read_text())["runtime"]["threads"] == 1  # it did run on one
+    finally:
+        _put_back(outs + caches, saved, tiny_repo)
+
+
+# bf16 vs fp32 inference on the tiny profile (measured: NLI/RQE probabilities 5e-3 / 6e-4, the retrained MTL's 5e-4,
+# no label of the final submissions flipped; docs/reproducibility.md has the default profile's numbers)
+BF16_PROB_BOUND = 0.02  # the precision probe's own tolerance: a reduced precision further off is never chosen
+BF16_MTL_PROB_BOUND = 0.02
+BF16_FLIPPED_LABELS_BOUND = 0.1  # of the final submissions' rows
+
+
+def test_bf16_inference_drift_is_bounded(tiny_repo, tiny_repro, tmp_path):
+    """retrieve and embed again with `precision: bf16` (the tiny profile pins fp32; a CPU without AVX-512-bf16 would
+    also run fp32 under `auto`), then mtl and score on their outputs: the probabilities move by less than the bounds
+    above and few submission labels flip. Params, outputs and caches are put back afterwards."""
+    assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
+    import numpy as np
+    import pandas as pd
+
+    stages = ("retrieve", "embed", "mtl", "score")
+    params_file = tiny_repo / "params.yaml"
+    outs = _declared_outputs(tiny_repo, stages)  # with the retrieve / embed caches (bf16 adds namespaces to them)
+    saved = tmp_path / "saved"
+    _save(outs + [params_file], saved, tiny_repo)
+    fp32 = tmp_path / "fp32"
+    _save([p for p in outs if p not in (tiny_repo / layout.CACHE_RQE, tiny_repo / layout.CACHE_EMBED)], fp32, tiny_repo)
+    params = yaml.safe_load(params_file.read_text())
+    params["retrieve"]["precision"] = params["embed"]["precision"] = "bf16"
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        _run_stages(tiny_repo, stages)
+        assert json.loads((tiny_repo / "metrics/embed.json").read_text())["precision"] == "bf16"
+
+        def both(rel: str, keys: list[str]) -> pd.DataFrame:
+            return pd.read_parquet(fp32 / rel).merge(pd.read_parquet(tiny_repo / rel), on=keys, suffixes=("_fp32", "_bf16"))
+
+        def max_diff(m: pd.DataFrame, col: str) -> float:
+            return float(np.max(np.abs(m[f"{col}_fp32"].to_numpy(float) - m[f"{col}_bf16"].to_numpy(float)))) if len(m) else 0.0
+
+        rqe = both(str(layout.RQE_CANDIDATES), ["split", "qid", "qa_id"])
+        assert len(rqe) and max_diff(rqe, "rqe_score") <= BF16_PROB_BOUND
+        grid = both(str(layout.NLI_GRID), ["split", "qid", "aid", "entailed_kind", "entailed_rank"])
+        assert len(grid) and max_diff(grid, "anli") <= BF16_PROB_BOUND
+        pred = both(str(layout.MTL_PREDICTIONS), ["part", "split", "qid", "aid", "fold"])
+        final = pred[pred["part"].isin(["val", "test"])]
+        assert len(final) and max_diff(final, "prob") <= BF16_MTL_PROB_BOUND
+        for split in ("val", "test"):
+            names = ["qid", "aid", "label"]
+            a = pd.read_csv(fp32 / layout.task3_submission(split), header=None, names=names, dtype=str)
+            b = pd.read_csv(tiny_repo / layout.task3_submission(split), header=None, names=names, dtype=str)
+            m = a.merge(b, on=["qid", "aid"])
+            assert len(m) == len(a) == len(b) and (m["label_x"] != m["label_y"]).mean() <= BF16_FLIPPED_LABELS_BOUND, split
+    finally:
+        _put_back(outs + [params_file], saved, tiny_repo)

@@ -216,6 +216,73 @@ def cpu_flags() -> list[str]:
     return []
 
 
+def native_bf16(device: str | torch.device) -> bool:
+    """Whether `device` computes bf16 in hardware (CUDA with bf16; a CPU with AVX-512-bf16 or AMX), not emulated."""
+    dev = device if isinstance(device, torch.device) else torch.device(str(device))
+    if dev.type == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    if dev.type == "cpu":
+        # an ISA cap (ONEDNN_MAX_CPU_ISA=AVX512_CORE, ...) turns oneDNN's bf16 kernels into emulation
+        cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+        capped = cap not in ("ALL", "DEFAULT") and not any(s in cap for s in ("BF16", "AMX"))
+        return not capped and bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
+    return False
+
+
+# environment variables that change which kernels (and so which float rounding) run on a CPU
+_ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OPENBLAS_CORETYPE")
+
+
+def runtime_info(device: str | torch.device | None = None, **extra: Any) -> dict[str, Any]:
+    """Where a stage's numbers were computed: CPU flags, ATen's kernel level, torch version, threads, ISA overrides
+    (+ `extra`, e.g. precision). Outputs at the same precision agree bit for bit only where these agree."""
+    info: dict[str, Any] = {
+        "device": str(device) if device is not None else "cpu",
+        "cpu_flags": cpu_flags(),
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__.split("+")[0],
+        "threads": torch.get_num_threads(),
+    }
+    isa = {k: os.environ[k] for k in _ISA_ENV if os.environ.get(k)}
+    if isa:
+        info["isa_env"] = isa
+    return {**info, **extra}
+
+
+@contextlib.contextmanager
+def deterministic_torch() -> Iterator[None]:
+    """Training under `torch.use_deterministic_algorithms` (warn where an op has no deterministic kernel): on CUDA it
+    replaces atomics-based kernels (embedding / index_add backward) and needs a fixed cuBLAS workspace; CPU kernels are
+    already run-to-run deterministic at a fixed thread count, so CPU results are unchanged. State is restored after."""
+    was = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    if torch.cuda.is_available():
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when a cuBLAS handle is made
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+
+
+# BLAS threads of the scikit-learn fits whose float sums BLAS splits per thread (the question-type classifier's lbfgs:
+# a threaded ddot over ~450k coefficients moves qtype_agree by 1e-14 between 1 and 2 threads). Fixed, not "every
+# core": 2 is what the committed outputs were computed with.
+BLAS_THREADS = 2
+
+
+@contextlib.contextmanager
+def fixed_blas_threads(n: int = BLAS_THREADS) -> Iterator[None]:
+    """numpy/scipy BLAS (OpenBLAS, MKL) at `n` threads inside the block, whatever the core count (torch untouched)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield
+
+
 @dataclass
 class PrecisionReport:
     """Which precision the probe chose and why (timings in seconds, lower is better)."""

@@ -23,7 +23,9 @@ from medrank.encoders.base import (
     PRECISIONS,
     LazyInt8,
     PrecisionReport,
+    deterministic_torch,
     model_fingerprint,
+    native_bf16,
     pick_threads,
     probe_precision,
     quiet_transformers,
@@ -368,31 +370,15 @@ class CrossEncoder(LazyInt8):
 
         return step
 
-    def _train_precision(self, requested: str, enc: dict, y: np.ndarray, batch_size: int) -> str:
+    def _train_precision(self, requested: str) -> str:
         if requested != "auto":
             return probe_precision(self.device, requested).choice if requested != "int8" else "fp32"
-        if self.device.type != "cpu" and self.device.type != "cuda":
-            return "fp32"
-        idx = np.arange(min(batch_size, len(y)))
-        batch = self._collate(enc, idx)
-        target = torch.from_numpy(y[idx]).to(self.device)
-        state = torch.random.get_rng_state()
+        # auto: bf16 where the device computes it natively, else fp32. Decided by the hardware, not by timing a step:
+        # load from other processes on shared cores flipped a timed choice, and the weights (and every stage
+        # downstream) followed the flip. On CPUs without native bf16 the emulated kernels are slower than fp32 anyway.
+        return "bf16" if native_bf16(self.device) else "fp32"
 
-        def step(p: str) -> torch.Tensor:
-            # forward + backward on a real batch: what an optimizer step costs (grads discarded)
-            self.model.train()
-            with self._autocast(p):
-                logits = self.model(**batch).logits
-            loss = torch.nn.functional.cross_entropy(logits.float(), target)
-            loss.backward()
-            self.model.zero_grad(set_to_none=True)
-            return self._probs(logits.detach())
-
-        report = probe_precision(self.device, "auto", forward=step, tolerance=1.0, candidates=("fp32", "bf16"))
-        torch.random.set_rng_state(state)  # the probe must not shift the seeded training stream
-        self.model.eval()
-        return report.choice
-
+    @deterministic_torch()
     def fit(
         self,
         pairs: Sequence[Pair],
@@ -436,7 +422,7 @@ class CrossEncoder(LazyInt8):
         if self.device.type == "cpu":
             # a fixed count by default: float sums, and so the trained weights, depend on the thread count
             self.threads = pick_threads(self._train_step_probe(enc, y, batch_size, "fp32")) if threads == "probe" else set_threads(threads)
-        self.train_precision = self._train_precision(precision, enc, y, batch_size)
+        self.train_precision = self._train_precision(precision)
         log.info("training on %d pairs, %d epochs, batch %d, lr %g, precision %s", len(pairs), epochs, batch_size, lr, self.train_precision)
 
         decay, no_decay = [], []

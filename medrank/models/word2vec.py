@@ -72,15 +72,16 @@ def corpus_sentences(texts: Iterable[str]) -> list[list[str]]:
 
 
 def _stable_hash(s: str) -> int:
-    # gensim seeds each word's initial vector with hashfxn(word + seed); Python's hash() is salted per
-    # process, so use a fixed hash for run-to-run identical vectors
+    # gensim (4.x) draws the first vocabulary's vectors from one seeded RNG, but seeds the vector of a word added
+    # later (seeded_vector) with hashfxn(word + seed): Python's hash() is salted per process, crc32 is not
     return zlib.crc32(s.encode("utf-8"))
 
 
 def train_word2vec(
     texts: Iterable[str], dim: int, window: int, min_count: int, epochs: int, seed: int, workers: int = 1
 ) -> WordVectors:
-    """Skip-gram with negative sampling over the sentences of `texts` (one worker = reproducible)."""
+    """Skip-gram with negative sampling over the sentences of `texts` (one worker = reproducible: gensim's workers race
+    for batches, and with its default 3 the vectors differed run to run)."""
     from gensim.models import Word2Vec
 
     corpus = corpus_sentences(texts)

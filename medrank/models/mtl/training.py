@@ -167,8 +167,10 @@ class FittedMTL:
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        with atomic_path(out_dir / "model.pt") as tmp:
-            torch.save({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, tmp)
+        # to a file object: given a path, torch names the zip's root folder after it (the random temp name), and
+        # the same tensors would give other bytes on every run
+        with atomic_path(out_dir / "model.pt") as tmp, open(tmp, "wb") as f:
+            torch.save({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, f)
         meta = {
             "config": self.config.model_dump(mode="json"),
             "dims": self.dims,
