@@ -380,3 +380,23 @@ def test_bf16_inference_drift_is_bounded(tiny_repo, tiny_repro, tmp_path):
             assert len(m) == len(a) == len(b) and (m["label_x"] != m["label_y"]).mean() <= BF16_FLIPPED_LABELS_BOUND, split
     finally:
         _put_back(outs + [params_file], saved, tiny_repo)
+
+
+def test_bad_params_stop_dvc_repro_before_any_output_is_deleted(tiny_repo, tiny_repro):
+    """DVC deletes a stage's outputs before running it: a bad value for the MTL must stop at check_params (upstream of
+    every stage) with one line, and the trained MTL and everything else stay as they were."""
+    assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
+    params_file = tiny_repo / "params.yaml"
+    saved = params_file.read_bytes()
+    before = _md5s(tiny_repo / "models/mtl")
+    params = yaml.safe_load(saved)
+    params["mtl"]["alpha"] = -1.0
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        r = _dvc("repro", cwd=tiny_repo)
+        assert r.returncode != 0
+        errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
+        assert errors == ["error: params.yaml: mtl.alpha: Input should be greater than or equal to 0 (got -1.0)"], r.stdout[-2000:] + r.stderr[-2000:]
+        assert "Running stage 'mtl'" not in r.stdout and before and _md5s(tiny_repo / "models/mtl") == before
+    finally:
+        params_file.write_bytes(saved)
