@@ -28,11 +28,14 @@ def run(main: Callable[[], object]) -> None:
     from medrank.io import declared_outputs, sweep_leftovers
 
     setup_logging()
+    flushing = False
     try:
         stage = stage_name(main)
         if stage:  # temp files / staging folders a killed run of this stage left beside or inside its outputs
             sweep_leftovers(declared_outputs(stage))
         main()
+        flushing = True  # stdout is buffered: a full device or a closed pipe shows at this flush, not at the print
+        sys.stdout.flush()
     except MedrankError as e:
         _fail(str(e))
     except KeyboardInterrupt:
@@ -43,16 +46,10 @@ def run(main: Callable[[], object]) -> None:
     except OSError as e:
         if e.errno not in _FULL:
             raise
+        if flushing:
+            _fail(f"cannot write to stdout ({e.strerror})")
         # files go through medrank.io's temp file + rename, so a full disk leaves the previous files, not halves
         _fail(f"{e.strerror}{f' writing {e.filename}' if e.filename else ''} (files are written to a temp file and renamed: none is left half-written)")
-    try:  # stdout is buffered: a full device or a closed pipe shows at this flush, not at the print
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _closed_pipe()
-    except OSError as e:
-        if e.errno not in _FULL:
-            raise
-        _fail(f"cannot write to stdout ({e.strerror})")
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from medrank import layout
 from medrank.answer_scores import answer_bienc_scores, answer_qtype_scores
-from medrank.encoders.base import BLAS_THREADS, fixed_blas_threads, resolve_device, runtime_info
+from medrank.encoders.base import BLAS_THREADS, resolve_device, runtime_info
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.models.rqe import QuestionTypes
@@ -45,8 +45,7 @@ def main(params_path: str = "params.yaml") -> None:
     answers = cap_questions(answers, p.max_questions_per_split)
     layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
     cos, stats = answer_bienc_scores(answers, bp.model, cache_root=layout.CACHE_BIENC, max_length=bp.max_length, batch_size=bp.batch_size, device=p.device)
-    with fixed_blas_threads():  # the classifier's lbfgs sums depend on the BLAS thread count: fixed, not every core
-        qtype = answer_qtype_scores(answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed))
+    qtype = answer_qtype_scores(answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed))  # BLAS threads fixed inside
     write_parquet(answers[["split", "qid", "aid"]].assign(**cos, **qtype), layout.BIENC, BIENC_SCORES)
     write_json(
         layout.metrics_file("bienc"),

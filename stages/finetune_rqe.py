@@ -27,7 +27,7 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank import layout
     from medrank.data.tasks import RQE_LABELS, rqe_task
     from medrank.decision import grouped_folds
-    from medrank.encoders.base import fixed_blas_threads, set_seed
+    from medrank.encoders.base import set_seed
     from medrank.encoders.cross_encoder import CrossEncoder
     from medrank.encoders.curves import CURVES, live_step_logger
     from medrank.encoders.sentence_encoder import SentenceEncoder
@@ -44,8 +44,7 @@ def main(params_path: str = "params.yaml") -> None:
     chq, faq = [a for a, _ in task.eval_pairs], [b for _, b in task.eval_pairs]
     data = rqe.CvData(chq, faq, task.eval_labels, grouped_folds(np.asarray(chq), tp.folds, p.seed))
     medquad = read_parquet(layout.CLEAN_MEDQUAD)
-    with fixed_blas_threads():  # its lbfgs sums depend on the BLAS thread count: fixed, not every core
-        qtypes = rqe.QuestionTypes(medquad, p.seed)
+    qtypes = rqe.QuestionTypes(medquad, p.seed)  # BLAS threads fixed inside
     sources = rqe.PairSources(
         amia=table[table["split"] == "train"], meqsum=read_parquet(layout.CLEAN_MEQSUM), liveqa=read_parquet(layout.CLEAN_LIVEQA_QUESTIONS),
         medquad=medquad, medquad_pairs=tp.medquad_pairs, hard_negatives=tp.hard_negatives, easy_negatives=tp.easy_negatives,

@@ -115,11 +115,20 @@ _LABELS = ' SystemRank="1" ReferenceRank="1" ReferenceScore="4"'
     ],
 )  # fmt: skip
 def test_task3_required_elements_and_attributes(tmp_path, split, body, message):
-    root = mediqa.TASK3_ROOTS[split]
-    path = _write(tmp_path / "t3.xml", f"<{root}>{body}</{root}>")
+    _assert_refused(tmp_path / "t3.xml", mediqa.TASK3_ROOTS[split], body, lambda p: mediqa.read_task3(p, split), message)
+
+
+def _assert_refused(path, root: str, body: str, read, message: str) -> None:
+    """`<root>body</root>` written to `path` and read: exactly one MedrankError line, `path: message`."""
+    _refused(path, f"<{root}>{body}</{root}>", read, message)
+
+
+def _refused(path: Path, data: bytes | str, read, message: str, sep: str = ": ") -> None:
+    """`data` written to `path` and read: exactly one MedrankError line matching `path<sep>message`."""
+    _write(path, data)
     with pytest.raises(MedrankError) as e:
-        mediqa.read_task3(path, split)
-    assert re.fullmatch(f"{re.escape(str(path))}: {message}", _one_line(e))
+        read(path)
+    assert re.fullmatch(f"{re.escape(str(path))}{sep}{message}", _one_line(e))
 
 
 def test_task3_minimal_labelled_file_parses(tmp_path):
@@ -141,11 +150,7 @@ def test_task3_minimal_labelled_file_parses(tmp_path):
     ],
 )  # fmt: skip
 def test_rqe_required_elements_and_attributes(tmp_path, split, body, message):
-    root = mediqa.RQE_ROOTS[split]
-    path = _write(tmp_path / "rqe.xml", f"<{root}>{body}</{root}>")
-    with pytest.raises(MedrankError) as e:
-        mediqa.read_rqe(path, split)
-    assert re.fullmatch(f"{re.escape(str(path))}: {message}", _one_line(e))
+    _assert_refused(tmp_path / "rqe.xml", mediqa.RQE_ROOTS[split], body, lambda p: mediqa.read_rqe(p, split), message)
 
 
 @pytest.mark.parametrize(
@@ -242,10 +247,7 @@ def test_medquad_document_without_pairs_is_allowed_but_not_an_archive_without_an
     ],
 )  # fmt: skip
 def test_sick_kind(tmp_path, text, message):
-    path = _write(tmp_path / "SICK.txt", text)
-    with pytest.raises(MedrankError) as e:
-        nli.read_sick(path)
-    assert re.fullmatch(f"{re.escape(str(path))}:? ?{message}", _one_line(e))
+    _refused(tmp_path / "SICK.txt", text, nli.read_sick, message, sep=":? ?")
 
 
 def test_sick_with_a_utf8_bom_parses(tmp_path):
@@ -264,10 +266,7 @@ def test_sick_with_a_utf8_bom_parses(tmp_path):
     ],
 )  # fmt: skip
 def test_mednli_kind(tmp_path, data, message):
-    path = _write(tmp_path / "mli_dev_v1.jsonl", data)
-    with pytest.raises(MedrankError) as e:
-        nli.read_mednli(path)
-    assert re.fullmatch(f"{re.escape(str(path))}:? ?{message}", _one_line(e))
+    _refused(tmp_path / "mli_dev_v1.jsonl", data, nli.read_mednli, message, sep=":? ?")
 
 
 # ---------------------------------------------------------------- SQuAD

@@ -115,7 +115,10 @@ class QuestionTypes:
             TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), min_df=3, sublinear_tf=True, max_features=20000),
         )
         x = self.vectorizer.fit_transform(texts)
-        self.model = LogisticRegression(max_iter=2000, C=4.0, class_weight="balanced", random_state=seed).fit(x, labels)
+        from medrank.encoders.base import fixed_blas_threads
+
+        with fixed_blas_threads():  # lbfgs's BLAS sums depend on the thread count: fixed, the same on any machine
+            self.model = LogisticRegression(max_iter=2000, C=4.0, class_weight="balanced", random_state=seed).fit(x, labels)
         self.types = list(self.model.classes_)
 
     @staticmethod
@@ -123,7 +126,10 @@ class QuestionTypes:
         return re.sub(re.escape(str(focus)), " ", str(question), flags=re.IGNORECASE)
 
     def proba(self, texts: Sequence[str]) -> np.ndarray:
-        return self.model.predict_proba(self.vectorizer.transform([str(t) for t in texts]))
+        from medrank.encoders.base import fixed_blas_threads
+
+        with fixed_blas_threads():
+            return self.model.predict_proba(self.vectorizer.transform([str(t) for t in texts]))
 
     def predict(self, texts: Sequence[str]) -> np.ndarray:
         return np.asarray(self.types)[self.proba(texts).argmax(1)]
