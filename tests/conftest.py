@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,3 +55,27 @@ def write_params(folder: Path, overrides: dict | None = None) -> Path:
     path = Path(folder) / "params.yaml"
     path.write_text(yaml.safe_dump(deep_merge(base, overrides or {}), sort_keys=False), encoding="utf-8")
     return path
+
+
+# a scratch identity: the tiny repos commit without touching the user's git config
+GIT = ["git", "-c", "user.name=medrank-smoke", "-c", "user.email=smoke@medrank.invalid", "-c", "commit.gpgsign=false"]
+
+
+def build_tiny_repo(work: Path, mirror: Path = SHARED_DATA) -> Path:
+    """A scratch copy of this checkout's files (tracked + untracked, not ignored) on the tiny params profile, reading
+    the raw data from `mirror` only, without dvc.lock, committed to a fresh git repo (dvclive needs a revision)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        src = REPO / f
+        if src.is_file():
+            (work / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, work / f)
+    params = deep_merge(yaml.safe_load((REPO / "params.yaml").read_text()), yaml.safe_load((REPO / "tests/smoke/params_tiny.yaml").read_text()))
+    params["acquire"]["mirrors"] = [str(mirror)]
+    params["acquire"]["download"] = False
+    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (work / "dvc.lock").unlink(missing_ok=True)
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    subprocess.run([*GIT, "add", "-A"], cwd=work, check=True)
+    subprocess.run([*GIT, "commit", "-qm", "tiny profile"], cwd=work, check=True)
+    return work

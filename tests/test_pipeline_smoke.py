@@ -13,20 +13,9 @@ import pytest
 import yaml
 
 from medrank import layout
-from tests.conftest import REPO, SHARED_DATA, run_module
+from tests.conftest import GIT, REPO, SHARED_DATA, build_tiny_repo, run_module
 
 pytestmark = pytest.mark.slow
-
-
-def deep_merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-# a scratch identity: the tiny repos commit without touching the user's git config
-GIT = ["git", "-c", "user.name=medrank-smoke", "-c", "user.email=smoke@medrank.invalid", "-c", "commit.gpgsign=false"]
 
 
 def _dvc(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -37,24 +26,7 @@ def _dvc(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def tiny_repo(tmp_path_factory) -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"mirror {SHARED_DATA} not present")
-    work = tmp_path_factory.mktemp("smoke") / "repo"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
-    for f in files:
-        src = REPO / f
-        if src.is_file():
-            (work / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, work / f)
-    params = deep_merge(yaml.safe_load((REPO / "params.yaml").read_text()), yaml.safe_load((REPO / "tests/smoke/params_tiny.yaml").read_text()))
-    params["acquire"]["mirrors"] = [str(SHARED_DATA)]
-    params["acquire"]["download"] = False
-    (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for f in ["dvc.lock"]:
-        (work / f).unlink(missing_ok=True)
-    # a real checkout has commits: dvclive (training stages) records the baseline revision and fails on an empty repo
-    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
-    subprocess.run([*GIT, "add", "-A"], cwd=work, check=True)
-    subprocess.run([*GIT, "commit", "-qm", "smoke"], cwd=work, check=True)
-    return work
+    return build_tiny_repo(tmp_path_factory.mktemp("smoke") / "repo")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,124 @@
+"""What an experiment costs: `dvc exp run -S <param>` after a full `dvc repro`, per stage, with the extraction caches' hits.
+
+The mission's loop is `dvc exp run -S n_candidates=5` then `dvc metrics diff`; the caches make the new sentence pairs
+the only new encoder work, so the experiment should cost a fraction of the full repro. This prints, side by side in
+one run: the full repro's seconds, the experiment's seconds, and per stage whether it ran and for how long, plus the
+cached / computed pairs of each extraction pass (retrieve, embed), so that cost is watched like extraction speed.
+
+    python benchmarks/experiment.py [--set n_candidates=5] [--workdir DIR]   # tiny profile, a scratch repo (~6 min)
+    python benchmarks/experiment.py --profile default                        # a clone of this checkout, outputs from
+                                                                             # its DVC cache (no full repro: ~25 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.conftest import GIT, REPO, SHARED_DATA, build_tiny_repo  # noqa: E402
+
+_RUNNING = re.compile(r"^Running stage '([^']+)'")
+_SKIPPED = re.compile(r"^Stage '([^']+)' didn't change, skipping")
+
+
+def timed_dvc(args: list[str], cwd: Path) -> tuple[float, dict[str, float | None]]:
+    """Run `dvc <args>`, streaming its output; (wall seconds, {stage: seconds it ran, or None if skipped})."""
+    stages: dict[str, float | None] = {}
+    current, since = None, 0.0
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    for line in proc.stdout:
+        now = time.perf_counter()
+        tail = (tail + [line])[-40:]
+        if (m := _RUNNING.match(line)) or (s := _SKIPPED.match(line)):
+            if current is not None:
+                stages[current] = now - since
+                current = None
+            if m:
+                current, since = m[1], now
+            else:
+                stages.setdefault(s[1], None)
+    wall = time.perf_counter() - t0
+    if current is not None:
+        stages[current] = wall - (since - t0)
+    if proc.wait() != 0:
+        sys.exit(f"dvc {' '.join(args)} failed:\n{''.join(tail)}")
+    return wall, stages
+
+
+def cache_hits(repo: Path) -> dict[str, dict]:
+    """cached / computed pairs of each extraction pass, from the stages' metrics."""
+    out = {}
+    for stage, key in (("retrieve", None), ("embed", "nli"), ("embed", "bi_encoder")):
+        path = repo / "metrics" / f"{stage}.json"
+        if path.is_file():
+            extract = json.loads(path.read_text()).get("extract", {})
+            ex = extract.get(key, {}) if key else extract
+            if ex:
+                out[f"{stage}/{ex.get('kind', key)}"] = {"cached": ex.get("cached"), "computed": ex.get("computed"), "pairs": ex.get("pairs")}
+    return out
+
+
+def scratch_default(work: Path) -> Path:
+    """A clone of this checkout with its committed outputs checked out from the DVC cache (its config.local)."""
+    subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
+    local = REPO / ".dvc" / "config.local"
+    if local.is_file():
+        shutil.copy2(local, work / ".dvc" / "config.local")
+    subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q"], cwd=work, check=True)
+    return work
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", choices=("tiny", "default"), default="tiny")
+    ap.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE", help="dvc exp run -S (default n_candidates=5)")
+    ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (kept); default a temp folder, removed")
+    args = ap.parse_args()
+    overrides = args.overrides or ["n_candidates=5"]
+    work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-exp-"))
+    work = work_root / "repo"
+    try:
+        if args.profile == "tiny":
+            if not SHARED_DATA.is_dir():
+                sys.exit(f"mirror {SHARED_DATA} not present")
+            build_tiny_repo(work)
+            full, full_stages = timed_dvc(["repro"], work)
+            subprocess.run([*GIT, "add", "-A"], cwd=work, check=True)
+            subprocess.run([*GIT, "commit", "-qm", "full repro"], cwd=work, check=True)
+        else:
+            scratch_default(work)
+            full, full_stages = None, {}
+        before = cache_hits(work)
+        exp, exp_stages = timed_dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], work)
+        after = cache_hits(work)
+        diff = subprocess.run([sys.executable, "-m", "dvc", "metrics", "diff", "--md"], cwd=work, capture_output=True, text=True).stdout
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work_root, ignore_errors=True)
+
+    print(f"profile {args.profile}; experiment: dvc exp run {' '.join('-S ' + o for o in overrides)}")
+    print(f"{'stage':<14} {'full repro s':>12} {'experiment s':>12}")
+    for st in dict.fromkeys([*full_stages, *exp_stages]):
+        f, e = full_stages.get(st), exp_stages.get(st)
+        print(f"{st:<14} {'-' if f is None else f'{f:.1f}':>12} {'skipped' if e is None else f'{e:.1f}':>12}")
+    ratio = f"  ({exp / full:.2f}x the full repro)" if full else ""
+    print(f"{'total':<14} {'-' if full is None else f'{full:.1f}':>12} {exp:>12.1f}{ratio}")
+    for name, hits in after.items():
+        print(f"{name}: experiment computed {hits['computed']} of {hits['pairs']} pairs, {hits['cached']} from the cache"
+              + (f" (full repro computed {before[name]['computed']})" if name in before and full else ""))
+    print("\ndvc metrics diff (experiment vs its baseline):\n" + (diff or "(no change)"))
+
+
+if __name__ == "__main__":
+    main()
