@@ -120,23 +120,26 @@ def plan_grids(
     pairs: pd.DataFrame, max_sentences: int, top_k: int | None, sentence_vectors: dict[str, np.ndarray] | None
 ) -> GridPlan:
     """Cap both sides at `max_sentences` (leading sentences) and keep each A-sentence's top_k E-sentences."""
+    from medrank.encoders.base import fixed_blas_threads
+
     cells: list[Pair] = []
     offsets = [0]
     shapes = np.zeros((len(pairs), 2), dtype=np.int64)
     e_index: list[np.ndarray] = []
-    for r, (sa, se) in enumerate(zip(pairs["sentences_a"], pairs["sentences_e"])):
-        sa, se = list(sa)[:max_sentences], list(se)[:max_sentences]
-        if top_k is not None and top_k < len(se) and sa:
-            if sentence_vectors is None:
-                raise MedrankError("plan_grids: prefilter_top_k needs sentence vectors")
-            sel = select_columns(np.stack([sentence_vectors[s] for s in sa]), np.stack([sentence_vectors[s] for s in se]), top_k)
-        else:
-            sel = select_columns(np.zeros((len(sa), 1)), np.zeros((len(se), 1)), None)
-        for i, row in enumerate(sel):
-            cells.extend((se[j], sa[i]) for j in row)
-        shapes[r] = sel.shape
-        e_index.append(sel)
-        offsets.append(len(cells))
+    with fixed_blas_threads():  # the prefilter's cosine sums split by BLAS thread: fixed, the same on any machine
+        for r, (sa, se) in enumerate(zip(pairs["sentences_a"], pairs["sentences_e"])):
+            sa, se = list(sa)[:max_sentences], list(se)[:max_sentences]
+            if top_k is not None and top_k < len(se) and sa:
+                if sentence_vectors is None:
+                    raise MedrankError("plan_grids: prefilter_top_k needs sentence vectors")
+                sel = select_columns(np.stack([sentence_vectors[s] for s in sa]), np.stack([sentence_vectors[s] for s in se]), top_k)
+            else:
+                sel = select_columns(np.zeros((len(sa), 1)), np.zeros((len(se), 1)), None)
+            for i, row in enumerate(sel):
+                cells.extend((se[j], sa[i]) for j in row)
+            shapes[r] = sel.shape
+            e_index.append(sel)
+            offsets.append(len(cells))
     return GridPlan(cells, np.asarray(offsets, dtype=np.int64), shapes, e_index)
 
 

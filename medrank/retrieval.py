@@ -273,6 +273,7 @@ def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: st
     regression over its `features`: the cross-encoder's logit (`cands.rqe_ce`), the cosine of (question, MedQuAD
     question) under its bi-encoder (a fine-tuned one saved inside the cross-encoder's folder `model_dir`, or the
     zero-shot one) and the question-type agreement (classifier refit on `medquad`, seeded)."""
+    from medrank.encoders.base import fixed_blas_threads
     from medrank.models.rqe import QuestionTypes, stack_features
 
     feats = list(stack["features"])
@@ -289,5 +290,6 @@ def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: st
         if medquad is None:
             raise MedrankError("the RQE stack uses the question type: give the MedQuAD table to refit its classifier")
         columns["qtype"] = QuestionTypes(medquad, int(stack["seed"])).agreement(q_texts, d_texts)
-    z = stack_features(columns, feats) @ np.asarray(stack["coef"]) + float(stack["intercept"])
+    with fixed_blas_threads():  # the stack's dot products sum by BLAS thread (QuestionTypes fixes its own)
+        z = stack_features(columns, feats) @ np.asarray(stack["coef"]) + float(stack["intercept"])
     return 1.0 / (1.0 + np.exp(-z))

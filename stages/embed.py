@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from medrank import layout
-from medrank.encoders.base import fixed_blas_threads, runtime_info, set_threads
+from medrank.encoders.base import runtime_info, set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import RayBackend
 from medrank.encoders.extract import precision_check
@@ -36,12 +36,11 @@ def main(params_path: str = "params.yaml") -> None:
     answers = candidate_answers(answers.rename(columns={"answer_sentences": "sentences"}), retrieved, ep.max_answers_per_question)
     model = CrossEncoder.load(layout.NLI_MODEL, device=p.device, precision=ep.precision)
     bi = SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None
-    with fixed_blas_threads():  # numpy cosines of the prefilter: the same sums whatever the core count
-        grids = answer_grids(
-            answers, retrieved, model, layout.CACHE_EMBED, max_sentences=ep.max_sentences, prefilter_top_k=ep.prefilter_top_k, bi=bi,
-            augment_top=ep.augment_top, precision=ep.precision, batch_size=ep.batch_size, bi_batch_size=ep.bi_batch_size,
-            shard_size=ep.shard_size, backend=RayBackend.from_params(ep.backend, ep.ray),
-        )  # fmt: skip
+    grids = answer_grids(
+        answers, retrieved, model, layout.CACHE_EMBED, max_sentences=ep.max_sentences, prefilter_top_k=ep.prefilter_top_k, bi=bi,
+        augment_top=ep.augment_top, precision=ep.precision, batch_size=ep.batch_size, bi_batch_size=ep.bi_batch_size,
+        shard_size=ep.shard_size, backend=RayBackend.from_params(ep.backend, ep.ray),
+    )  # fmt: skip
     grid, cells = grids.rows, grids.plan.cells
     write_parquet(grid, layout.NLI_GRID, NLI_GRID)
 

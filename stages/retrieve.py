@@ -11,7 +11,7 @@ import logging
 import time
 
 from medrank import layout
-from medrank.encoders.base import fixed_blas_threads, read_json, runtime_info, set_threads
+from medrank.encoders.base import read_json, runtime_info, set_threads
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.encoders.distributed import RayBackend
 from medrank.errors import MedrankError
@@ -46,10 +46,9 @@ def main(params_path: str = "params.yaml") -> None:
     docs = medquad_documents(read_parquet(layout.MEDQUAD), qcol, "answer_norm")
     log.info("%d MEDIQA questions, %d MedQuAD question-answer pairs", len(questions), len(docs))
     model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision)
-    with fixed_blas_threads():  # a stacked recipe's question-type classifier (lbfgs) sums by BLAS thread
-        scored = score_candidates(questions, docs, model, layout.CACHE_RQE, question_col=qcol, bm25_top_k=rp.bm25_top_k,
-                                  precision=rp.precision, batch_size=rp.batch_size, shard_size=rp.shard_size,
-                                  backend=RayBackend.from_params(rp.backend, rp.ray))  # fmt: skip
+    scored = score_candidates(questions, docs, model, layout.CACHE_RQE, question_col=qcol, bm25_top_k=rp.bm25_top_k,
+                              precision=rp.precision, batch_size=rp.batch_size, shard_size=rp.shard_size,
+                              backend=RayBackend.from_params(rp.backend, rp.ray))  # fmt: skip
     cands = scored.table
     write_parquet(cands[CANDIDATES.names], layout.RQE_CANDIDATES, CANDIDATES)
     chosen = attach_entailed(select_entailed(cands, p.n_candidates, p.rqe_threshold), docs, qcol)

@@ -14,6 +14,7 @@ import defusedxml
 import defusedxml.ElementTree as DET
 import pandas as pd
 
+from medrank import layout
 from medrank.errors import MedrankError
 from medrank.io import decode_utf8
 from medrank.text.clean import clean_answer, normalize_text
@@ -38,7 +39,6 @@ RQE_ROOTS = {
     "val": "MEDIQA2019-Task2-RQE-ValidationSet-AMIA2016",
     "test": "MEDIQA-2019-RQE-Test-Set",
 }
-TASK3_LABELLED = ("train_liveqa", "train_alexa", "val")
 RQE_LABELLED = ("train", "val")
 POSITIVE_MIN_SCORE = 3  # official rule: ReferenceScore 3 (correct but incomplete) or 4 (excellent) -> label 1
 
@@ -214,7 +214,7 @@ def read_task3(path: str | os.PathLike, split: str) -> pd.DataFrame:
     <Question> with a QID, a <QuestionText> and at least one <Answer> (AID, <AnswerText>), and in labelled splits
     every answer with ReferenceRank and ReferenceScore."""
     expected = TASK3_ROOTS.get(split, tuple(TASK3_ROOTS.values()))
-    labelled = split in TASK3_LABELLED
+    labelled = split in layout.LABELLED_SPLITS
     rows = []
     for path, q_no, question in _elements(path, expected, f"a MEDIQA 2019 Task 3 {split} file", "Question"):
         qid = _required(question, "QID", path, f"Question #{q_no}")
