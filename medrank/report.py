@@ -166,19 +166,26 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
     return out
 
 
-def _baseline(m: dict) -> list[str]:
+ANALYSIS_NOTE = ("from analysis/dvc.yaml, which `dvc repro` / `dvc exp run` leave alone: `dvc repro analysis/dvc.yaml` refreshes it, "
+                 "`dvc status analysis/dvc.yaml` says whether it is current")
+
+
+def _baseline(m: dict, ab: dict) -> list[str]:
     out = []
-    t1 = m.get("table1_ablation") or {}
+    t1 = ab.get("table1_ablation") or {}
     if t1:
         best = _rule_pick(t1, ((m.get("model") or {}).get("seed_spread") or {}).get("accuracy", 0.0))
         rows = [[("**" + name.replace("+", " + ") + "** (rule's pick)") if name == best else name.replace("+", " + "), _pm(r["cv"]["accuracy"]),
                  _loso(r.get("loso")), _fmt(r.get("selection_score")), _pm(r["cv"]["precision"]), _pm(r["cv"]["spearman_true"]),
                  _fmt(r["val"]["accuracy"]), _fmt(r["val"]["precision"]), _fmt(r["val"]["spearman"])] for name, r in t1.items()]  # fmt: skip
+        default = "+".join(ab.get("default_features") or [])
+        agree = "is the rule's pick" if default == best else f"is not the rule's pick ({best.replace('+', ' + ') if best else '—'})"
         out += ["**Baseline feature ablation** (paper Tables 1-2: LR filter + rank SVM; score = mean of CV accuracy and LOSO mean accuracy; "
-                "the rule's pick: the fewest groups within the baseline's seed spread of the best score)", ""]
+                f"the rule's pick: the fewest groups within the baseline's seed spread of the best score; {ANALYSIS_NOTE}). "
+                f"The default `baseline.features` ({default.replace('+', ' + ')}) {agree}.", ""]
         out += _table(["features", "CV accuracy", "LOSO accuracy (worst)", "score", "CV precision", "CV Spearman (true)", "val accuracy",
                        "val precision", "val Spearman"], rows)  # fmt: skip
-    t4 = m.get("table4_ranking") or {}
+    t4 = ab.get("table4_ranking") or {}
     if t4:
         rows = [[name.replace("+", " + ")] + [x for k in ("lr_filter_score", "rank_svm") for x in (_pm(r[k]["cv_spearman_true"]), _loso_cell(r[k]))]
                 for name, r in t4.items()]  # fmt: skip
@@ -202,17 +209,18 @@ def _loso_cell(r: dict) -> str:
     return _loso({"spearman": r.get("loso_spearman")}, "spearman")
 
 
-def _mtl(m: dict) -> list[str]:
+def _mtl(m: dict, ab: dict) -> list[str]:
     """The MTL's CV beside its ablation rows (each row: its overrides of params.yaml `mtl`)."""
-    if not m.get("ablations") or not m.get("cv"):
+    if not ab.get("rows") or not m.get("cv"):
         return []
     rows = []
-    for name, cv in {"default (params.yaml `mtl`)": m["cv"], **m["ablations"]}.items():
+    for name, cv in {"default (params.yaml `mtl`)": m["cv"], **ab["rows"]}.items():
         change = ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in (cv.get("overrides") or {}).items()) or "—"
         loso = m.get("loso") if cv is m["cv"] else cv.get("loso")
         rows.append([name, change] + [_pm(cv.get(k)) for k in ("accuracy", "precision", "mrr", "spearman_true")] + [_loso(loso), _loso(loso, "mrr")])
     out = ["**Multi-task model: what each part adds** (question-grouped 5-fold CV over train+val, the same folds for every row, and "
-           "LOSO; CV MRR is low because some training questions have no valid answer: their MRR is 0 whatever the ranking)", ""]
+           "LOSO; CV MRR is low because some training questions have no valid answer: their MRR is 0 whatever the ranking; the rows "
+           f"are {ANALYSIS_NOTE}; the default's row is the mtl stage's)", ""]
     return out + _table(["row", "change from the default", "CV accuracy", "CV precision", "CV MRR", "CV Spearman (true)", "LOSO accuracy (worst)",
                          "LOSO MRR (worst)"], rows)  # fmt: skip
 
@@ -250,11 +258,14 @@ def _finetune(metrics: dict[str, dict]) -> list[str]:
         row = ["NLI (SICK dev)", _fmt(v.get("accuracy")), _fmt(v.get("macro_f1")), str(nli.get("n_train_pairs")), str(nli.get("train_precision")),
                _fmt(nli.get("train_seconds"))]  # fmt: skip
         out += ["**NLI cross-encoder** (MiniLM-L6)", ""] + _table(["model", "accuracy", "macro F1", "train pairs", "train precision", "train seconds"], [row])
-    return out + _rqe_rows(metrics.get("finetune_rqe", {}))
+    return out + _rqe_rows(metrics.get("finetune_rqe", {}), metrics.get("rqe_selection", {}))
 
 
-def _rqe_rows(m: dict) -> list[str]:
-    """Every RQE row of finetune_rqe side by side: CV over the Task 2 validation pairs, same-focus pairs, overlap buckets."""
+def _rqe_rows(m: dict, sel: dict) -> list[str]:
+    """Every RQE row of rqe_selection side by side (else the rows finetune_rqe trains): CV over the Task 2 validation
+    pairs, same-focus pairs, overlap buckets; and whether finetune.rqe trains the selection's choice."""
+    trained = m
+    m = sel if sel.get("rows") else m
     rows = m.get("rows")
     if not rows:
         return []
@@ -270,6 +281,10 @@ def _rqe_rows(m: dict) -> list[str]:
            f"sources a and b, `> val` = then on the other folds' validation pairs; same-focus = the {sf} pairs whose FAQ names "
            "something the CHQ names; overlap = share of the FAQ's content words in the CHQ. Rule: "
            f"{m.get('selection_rule')}.", ""]  # fmt: skip
+    if m is sel:
+        held = "holds" if sel.get("default_has_choice") else f"lacks {sel.get('missing_from_default')}"
+        out[-2] += (f" The rows are {ANALYSIS_NOTE}; `finetune.rqe` trains the chosen sets only: it {held} the choice, "
+                    f"and its own pick is `{trained.get('chosen')}`.")  # fmt: skip
     out += _table(["row", "CV accuracy", "AUC", "same-focus accuracy"] + [f"overlap {b}" for b in buckets], table)
     for name, d in (m.get("vs") or {}).items():
         out += [f"Chosen − `{name}`, paired per fold: accuracy {_fmt(d.get('accuracy_diff'))} ± {_fmt(d.get('accuracy_diff_sd'))}, "
@@ -307,8 +322,8 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     cross-encoders, CNN, then the data and normalization metrics in full inside collapsed blocks."""
     metrics = _metrics(metrics_dir)
     lines = _task3(metrics)
-    lines += _baseline(metrics.get("baseline", {}))
-    lines += _mtl(metrics.get("mtl", {}))
+    lines += _baseline(metrics.get("baseline", {}), metrics.get("baseline_ablations", {}))
+    lines += _mtl(metrics.get("mtl", {}), metrics.get("mtl_ablations", {}))
     lines += _retrieve(metrics.get("retrieve", {}))
     lines += _finetune(metrics)
     lines += _cnn(metrics.get("cnn_squad", {}))

@@ -3,8 +3,9 @@
 Selection uses train + validation only: question-grouped K-fold CV over both (mean ± sd), then the model trained
 on the two training sets scores validation; the test submission comes from a model retrained on train +
 validation with the same params. Writes both models (models/baseline/{val,final}.json, read by `medrank rank`),
-the submissions, metrics/task3_val_baseline.json, metrics/baseline.json (Table 1 ablation, Table 4, label-shift
-check) and the per-answer predictions data/processed/baseline/predictions.parquet (oof / val / test).
+the submissions, metrics/task3_val_baseline.json, metrics/baseline.json (the default's CV/LOSO variants, seed spread,
+label-shift check) and the per-answer predictions data/processed/baseline/predictions.parquet (oof / val / test).
+The Table 1 / Table 4 rows are analysis/dvc.yaml's `baseline_ablations` (stages/baseline_ablations.py).
 """
 
 from __future__ import annotations
@@ -14,24 +15,11 @@ import time
 from medrank.runner import run
 
 
-def main(params_path: str = "params.yaml") -> None:
-    import pandas as pd
-
+def load_tables(p, used: set[str]):
+    """(answers, labelled, train, val, test, tfidf) answer tables with the feature inputs of the groups `used`."""
     from medrank import layout as L
-    from medrank.evaluation import rounded_scores, rounded_summary
     from medrank.features import answer_table, cap_questions, medquad_tfidf, read_answer_scores
-    from medrank.io import read_parquet, write_json, write_parquet
-    from medrank.metrics import gold_from_answers, score_task3
-    from medrank.models import baseline as B
-    from medrank.params import load_params
-    from medrank.submission import write_task3_submission
-
-    p = load_params(params_path)
-    bp = p.baseline
-    t0 = time.perf_counter()
-    configs = {"+".join(g): B.BaselineConfig(bp, tuple(g), p.n_candidates, p.seed) for g in bp.ablations}
-    cfg = B.BaselineConfig(bp, tuple(bp.features), p.n_candidates, p.seed)
-    used = set(bp.features).union(*(c.groups for c in configs.values()))
+    from medrank.io import read_parquet
 
     answers = cap_questions(read_parquet(L.ANSWERS), p.max_questions_per_split)
     inputs: dict = read_answer_scores(answers, used)
@@ -40,12 +28,30 @@ def main(params_path: str = "params.yaml") -> None:
     if "anli" in used:
         inputs["anli"] = read_parquet(L.NLI_GRID, columns=["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"])
     table = answer_table(answers, n_candidates=p.n_candidates, **inputs)
-    tfidf = medquad_tfidf(bp.bow_max_features) if "bow" in used else None
+    tfidf = medquad_tfidf(p.baseline.bow_max_features) if "bow" in used else None
     labelled = table[table["split"] != L.TEST_SPLIT].reset_index(drop=True)
     train, val = labelled[labelled["split"].isin(L.TRAIN_SPLITS)], labelled[labelled["split"] == L.VAL_SPLIT]
     test = table[table["split"] == L.TEST_SPLIT].reset_index(drop=True)
+    return answers, labelled, train, val, test, tfidf
 
-    table1, table4 = B.ablation_tables(labelled, train, val, configs, tfidf, L.LABELLED_SPLITS)
+
+def main(params_path: str = "params.yaml") -> None:
+    import pandas as pd
+
+    from medrank import layout as L
+    from medrank.evaluation import rounded_scores, rounded_summary
+    from medrank.io import write_json, write_parquet
+    from medrank.metrics import gold_from_answers, score_task3
+    from medrank.models import baseline as B
+    from medrank.params import load_params
+    from medrank.submission import write_task3_submission
+
+    p = load_params(params_path)
+    bp = p.baseline
+    t0 = time.perf_counter()
+    cfg = B.BaselineConfig(bp, tuple(bp.features), p.n_candidates, p.seed)
+    answers, labelled, train, val, test, tfidf = load_tables(p, set(bp.features))
+
     proto = B.protocols(labelled, cfg, tfidf, L.LABELLED_SPLITS, B.VARIANTS)
     cv, oof, loso = proto["cv"], proto["oof"], proto["loso"]
     spread = B.spread_over_seeds(labelled, cfg, tfidf, L.LABELLED_SPLITS, bp.spread_seeds, first=proto)
@@ -74,7 +80,6 @@ def main(params_path: str = "params.yaml") -> None:
                        "test_predicted_positive_rate": round(float(test_pred["label"].mean()), 4)},
     })  # fmt: skip
     write_json(L.metrics_file("baseline"), {
-        "table1_ablation": table1, "table4_ranking": table4,
         "model": {"features": list(bp.features), "n_features": len(model.builder.feature_names), "cv": cv_summary,
                   "cv_thresholds": cv["base"]["thresholds"], "cv_variants": {k: rounded_summary(cv[k]) for k in B.VARIANTS},
                   "loso": loso["base"], "loso_variants": {k: loso[k] for k in B.VARIANTS}, "seed_spread": spread,

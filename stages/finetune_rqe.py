@@ -1,5 +1,7 @@
 """DVC stage `finetune_rqe`: RQE for consumer questions, selected where the users' questions are.
 
+The stage trains the rows of `finetune.rqe` (the sets analysis/dvc.yaml's `rqe_selection` chose: `main(selection=True)`
+measures every candidate row of `analysis.rqe` the same way, writes metrics/rqe_selection.json and trains no final model).
 Every row of models/rqe.py is measured by question-grouped CV over the 302 Task 2 validation pairs (the only
 labelled pairs with consumer CHQs; folds grouped by CHQ): each set of extra training sources alone ("amia" alone is
 yesterday's recipe), each set then fine-tuned on the other folds' validation pairs, validation pairs only, the
@@ -17,9 +19,34 @@ from medrank.runner import run
 
 log = logging.getLogger("stages.finetune_rqe")
 BI_MAX_LENGTH = 128  # tokens per question for the bi-encoders (consumer questions run long)
+SELECTION_RULE = "best mean CV accuracy over the validation folds (grouped by CHQ); a tie keeps the earlier, simpler row"
 
 
-def main(params_path: str = "params.yaml") -> None:
+def selection_metrics(sel, data, default_sets: dict, seconds: dict) -> dict:
+    """metrics/rqe_selection.json: every row, the rule's choice, and whether finetune.rqe's sets hold that choice."""
+    from medrank.models import rqe
+
+    recipe = sel.recipe.as_dict()
+    needed = {"extra_sets": [list(sel.best_ce[0])] if sel.best_ce[0] else [],
+              "bi_encoder_sets": [recipe["bi_encoder"]["extras"]] if recipe["bi_encoder"] and recipe["bi_encoder"]["extras"] else []}  # fmt: skip
+    missing = {k: [s for s in v if s not in default_sets[k]] for k, v in needed.items()}
+    return {
+        "chosen": sel.chosen,
+        "recipe": {**recipe, "best_cross_encoder": {"extras": list(sel.best_ce[0]), "val_stage": sel.best_ce[1]}},
+        "selection_rule": SELECTION_RULE,
+        "default_sets": default_sets,
+        "default_has_choice": not any(missing.values()),  # finetune.rqe trains the chosen row (and the best cross-encoder)
+        "missing_from_default": {k: v for k, v in missing.items() if v},
+        "vs": rqe.paired_differences(sel, data),
+        "rows": sel.rows,
+        "n_val_pairs": len(data.y),
+        "n_val_questions": len(set(data.chq)),
+        "n_pretrain_pairs": sel.pretrain_pairs,
+        "seconds": seconds,
+    }
+
+
+def main(params_path: str = "params.yaml", selection: bool = False) -> None:
     import numpy as np
     import pandas as pd
     from dvclive import Live
@@ -39,6 +66,9 @@ def main(params_path: str = "params.yaml") -> None:
 
     p = load_params(params_path)
     tp = p.finetune.rqe
+    default_sets = {"extra_sets": tp.extra_sets, "bi_encoder_sets": tp.bi_encoder_sets}
+    if selection:  # every candidate row (analysis.rqe), validation-only rows included
+        tp = tp.model_copy(update={**p.analysis.rqe.model_dump(), "val_only_rows": True})
     table = read_parquet(layout.CLEAN_RQE_PAIRS)
     task = rqe_task(table).capped(tp.max_eval_pairs)
     chq, faq = [a for a, _ in task.eval_pairs], [b for _, b in task.eval_pairs]
@@ -77,7 +107,7 @@ def main(params_path: str = "params.yaml") -> None:
                   weight_decay=tp.weight_decay, precision=precision["train"] or "fp32", show_progress=False)  # fmt: skip
         return model
 
-    with Live(dir=str(layout.plots_dir("finetune_rqe")), dvcyaml=None, save_dvc_exp=False) as live:
+    with Live(dir=str(layout.plots_dir("rqe_selection" if selection else "finetune_rqe")), dvcyaml=None, save_dvc_exp=False) as live:
         live.log_params(tp.model_dump())
 
         def pretrain_ce(pairs, y, name: str) -> CrossEncoder:
@@ -116,8 +146,12 @@ def main(params_path: str = "params.yaml") -> None:
         if tp.bi_encoder_sets:
             families.append(rqe.Family("bi_encoder", tp.bi_encoder_sets, pretrain_bi, val_bi, predict_bi))
         t0 = time.perf_counter()
-        sel = rqe.select(data, sources, qtypes, families, cos, p.seed)
+        sel = rqe.select(data, sources, qtypes, families, cos, p.seed, val_only=tp.val_only_rows)
         seconds["selection"] = round(time.perf_counter() - t0, 1)
+        if selection:
+            live.log_metric("cv/accuracy", sel.rows[sel.chosen]["accuracy"], plot=False)
+            write_json(layout.metrics_file("rqe_selection"), selection_metrics(sel, data, default_sets, seconds))
+            return
 
         # the final models: the chosen recipe's (and the best cross-encoder: retrieval always needs one), every validation pair
         t0 = time.perf_counter()
@@ -167,7 +201,7 @@ def main(params_path: str = "params.yaml") -> None:
         "base_fingerprint": final_ce.base_fingerprint,
         "chosen": sel.chosen,
         "recipe": recipe,
-        "selection_rule": "best mean CV accuracy over the validation folds (grouped by CHQ); a tie keeps the earlier, simpler row",
+        "selection_rule": SELECTION_RULE,
         "cv": {k: chosen[k] for k in ("accuracy", "accuracy_sd", "auc", "same_focus", "by_overlap")},
         "vs": rqe.paired_differences(sel, data),
         "rows": sel.rows,

@@ -1,9 +1,11 @@
 """Stage `mtl`: train the multi-task filter + pairwise re-ranker (paper §4.5-4.6).
 
-Question-grouped CV over train+val (out-of-fold predictions choose the threshold and give mean ± sd), a
-train-only model checked on the 25 validation questions, and the final model on train+val for test.
-Writes models/mtl/ (final bag; val/ = the train-only bag), data/processed/mtl_predictions.parquet,
-metrics/mtl.json and dvclive curves plots/mtl/.
+Question-grouped CV over train+val (out-of-fold predictions choose the threshold and give mean ± sd), LOSO and the
+seed spread, a train-only model checked on the 25 validation questions, and the final model on train+val for test;
+the fits run `mtl.workers` side by side. Writes models/mtl/ (final bag; val/ = the train-only bag),
+data/processed/mtl_predictions.parquet, metrics/mtl.json and dvclive curves plots/mtl/. The ablation rows are
+analysis/dvc.yaml's `mtl_ablations` (`main(ablations=True)`: the same data, folds and seed, one row per
+`analysis.mtl.rows` entry -> metrics/mtl_ablations.json).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from medrank.runner import run
 log = logging.getLogger("stages.mtl")
 
 
-def main(params_path: str = "params.yaml") -> None:
+def main(params_path: str = "params.yaml", ablations: bool = False) -> None:
     import torch
     from dvclive import Live
 
@@ -26,7 +28,7 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank.features import medquad_tfidf, read_answer_scores
     from medrank.io import read_parquet, write_json, write_parquet
     from medrank.models import mtl
-    from medrank.params import load_params
+    from medrank.params import load_params, mtl_rows
 
     p = load_params(params_path)
     mp = p.mtl
@@ -38,12 +40,12 @@ def main(params_path: str = "params.yaml") -> None:
     retrieved = read_parquet(L.RETRIEVED)
     # a capped profile retrieves for fewer questions (the same ones the bienc stage keeps): their answers only
     answers = read_parquet(L.ANSWERS).merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
-    ablations = mp.ablation_rows()
-    rows = [mp, *(r for _, r in ablations.values())]
-    # per-answer scores of other stages for the bienc / heading / cnn / qa groups (of the default or any ablation row)
-    scores = read_answer_scores(answers, set().union(*(r.feature_groups for r in rows)))
+    rows = mtl_rows(mp, p.analysis.mtl.rows) if ablations else {}
+    configs = [r for _, r in rows.values()] if ablations else [mp]
+    # per-answer scores of other stages for the bienc / heading / cnn / qa groups (of the default or of the rows)
+    scores = read_answer_scores(answers, set().union(*(r.feature_groups for r in configs)))
     data = mtl.build_mtl_data(answers, read_parquet(L.NLI_GRID), retrieved, n_candidates=p.n_candidates, scores=scores)
-    tfidf = {r.tfidf_max_features: medquad_tfidf(r.tfidf_max_features) for r in rows if "bow" in r.feature_groups}
+    tfidf = {r.tfidf_max_features: medquad_tfidf(r.tfidf_max_features) for r in configs if "bow" in r.feature_groups}
 
     def builder(r):
         return mtl.builder_factory(r.feature_groups, p.n_candidates, tfidf.get(r.tfidf_max_features))
@@ -52,21 +54,27 @@ def main(params_path: str = "params.yaml") -> None:
     train_gids = split_questions(data.cand, L.TRAIN_SPLITS)
     val_gids = split_questions(data.cand, [L.VAL_SPLIT])
     test_gids = split_questions(data.cand, [L.TEST_SPLIT])
-    log.info("%d candidates, %d (candidate, entailed) pairs; questions: %d train, %d val, %d test",
-             len(data.cand), len(data.pairs), len(train_gids), len(val_gids), len(test_gids))  # fmt: skip
+    log.info("%d candidates, %d (candidate, entailed) pairs; questions: %d train, %d val, %d test; %d fit processes",
+             len(data.cand), len(data.pairs), len(train_gids), len(val_gids), len(test_gids), mp.workers)  # fmt: skip
 
     # deterministic kernels (on CUDA; CPU kernels already are at the fixed mtl.threads) and fixed BLAS threads
     with deterministic_torch(), fixed_blas_threads():
+        if ablations:
+            t0 = time.perf_counter()
+            table = mtl.ablation_cv(data, mtl.labelled_gids(data, train_gids, val_gids), {n: (r, builder(r)) for n, (_, r) in rows.items()},
+                                    k=mp.cv_folds, seed=p.seed, device=device, sources=L.LABELLED_SPLITS, workers=mp.workers)  # fmt: skip
+            for name, row in table.items():
+                row["overrides"] = rows[name][0]
+            write_json(L.metrics_file("mtl_ablations"), rounded({"rows": table, "seconds_total": round(time.perf_counter() - t0, 1),
+                                                                "workers": mp.workers, "device": str(device)}))  # fmt: skip
+            return
         report = mtl.run_recipe(
             data, train_gids, val_gids, test_gids, mp, builder(mp), seed=p.seed, device=device,
-            live=Live(dir=str(L.plots_dir("mtl")), dvcyaml=None, save_dvc_exp=False),
-            ablations={name: (r, builder(r)) for name, (_, r) in ablations.items()}, sources=L.LABELLED_SPLITS,
+            live=Live(dir=str(L.plots_dir("mtl")), dvcyaml=None, save_dvc_exp=False), sources=L.LABELLED_SPLITS, workers=mp.workers,
         )  # fmt: skip
     report.final_model.save(L.MTL_MODEL, extra_meta={"decision": report.decisions["final"], "n_candidates": p.n_candidates})
     report.val_model.save(L.MTL_MODEL / "val", extra_meta={"decision": report.decisions["val"], "n_candidates": p.n_candidates})
     write_parquet(report.predictions, L.MTL_PREDICTIONS, mtl.PREDICTIONS_SCHEMA)
-    for name, row in report.metrics["ablations"].items():
-        row["overrides"] = ablations[name][0]
     metrics = {**report.metrics, "seconds_total": round(time.perf_counter() - t_start, 1), "device": str(device), "threads": torch.get_num_threads()}
     write_json(L.metrics_file("mtl"), rounded(metrics))
     log.info("mtl: CV accuracy %.3f ± %.3f, val accuracy %.3f, in %.0fs", metrics["cv"]["accuracy"]["mean"],

@@ -75,6 +75,7 @@ def build_tiny_repo(work: Path, mirror: Path = SHARED_DATA) -> Path:
     params["acquire"]["download"] = False
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (work / "dvc.lock").unlink(missing_ok=True)
+    (work / "analysis" / "dvc.lock").unlink(missing_ok=True)
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
     subprocess.run([*GIT, "add", "-A"], cwd=work, check=True)
     subprocess.run([*GIT, "commit", "-qm", "tiny profile"], cwd=work, check=True)

@@ -53,11 +53,11 @@ def _repo(tmp_path, artifacts=ARTIFACTS, stages=STAGES, lock=None, metrics=None,
 
 
 def test_synthetic_metrics_render_cv_loso_and_not_measured(tmp_path):
-    mtl = {"cv": {"accuracy": CV, "mrr": CV}, "loso": LOSO, "val": {"accuracy": 0.79}, "val_counts": {"n_questions": 3},
-           "ablations": {"no_nli_grid": {"accuracy": {"mean": 0.81, "sd": 0.01}, "loso": LOSO, "overrides": {"nli_grid": False}}}}  # fmt: skip
+    mtl = {"cv": {"accuracy": CV, "mrr": CV}, "loso": LOSO, "val": {"accuracy": 0.79}, "val_counts": {"n_questions": 3}}
+    rows = {"rows": {"no_nli_grid": {"accuracy": {"mean": 0.81, "sd": 0.01}, "loso": LOSO, "overrides": {"nli_grid": False}}}}
     lock = {"mtl": {"params": {"params.yaml": {"mtl": {"feature_groups": ["metadata", "bienc"], "lr": 0.001, "nli_grid": True}, "seed": 7}},
                     "outs": [{"path": "models/mtl", "md5": "abc123.dir"}]}}  # fmt: skip
-    cards = render_cards(_repo(tmp_path, lock=lock, metrics={"mtl": mtl}), tmp_path / "metrics")
+    cards = render_cards(_repo(tmp_path, lock=lock, metrics={"mtl": mtl, "mtl_ablations": rows}), tmp_path / "metrics")
     card = cards["mtl-reranker.md"]
     assert "| validation: 3 questions, the train-only model | 0.790 | not measured |" in card
     assert "| CV: question-grouped folds over train+val (mean ± sd) | 0.800 ± 0.020 | not measured | 0.800 ± 0.020 |" in card

@@ -401,11 +401,10 @@ def test_seed_bag_averages_its_members_and_round_trips(data, tmp_path):
 def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
     from medrank.io import write_parquet
 
-    no_grid = (tiny_config(max_epochs=3, nli_grid=False, cv_folds=2, ensemble="sum"), mtl.builder_factory(["metadata", "rqe"], 2))
-    report = mtl.run_recipe(
-        data, gids_of(data, "train"), gids_of(data, "val"), gids_of(data, "test"), tiny_config(max_epochs=3, cv_folds=2, ensemble="mean", spread_seeds=2),
-        mtl.builder_factory(["metadata"], 2), seed=1, ablations={"no_grid": no_grid}, sources=("train_liveqa", "train_alexa", "val"),
-    )  # fmt: skip
+    sources = ("train_liveqa", "train_alexa", "val")
+    cfg, builder = tiny_config(max_epochs=3, cv_folds=2, ensemble="mean", spread_seeds=2), mtl.builder_factory(["metadata"], 2)
+    args = (data, gids_of(data, "train"), gids_of(data, "val"), gids_of(data, "test"), cfg, builder)
+    report = mtl.run_recipe(*args, seed=1, sources=sources, workers=2)
     write_parquet(report.predictions, tmp_path / "p.parquet", mtl.PREDICTIONS_SCHEMA)
     pred = report.predictions
     assert set(pred["part"]) == {"oof", "loso", "val", "test"}
@@ -415,16 +414,29 @@ def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
     assert (loso["fold"].to_numpy() == loso["split"].map({"train_liveqa": 0, "train_alexa": 1, "val": 2}).to_numpy()).all()
     assert set(report.metrics["loso"]["by_source"]) == {"train_liveqa", "train_alexa", "val"}
     assert report.metrics["loso"]["accuracy"]["worst"] <= report.metrics["loso"]["accuracy"]["mean"]
-    assert report.metrics["seed_spread"]["seeds"] == 2 and report.metrics["ablations"]["no_grid"]["loso"]["accuracy"]["mean"] >= 0
+    assert report.metrics["seed_spread"]["seeds"] == 2
     assert (pred["part"] == "oof").sum() == data.cand["split"].isin(["train_liveqa", "train_alexa", "val"]).sum()
     assert (pred["part"] == "test").sum() == (data.cand["split"] == "test").sum()
     m = report.metrics
     assert set(m["cv"]) >= {"accuracy", "precision", "mrr", "spearman", "spearman_true", "thresholds"}
     assert len(m["cv"]["thresholds"]) == 2 and 0 < m["decision"]["threshold_final_model"] < 1
     assert "sum/pairwise" in m["cv_variants"] and 0 <= m["val"]["accuracy"] <= 1
-    # an ablation row: its own CV on the same folds, with its own thresholds (on the summed scale here)
-    row = m["ablations"]["no_grid"]
+    assert m["seconds"]["workers"] == 2 and m["seconds"]["fits_sum"] >= m["seconds"]["cv_folds"][0]
+    # 2 processes give the bits of 1: every fit seeds itself (predictions, metrics, the saved weights)
+    serial = mtl.run_recipe(*args, seed=1, sources=sources, workers=1)
+    pd.testing.assert_frame_equal(serial.predictions, pred)
+    assert {k: v for k, v in serial.metrics.items() if k != "seconds"} == {k: v for k, v in m.items() if k != "seconds"}
+    for a, b in ((serial.final_model, report.final_model), (serial.val_model, report.val_model)):
+        for ta, tb in zip(a.members[0].net.state_dict().values(), b.members[0].net.state_dict().values()):
+            assert torch.equal(ta, tb)
+    # ablation rows: CV + LOSO on the default's folds; the default's own config as a row reproduces its numbers
+    no_grid = (tiny_config(max_epochs=3, nli_grid=False, cv_folds=2, ensemble="sum"), mtl.builder_factory(["metadata", "rqe"], 2))
+    table = mtl.ablation_cv(data, mtl.labelled_gids(data, args[1], args[2]), {"default": (cfg, builder), "no_grid": no_grid},
+                            k=2, seed=1, sources=sources, workers=2)  # fmt: skip
+    assert table["default"]["accuracy"] == m["cv"]["accuracy"] and table["default"]["loso"]["accuracy"] == m["loso"]["accuracy"]
+    row = table["no_grid"]
     assert 0 <= row["accuracy"]["mean"] <= 1 and len(row["thresholds"]) == 2 and row["accuracy"] != m["cv"]["accuracy"]
+    assert row["loso"]["accuracy"]["worst"] <= row["loso"]["accuracy"]["mean"] and row["seconds"] > 0
     # kept answers come first within each question in the test part
     for _, g in pred[pred["part"] == "test"].groupby("qid"):
         labels = g.sort_values("score", ascending=False)["label"].tolist()

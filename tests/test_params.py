@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medrank.errors import MedrankError
-from medrank.params import Params, load_params
+from medrank.params import Params, load_params, mtl_rows
 from tests.conftest import REPO, error_lines, run_module
 
 
@@ -48,10 +48,12 @@ def test_tiny_profile_keys_exist_in_params():
         ("rqe_threshold: 1.5\n", "rqe_threshold"),
         ("acquire: [1, 2\n", "not valid YAML"),
         ("- a\n- b\n", "mapping"),
-        ("mtl:\n  ablations: [{name: x, alpah: 1}]\n", "ablations[0] (x).alpah: Extra inputs"),
-        ("mtl:\n  ablations: [{name: x, alpha: -1}]\n", "ablations[0] (x).alpha"),
-        ("mtl:\n  ablations: [{name: x, cv_folds: 3}]\n", "cv_folds cannot vary"),
-        ("mtl:\n  ablations: [{alpha: 1}]\n", "ablations[0]: needs a unique non-empty name"),
+        ("analysis:\n  mtl:\n    rows: [{name: x, alpah: 1}]\n", "analysis.mtl.rows[0] (x).alpah: Extra inputs"),
+        ("analysis:\n  mtl:\n    rows: [{name: x, alpha: -1}]\n", "analysis.mtl.rows[0] (x).alpha"),
+        ("analysis:\n  mtl:\n    rows: [{name: x, cv_folds: 3}]\n", "cv_folds cannot vary"),
+        ("analysis:\n  mtl:\n    rows: [{name: x, workers: 3}]\n", "workers cannot vary"),
+        ("analysis:\n  mtl:\n    rows: [{alpha: 1}]\n", "analysis.mtl.rows[0]: needs a unique non-empty name"),
+        ("analysis:\n  baseline:\n    rows: [[metadata, nope]]\n", "analysis.baseline.rows.0.1"),
     ],
 )
 def test_invalid_params_name_the_key(tmp_path, text, expected):
@@ -62,9 +64,10 @@ def test_invalid_params_name_the_key(tmp_path, text, expected):
 
 
 def test_mtl_ablation_rows_override_the_section():
-    rows = load_params(REPO / "params.yaml").mtl.model_copy(update={"ablations": [{"name": "g", "nli_grid": False, "alpha": 0.5}]}).ablation_rows()
-    over, row = rows["g"]
-    assert over == {"nli_grid": False, "alpha": 0.5} and row.nli_grid is False and row.alpha == 0.5 and row.ablations == []
+    base = load_params(REPO / "params.yaml").mtl
+    over, row = mtl_rows(base, [{"name": "g", "nli_grid": False, "alpha": 0.5}])["g"]
+    assert over == {"nli_grid": False, "alpha": 0.5} and row.nli_grid is False and row.alpha == 0.5
+    assert row.model_copy(update={"nli_grid": True, "alpha": base.alpha}) == base  # every other key is the section's
 
 
 def test_stage_exits_2_with_one_line_on_bad_params(tmp_path):

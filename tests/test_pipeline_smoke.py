@@ -53,10 +53,9 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
     bag, meta = MTLBag.load(tiny_repo / "models/mtl")
     assert len(bag.members) == 2 and "cnn" in bag.builder.groups and meta["n_candidates"] == 3
     assert json.loads((tiny_repo / "models/system.json").read_text())["recipe"]["cnn"]["mediqa_aggregation"] in ("max", "mean")
-    # the profile's MTL ablation row got its own CV; the qa stage scored every answer the baseline uses
-    mtl_metrics = json.loads((tiny_repo / "metrics/mtl.json").read_text())
-    assert mtl_metrics["ablations"]["no_nli_grid"]["overrides"] == {"nli_grid": False}
-    assert 0 <= mtl_metrics["ablations"]["no_nli_grid"]["accuracy"]["mean"] <= 1
+    # the ablation / selection tables are analysis/dvc.yaml's: `dvc repro` leaves them alone
+    assert not any((tiny_repo / f"metrics/{m}.json").exists() for m in ("rqe_selection", "baseline_ablations", "mtl_ablations"))
+    # the qa stage scored every answer the baseline uses
     import pandas as pd
 
     qa = pd.read_parquet(tiny_repo / "data/processed/qa_scores.parquet")
@@ -75,7 +74,32 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
     again = _dvc("repro", cwd=tiny_repo)
     assert again.returncode == 0
     assert "Running stage" not in again.stdout, again.stdout
-    status = _dvc("status", cwd=tiny_repo)
+    status = _dvc("status", "dvc.yaml", cwd=tiny_repo)
+    assert "up to date" in status.stdout, status.stdout
+
+
+def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
+    """`dvc repro analysis/dvc.yaml` runs the three table stages and nothing of the default pipeline; their rows are
+    the default stages' protocols (the MTL row on the mtl stage's folds, the RQE rows with the chosen sets' verdict)."""
+    assert tiny_repro.returncode == 0
+    before = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))}
+    r = _dvc("repro", "analysis/dvc.yaml", cwd=tiny_repo)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
+    assert ran == ["analysis/dvc.yaml:baseline_ablations", "analysis/dvc.yaml:mtl_ablations", "analysis/dvc.yaml:rqe_selection"], r.stdout
+    after = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))}
+    assert {k: v for k, v in after.items() if k in before} == before  # no default output touched
+    mtl_rows = json.loads((tiny_repo / "metrics/mtl_ablations.json").read_text())["rows"]
+    assert mtl_rows["no_nli_grid"]["overrides"] == {"nli_grid": False} and 0 <= mtl_rows["no_nli_grid"]["accuracy"]["mean"] <= 1
+    assert set(mtl_rows["no_nli_grid"]["loso"]["by_source"]) == {"train_liveqa", "train_alexa", "val"}
+    base = json.loads((tiny_repo / "metrics/baseline_ablations.json").read_text())
+    assert list(base["table1_ablation"]) == ["metadata", "metadata+cnn"] and set(base["table4_ranking"]) == set(base["table1_ablation"])
+    sel = json.loads((tiny_repo / "metrics/rqe_selection.json").read_text())
+    trained = json.loads((tiny_repo / "metrics/finetune_rqe.json").read_text())
+    assert {"ce: amia", "ce: val", "bi: val"} <= set(sel["rows"]) and sel["chosen"] in sel["rows"]
+    assert not {"ce: amia", "ce: val", "bi: val"} & set(trained["rows"])  # finetune_rqe trains finetune.rqe's sets only
+    assert sel["default_has_choice"] == (not sel["missing_from_default"])
+    status = _dvc("status", "analysis/dvc.yaml", cwd=tiny_repo)
     assert "up to date" in status.stdout, status.stdout
 
 

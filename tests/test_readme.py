@@ -101,9 +101,10 @@ def test_render_results_headline_tables(tmp_path):
         "orders": {"rank": cand, "prob": cand},
         "vs_baseline": vs, "question_chars_median": {"test": 49, "train_alexa": 31},
         "cv_by_split": {"final": {"train_alexa": val}, "baseline": {"train_alexa": val}}}))  # fmt: skip
-    (tmp_path / "mtl.json").write_text(json.dumps({"cv": cvs, "loso": LOSO, "ablations": {"no_grid": {**cvs, "loso": LOSO, "overrides": {"nli_grid": False}}}}))
-    (tmp_path / "baseline.json").write_text(json.dumps({
-        "table1_ablation": {"metadata+bienc": {"cv": cvs, "loso": LOSO, "selection_score": 0.775, "val": val}},
+    (tmp_path / "mtl.json").write_text(json.dumps({"cv": cvs, "loso": LOSO}))
+    (tmp_path / "mtl_ablations.json").write_text(json.dumps({"rows": {"no_grid": {**cvs, "loso": LOSO, "overrides": {"nli_grid": False}}}}))
+    (tmp_path / "baseline_ablations.json").write_text(json.dumps({
+        "default_features": ["metadata", "bow"], "table1_ablation": {"metadata+bienc": {"cv": cvs, "loso": LOSO, "selection_score": 0.775, "val": val}},
         "table4_ranking": {"metadata+bienc": {k: {"cv_spearman_true": cv, "loso_spearman": LOSO["spearman"]} for k in ("lr_filter_score", "rank_svm")}},
     }))  # fmt: skip
     (tmp_path / "retrieve.json").write_text(json.dumps({"bm25_top_k": 50, "coverage": {"all": {"T=0.5": {"covered": 3, "questions": 4, "fraction": 0.75}}}}))
@@ -112,6 +113,7 @@ def test_render_results_headline_tables(tmp_path):
     row = "0.800 ± 0.020 | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) | 0.600 (0.500 train_liveqa) | 0.300 (0.200 val) |"
     assert f"| **ensemble** (final: `submissions/task3_{{val,test}}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | {row}" in out
     assert f"| mtl | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | {row}" in out
+    assert "The default `baseline.features` (metadata + bow) is not the rule's pick (metadata + bienc)." in out
     assert "| **metadata + bienc** (rule's pick) | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) | 0.775 | 0.800 ± 0.020 |" in out
     assert "| metadata + bienc | 0.800 ± 0.020 | 0.300 (0.200 val) | 0.800 ± 0.020 | 0.300 (0.200 val) |" in out
     assert "| T=0.5 | 3 / 4 | 0.750 |" in out

@@ -20,6 +20,7 @@ from medrank.models.mtl.recipe import (
     cv_metrics,
     decision_of,
     ensemble,
+    labelled_gids,
     run_recipe,
     with_truth,
 )
@@ -28,5 +29,5 @@ from medrank.models.mtl.training import FittedMTL, MTLBag, fit_mtl, fit_mtl_bag,
 __all__ = [
     "DECISION_FIELDS", "PAIR_FEATURES", "PREDICTIONS_SCHEMA", "CVResult", "FittedMTL", "GridEncoder", "MaskedBatchNorm2d", "MTLBag", "MTLData", "MTLNet",
     "ablation_cv", "build_mtl_data", "builder_factory", "cross_validate_mtl", "cv_metrics", "decision_of", "ensemble", "fit_mtl",
-    "fit_mtl_bag", "mtl_loss", "pair_index", "quadrant_pool", "run_recipe", "set_seed", "with_truth",
+    "fit_mtl_bag", "labelled_gids", "mtl_loss", "pair_index", "quadrant_pool", "run_recipe", "set_seed", "with_truth",
 ]  # fmt: skip

@@ -80,6 +80,105 @@ class CVResult:
     histories: list[list[dict]]
 
 
+# ---------------------------------------------------------------- fits side by side
+
+
+@dataclass(frozen=True)
+class FitJob:
+    """One fit_mtl_bag: `cfg` on the `train` questions with `seed`; then `predict` those questions (None: keep the
+    model). Jobs are independent (each fit seeds itself), so any order and any number of processes give the same bits."""
+
+    cfg: MtlParams
+    make_builder: Callable[[], object]
+    train: tuple[str, ...]
+    predict: tuple[str, ...] | None
+    seed: int
+    label: str = ""
+
+
+@dataclass
+class FitResult:
+    filter_df: pd.DataFrame | None
+    pair_df: pd.DataFrame | None
+    best_epoch: list[int]
+    history: list[dict]
+    seconds: float
+    model: MTLBag | None = None
+
+
+_POOL_STATE: dict = {}  # the forked workers' view of the data and jobs (set before the fork: shared, not pickled)
+
+
+def _run_job(i: int) -> tuple[int, FitResult]:
+    data, jobs, device, threads = (_POOL_STATE[k] for k in ("data", "jobs", "device", "threads"))
+    if threads:
+        torch.set_num_threads(threads)
+    job = jobs[i]
+    t0 = time.perf_counter()
+    model = fit_mtl_bag(data, list(job.train), job.cfg, job.make_builder, seed=job.seed, device=device)
+    if job.predict is None:
+        return i, FitResult(None, None, model.best_epoch, model.history, round(time.perf_counter() - t0, 1), model)
+    fd, pdf = model.predict(data, list(job.predict), device=device)
+    return i, FitResult(fd, pdf, model.best_epoch, model.history, round(time.perf_counter() - t0, 1))
+
+
+def fit_many(data: MTLData, jobs: Sequence[FitJob], *, device: str | torch.device = "cpu", workers: int = 1) -> list[FitResult]:
+    """Every job's result, in job order. `workers` > 1 forks that many processes (CPU only; each at the parent's
+    torch thread count), biggest jobs first; the results are the same bits as one process's."""
+    from tqdm.auto import tqdm
+
+    jobs = list(jobs)
+    workers = max(1, min(workers, len(jobs)))
+    if str(device).startswith("cuda") or workers == 1 or not jobs:
+        workers = 1
+    _POOL_STATE.update(data=data, jobs=jobs, device=device, threads=torch.get_num_threads())
+    out: list[FitResult | None] = [None] * len(jobs)
+    bar = tqdm(total=len(jobs), desc="mtl fits", unit="fit", disable=None)
+    try:
+        if workers == 1:
+            for i in range(len(jobs)):
+                out[i] = _run_job(i)[1]
+                bar.update()
+        else:
+            import multiprocessing as mp
+
+            cost = [len(j.train) * j.cfg.n_seeds for j in jobs]
+            order = sorted(range(len(jobs)), key=lambda i: -cost[i])
+            with mp.get_context("fork").Pool(workers) as pool:
+                for i, r in pool.imap_unordered(_run_job, order):
+                    out[i] = r
+                    bar.update()
+    finally:
+        bar.close()
+        _POOL_STATE.clear()
+    for job, r in zip(jobs, out):
+        if job.label:
+            log.info("%s: best epoch(s) %s, %.0fs", job.label, r.best_epoch, r.seconds)
+    return out  # type: ignore[return-value]
+
+
+def cv_jobs(gids: Sequence[str], cfg: MtlParams, make_builder: Callable[[], object], *, k: int, seed: int,
+            folds: dict[str, int] | None = None, name: str = "") -> tuple[dict[str, int], list[FitJob]]:  # fmt: skip
+    """(gid -> fold, one FitJob per fold): question-grouped k folds (shuffled by `seed`), or the given `folds`
+    (e.g. one per source: leave-one-source-out). Fold f trains with seed + f."""
+    gids = list(gids)
+    fold = dict(zip(gids, grouped_folds(np.asarray(gids), k, seed).tolist())) if folds is None else {g: folds[g] for g in gids}
+    tag = f"{name} " if name else ""
+    kind = "CV" if folds is None else "LOSO"
+    ids = sorted(set(fold.values()))
+    jobs = [FitJob(cfg, make_builder, tuple(g for g in gids if fold[g] != f), tuple(g for g in gids if fold[g] == f), seed + f,
+                   f"{tag}{kind} fold {f + 1}/{len(ids)}") for f in ids]  # fmt: skip
+    return fold, jobs
+
+
+def cv_result(fold: dict[str, int], results: Sequence[FitResult]) -> CVResult:
+    """The CVResult of cv_jobs' jobs from their results (fold order)."""
+    f_parts = [r.filter_df.assign(fold=f) for f, r in zip(sorted(set(fold.values())), results)]
+    p_parts = [r.pair_df.assign(fold=f) for f, r in zip(sorted(set(fold.values())), results)]
+    return CVResult(pd.concat(f_parts, ignore_index=True), pd.concat(p_parts, ignore_index=True), fold,
+                    [r.best_epoch for r in results], [r.seconds for r in results], [r.history for r in results])  # fmt: skip
+
+
 def cross_validate_mtl(
     data: MTLData,
     gids: Sequence[str],
@@ -90,30 +189,13 @@ def cross_validate_mtl(
     seed: int,
     device: str | torch.device = "cpu",
     folds: dict[str, int] | None = None,
+    workers: int = 1,
 ) -> CVResult:
     """Question-grouped k-fold CV: each fold's model (early stopping on an inner split of its training
     questions) predicts the held-out questions. `folds` (gid -> fold) replaces the shuffled folds, e.g. one fold
     per source (leave-one-source-out)."""
-    gids = list(gids)
-    if folds is None:
-        fold = dict(zip(gids, grouped_folds(np.asarray(gids), k, seed).tolist()))
-    else:
-        fold = {g: folds[g] for g in gids}
-        k = max(fold.values()) + 1
-    f_parts, p_parts, best, secs, hists = [], [], [], [], []
-    for f in sorted(set(fold.values())):
-        t0 = time.perf_counter()
-        train = [g for g in gids if fold[g] != f]
-        test = [g for g in gids if fold[g] == f]
-        model = fit_mtl_bag(data, train, cfg, make_builder, seed=seed + f, device=device)
-        fd, pdf = model.predict(data, test, device=device)
-        f_parts.append(fd.assign(fold=f))
-        p_parts.append(pdf.assign(fold=f))
-        best.append(model.best_epoch)
-        secs.append(round(time.perf_counter() - t0, 1))
-        hists.append(model.history)
-        log.info("%s fold %d/%d: best epoch(s) %s, %.0fs", "CV" if folds is None else "LOSO", f + 1, k, model.best_epoch, secs[-1])
-    return CVResult(pd.concat(f_parts, ignore_index=True), pd.concat(p_parts, ignore_index=True), fold, best, secs, hists)
+    fold, jobs = cv_jobs(gids, cfg, make_builder, k=k, seed=seed, folds=folds)
+    return cv_result(fold, fit_many(data, jobs, device=device, workers=workers))
 
 
 def cv_metrics(cv: CVResult, cand: pd.DataFrame, decision: MtlParams, sources: Sequence[str] | None = None) -> tuple[dict, pd.DataFrame]:
@@ -233,31 +315,48 @@ def run_recipe(
     seed: int,
     device: str | torch.device = "cpu",
     live=None,
-    ablations: dict[str, tuple[MtlParams, Callable[[], object]]] | None = None,
     sources: Sequence[str] | None = None,
+    workers: int = 1,
 ) -> RecipeReport:
     """CV over train+val → thresholds and mean ± sd; train-only model → validation check; train+val model → test.
-    `cfg` is the whole recipe (network, training, decision rule, cv_folds); `ablations`: rows (params, feature
-    builder) that get the same CV and LOSO only (ablation_cv). `sources`: the labelled sources (splits) of the
-    leave-one-source-out folds (None: no LOSO rows)."""
-    source_folds = None if sources is None else source_fold_of(data.cand, sources)
+    `cfg` is the whole recipe (network, training, decision rule, cv_folds). `sources`: the labelled sources (splits)
+    of the leave-one-source-out folds and the seed spread (None: neither). Every fit (CV, LOSO, the spread's other
+    seeds, the two models) is one FitJob, run `workers` side by side (ablation rows: `ablation_cv`)."""
     decision, k = cfg, cfg.cv_folds
     # labelled questions in table order (the baseline's CV sees them in this order: same folds for one seed)
-    lab_set = set(train_gids) | set(val_gids)
-    labelled = [g for g in pd.unique(data.cand["gid"]) if g in lab_set]
+    labelled = labelled_gids(data, train_gids, val_gids)
+    plans: dict[str, tuple[dict[str, int], list[FitJob]]] = {"cv": cv_jobs(labelled, cfg, make_builder, k=k, seed=seed)}
+    if sources is not None:
+        source_folds = source_fold_of(data.cand, sources)
+        plans["loso"] = cv_jobs(labelled, cfg, make_builder, k=k, seed=seed, folds=source_folds)
+        for i in range(1, cfg.spread_seeds):  # the seed spread: CV + LOSO under the next seeds (folds and initialisation)
+            plans[f"cv/{i}"] = cv_jobs(labelled, cfg, make_builder, k=k, seed=seed + i, name=f"seed {seed + i}")
+            plans[f"loso/{i}"] = cv_jobs(labelled, cfg, make_builder, k=k, seed=seed + i, folds=source_folds, name=f"seed {seed + i}")
+    models = [FitJob(cfg, make_builder, tuple(train_gids), None, seed + 101, "train-only (validation) model"),
+              FitJob(cfg, make_builder, tuple(labelled), None, seed + 202, "final model")]  # fmt: skip
+    jobs = [j for _, js in plans.values() for j in js] + models
     t0 = time.perf_counter()
-    cv = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device)
-    cv_seconds = time.perf_counter() - t0
+    results = fit_many(data, jobs, device=device, workers=workers)
+    fit_seconds = time.perf_counter() - t0
+    cvs, at = {}, 0
+    for name, (fold, js) in plans.items():
+        cvs[name] = cv_result(fold, results[at : at + len(js)])
+        at += len(js)
+    val_fit, final_fit = results[at], results[at + 1]
+    val_model, final = val_fit.model, final_fit.model
+
+    cv = cvs["cv"]
     variants = {}
     for name, dv in _variants(decision).items():
         variants[name], _ = cv_metrics(cv, data.cand, dv)
     cv_summary, oof = cv_metrics(cv, data.cand, decision)
     loso_result, loso_rows, spread = None, None, None
     if sources is not None:
-        loso = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device, folds=source_folds)
-        loso_result, loso_rows = cv_metrics(loso, data.cand, decision, sources)
-        spread = seed_spread_mtl(data, labelled, cfg, make_builder, sources, seed=seed, device=device, first=(cv_summary, loso_result))
-    ablation = ablation_cv(data, labelled, ablations or {}, k=k, seed=seed, device=device, sources=sources)
+        loso_result, loso_rows = cv_metrics(cvs["loso"], data.cand, decision, sources)
+        runs = [(cv_summary, loso_result)] + [
+            (cv_metrics(cvs[f"cv/{i}"], data.cand, cfg)[0], cv_metrics(cvs[f"loso/{i}"], data.cand, cfg, sources)[0]) for i in range(1, cfg.spread_seeds)
+        ]  # fmt: skip
+        spread = seed_spread(runs)
 
     def _threshold(rows: pd.DataFrame) -> float:
         if decision.threshold is not None:
@@ -269,17 +368,11 @@ def run_recipe(
     prior_train = float(oof_train["label_true"].mean())
     prior_all = float(oof["label_true"].mean())
 
-    t1 = time.perf_counter()
-    val_model = fit_mtl_bag(data, train_gids, cfg, make_builder, seed=seed + 101, device=device)
-    val_seconds = time.perf_counter() - t1
     ens_val = with_truth(ensemble(*val_model.predict(data, val_gids, device=device), decision.ensemble), data.cand)
     ens_val = ens_val.rename(columns={"label": "label_true"})
     dec_val = decide(ens_val, t_val, decision, prior_train)
     val_metrics = evaluate_rows(dec_val)
 
-    t2 = time.perf_counter()
-    final = fit_mtl_bag(data, labelled, cfg, make_builder, seed=seed + 202, device=device)
-    final_seconds = time.perf_counter() - t2
     parts = [_rows("oof", oof, oof["fold"].map(dict(enumerate(cv_summary["thresholds"]))).to_numpy(), oof["fold"].to_numpy()), _rows("val", dec_val, t_val)]
     if loso_rows is not None:
         parts.append(_rows("loso", loso_rows, loso_rows["fold"].map(dict(enumerate(loso_result["thresholds"]))).to_numpy(), loso_rows["fold"].to_numpy()))
@@ -292,7 +385,7 @@ def run_recipe(
         runs["val_model"] = val_model.history
         runs["final_model"] = final.history
         with live:
-            live.log_params({"config": cfg.model_dump(mode="json", exclude={"ablations"}), "seed": seed})
+            live.log_params({"config": cfg.model_dump(mode="json"), "seed": seed})
             _log_curves(live, runs)
 
     decisions = {
@@ -305,11 +398,12 @@ def run_recipe(
         "loso": loso_result,
         "seed_spread": spread,
         "cv_variants": variants,
-        "ablations": ablation,
         "val": {m: val_metrics[m] for m in ("accuracy", "precision", "mrr", "spearman", "spearman_true")},
         "val_counts": {m: val_metrics[m] for m in ("n_questions", "n_gold_rows", "n_predicted_positive", "n_correct_positive", "n_spearman_questions")},
         "best_epochs": {"cv_folds": cv.best_epochs, "val_model": val_model.best_epoch, "final_model": final.best_epoch},
-        "seconds": {"cv": round(cv_seconds, 1), "cv_folds": cv.seconds, "val_model": round(val_seconds, 1), "final_model": round(final_seconds, 1)},
+        # fit seconds (each in its own process when workers > 1) and the wall time of all fits side by side
+        "seconds": {"fits_wall": round(fit_seconds, 1), "fits_sum": round(sum(r.seconds for r in results), 1), "workers": workers,
+                    "cv_folds": cv.seconds, "val_model": val_fit.seconds, "final_model": final_fit.seconds},  # fmt: skip
         "n_pairs": {"all": int(len(data.pairs)), "augmented": int(data.pairs["augmented"].sum())},
         "questions": {"train": len(train_gids), "val": len(val_gids), "test": len(test_gids)},
     }
@@ -322,17 +416,10 @@ def source_fold_of(cand: pd.DataFrame, sources: Sequence[str]) -> dict[str, int]
     return {g: list(sources).index(s) for g, s in split_of.items() if s in sources}
 
 
-def seed_spread_mtl(data: MTLData, labelled: Sequence[str], cfg: MtlParams, make_builder: Callable[[], object], sources: Sequence[str], *,
-                    seed: int, device: str | torch.device = "cpu", first: tuple[dict, dict] | None = None) -> dict:
-    """`evaluation.seed_spread` of the recipe's CV + LOSO over `cfg.spread_seeds` seeds (folds and network
-    initialisation); `first`: the (CV, LOSO) summaries of the configured seed, reused."""
-    folds = source_fold_of(data.cand, sources)
-    runs = [first] if first is not None else []
-    for i in range(len(runs), cfg.spread_seeds):
-        cv, _ = cv_metrics(cross_validate_mtl(data, labelled, cfg, make_builder, k=cfg.cv_folds, seed=seed + i, device=device), data.cand, cfg)
-        loso, _ = cv_metrics(cross_validate_mtl(data, labelled, cfg, make_builder, k=cfg.cv_folds, seed=seed + i, device=device, folds=folds), data.cand, cfg, sources)
-        runs.append((cv, loso))
-    return seed_spread(runs)
+def labelled_gids(data: MTLData, train_gids: Sequence[str], val_gids: Sequence[str]) -> list[str]:
+    """Train + validation questions in table order (the order the CV folds are drawn in, as the baseline's)."""
+    lab_set = set(train_gids) | set(val_gids)
+    return [g for g in pd.unique(data.cand["gid"]) if g in lab_set]
 
 
 def ablation_cv(
@@ -344,18 +431,30 @@ def ablation_cv(
     seed: int,
     device: str | torch.device = "cpu",
     sources: Sequence[str] | None = None,
+    workers: int = 1,
 ) -> dict[str, dict]:
-    """CV mean ± sd of each ablation row (its params and feature builder), on the folds of the stage's own CV
-    (same questions, same seed), so rows compare with the default and with each other; with `sources`, LOSO too."""
-    out = {}
+    """CV mean ± sd of each ablation row (its params and feature builder), on the folds of the mtl stage's own CV
+    (same questions, same seed), so rows compare with the default and with each other; with `sources`, LOSO too.
+    Every row's folds are FitJobs run `workers` side by side."""
+    plans: list[tuple[str, str, dict[str, int], list[FitJob]]] = []
     for name, (cfg, make_builder) in rows.items():
-        t0 = time.perf_counter()
-        cv = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device)
-        summary, _ = cv_metrics(cv, data.cand, cfg)
-        out[name] = summary
+        plans.append((name, "cv", *cv_jobs(labelled, cfg, make_builder, k=k, seed=seed, name=name)))
         if sources is not None:
-            loso = cross_validate_mtl(data, labelled, cfg, make_builder, k=k, seed=seed, device=device, folds=source_fold_of(data.cand, sources))
-            out[name]["loso"], _ = cv_metrics(loso, data.cand, cfg, sources)
-        out[name]["seconds"] = round(time.perf_counter() - t0, 1)
-        log.info("ablation %s: CV accuracy %.3f ± %.3f", name, summary["accuracy"]["mean"], summary["accuracy"]["sd"])
+            folds = source_fold_of(data.cand, sources)
+            plans.append((name, "loso", *cv_jobs(labelled, cfg, make_builder, k=k, seed=seed, folds=folds, name=name)))
+    results = fit_many(data, [j for *_, js in plans for j in js], device=device, workers=workers)
+    out: dict[str, dict] = {}
+    at = 0
+    for name, kind, fold, js in plans:
+        part = results[at : at + len(js)]
+        at += len(js)
+        cfg = rows[name][0]
+        if kind == "cv":
+            out[name], _ = cv_metrics(cv_result(fold, part), data.cand, cfg)
+            out[name]["seconds"] = 0.0
+        else:
+            out[name]["loso"], _ = cv_metrics(cv_result(fold, part), data.cand, cfg, sources)
+        out[name]["seconds"] = round(out[name]["seconds"] + sum(r.seconds for r in part), 1)  # fit seconds (summed over processes)
+        if kind == "cv":
+            log.info("ablation %s: CV accuracy %.3f ± %.3f", name, out[name]["accuracy"]["mean"], out[name]["accuracy"]["sd"])
     return out
