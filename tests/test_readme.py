@@ -16,7 +16,9 @@ def test_readme_and_results_blocks_match_metrics():
 def test_readme_holds_only_the_headline_table():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "<!-- results:start -->" not in readme and "<!-- headline:start -->" in readme
-    assert len(readme.encode()) < 11_000, "README grew: detail tables and notes belong in RESULTS.md"
+    # the limit is on what is written by hand: the DAG block is `dvc dag --md` and grows with the pipelines
+    dag = readme[readme.index("<!-- dag:start -->") : readme.index("<!-- dag:end -->")]
+    assert len(readme.encode()) - len(dag.encode()) < 10_000, "README grew: detail tables and notes belong in RESULTS.md"
 
 
 def test_report_cli_checks_and_refreshes_both_files(tmp_path, monkeypatch, capsys):
