@@ -188,7 +188,8 @@ def score_candidates(
     cands["rqe_cls"] = list(out["cls"])
     stack = (getattr(rqe, "meta", {}).get("recipe") or {}).get("stack")
     if stack:  # the model's recipe stacks it with the bi-encoder cosine (stage finetune_rqe chose it by CV)
-        cands["rqe_score"] = stacked_rqe_scores(cands, docs, question_col, stack, rqe.path, device=str(rqe.device), medquad=docs)
+        cands["rqe_score"] = stacked_rqe_scores(cands, docs, question_col, stack, rqe.path, device=str(rqe.device), medquad=docs,
+                                                cache_root=cache_root, read_only=read_only)  # fmt: skip
     return ScoredCandidates(cands, chosen, stats, bm25_seconds)
 
 
@@ -268,11 +269,14 @@ def _stack_encoder(name: str, device: str, max_length: int):
 
 
 def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: str, stack: dict, model_dir: str | os.PathLike,
-                       device: str = "auto", medquad: pd.DataFrame | None = None) -> np.ndarray:  # fmt: skip
+                       device: str = "auto", medquad: pd.DataFrame | None = None, cache_root: str | os.PathLike | None = None,
+                       read_only: bool = False) -> np.ndarray:  # fmt: skip
     """P(entailed) of a stacked RQE scorer (models/rqe metadata `recipe.stack`, chosen by stage finetune_rqe): logistic
     regression over its `features`: the cross-encoder's logit (`cands.rqe_ce`), the cosine of (question, MedQuAD
     question) under its bi-encoder (a fine-tuned one saved inside the cross-encoder's folder `model_dir`, or the
-    zero-shot one) and the question-type agreement (classifier refit on `medquad`, seeded)."""
+    zero-shot one) and the question-type agreement (classifier refit on `medquad`, seeded). With `cache_root` the
+    bi-encoder's vectors are cached (float32, questions and MedQuAD questions apart): a fresh cache gives the bits of
+    the uncached call, and an experiment that keeps the candidates encodes nothing."""
     from medrank.encoders.base import fixed_blas_threads
     from medrank.models.rqe import QuestionTypes, stack_features
 
@@ -285,7 +289,16 @@ def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: st
         bi = _stack_encoder(str(name), device, int(stack.get("max_length", 256)))
         uq, q_inv = np.unique(q_texts, return_inverse=True)
         ud, d_inv = np.unique(d_texts, return_inverse=True)
-        columns["cosine"] = (bi.encode(list(uq))[q_inv] * bi.encode(list(ud))[d_inv]).sum(1)
+
+        def encode(texts: np.ndarray, side: str) -> np.ndarray:
+            if cache_root is None:
+                return bi.encode(list(texts))
+            from medrank.encoders.extract import cached_sentence_embeddings
+
+            return cached_sentence_embeddings(bi, list(texts), cache_root, "fp32", shard_size=None, read_only=read_only, dtype=np.float32,
+                                              kind=f"stack-{side}")[0]  # fmt: skip
+
+        columns["cosine"] = (encode(uq, "q")[q_inv] * encode(ud, "doc")[d_inv]).sum(1)
     if "qtype" in feats:
         if medquad is None:
             raise MedrankError("the RQE stack uses the question type: give the MedQuAD table to refit its classifier")

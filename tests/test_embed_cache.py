@@ -551,3 +551,30 @@ def test_stacked_rqe_recipe_rescores_candidates_with_its_bi_encoder(tmp_path, ti
     expected = 1 / (1 + np.exp(-(0.5 * np.log(p / (1 - p)) + 3.0 * cos - 1.0)))
     np.testing.assert_allclose(t["rqe_score"].to_numpy(), expected, atol=1e-4)
     assert not np.allclose(t["rqe_score"], t["rqe_ce"])
+
+
+def test_stacked_rqe_cosines_are_cached_with_the_bits_of_the_uncached_call(tmp_path, tiny_models, fixture_tables):
+    """retrieve's stacked RQE scorer: the bi-encoder vectors go to the cache (float32, questions and MedQuAD questions in
+    namespaces of their own); a fresh cache gives the uncached call's bits, a second run encodes nothing, and a
+    read-only cache (`medrank rank`) writes nothing."""
+    from medrank.retrieval import stacked_rqe_scores
+
+    answers, medquad = fixture_tables
+    docs = pd.DataFrame({"question": medquad["question"].astype(str)})
+    qs = answers["question"].astype(str).drop_duplicates().tolist()
+    cands = pd.DataFrame({"question": [q for q in qs for _ in range(len(docs))], "doc": list(range(len(docs))) * len(qs)})
+    cands["rqe_ce"] = np.linspace(-2, 2, len(cands))
+    stack = {"features": ["ce", "cosine"], "coef": [0.5, 3.0], "intercept": -1.0, "bi_encoder": str(tiny_models["base"]),
+             "bi_encoder_local": False, "max_length": 32}  # fmt: skip
+    plain = stacked_rqe_scores(cands, docs, "question", stack, tmp_path, device="cpu")
+    ro = stacked_rqe_scores(cands, docs, "question", stack, tmp_path, device="cpu", cache_root=tmp_path / "ro", read_only=True)
+    assert not (tmp_path / "ro").exists() or not any((tmp_path / "ro").rglob("*.parquet"))
+    fresh = stacked_rqe_scores(cands, docs, "question", stack, tmp_path, device="cpu", cache_root=tmp_path / "cache")
+    spaces = sorted(p.name.split("-")[1] for p in (tmp_path / "cache").iterdir() if p.is_dir())
+    assert spaces == ["doc", "q"]
+    files = sorted((tmp_path / "cache").rglob("*"))
+    again = stacked_rqe_scores(cands, docs, "question", stack, tmp_path, device="cpu", cache_root=tmp_path / "cache")
+    assert sorted((tmp_path / "cache").rglob("*")) == files  # nothing new encoded or written
+    np.testing.assert_array_equal(fresh, plain)
+    np.testing.assert_array_equal(again, plain)
+    np.testing.assert_array_equal(ro, plain)

@@ -230,6 +230,17 @@ def test_pair_index_targets_follow_reference_rank():
     assert pairs == {(0, 1): 0.0, (0, 2): 1.0, (1, 2): 1.0}  # equal ranks (group b) give no pair
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_pair_index_lists_every_same_group_pair_in_a_fixed_order(seed):
+    """Groups in order of first appearance, rows ascending within each: the order the pairwise loss sums in (the
+    weights depend on it), the same as a plain loop over the groups."""
+    rng = np.random.default_rng(seed)
+    groups = np.array([f"q{a}\0e{b}" for a, b in zip(rng.integers(0, 4, 40), rng.integers(0, 3, 40))], dtype=object)
+    i, j, t = mtl.pair_index(groups, None)
+    expected = [(a, b) for g in dict.fromkeys(groups) for a in range(40) for b in range(a + 1, 40) if groups[a] == groups[b] == g]
+    assert list(zip(i.tolist(), j.tolist())) == expected and not t.any()
+
+
 def test_pairwise_loss_sign():
     f = torch.zeros(2)
     y = torch.tensor([1.0, 0.0])

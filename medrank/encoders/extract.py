@@ -148,23 +148,28 @@ def cached_sentence_embeddings(
     cache_root: str | os.PathLike,
     precision: str,
     batch_size: int = 128,
-    shard_size: int = 16384,
+    shard_size: int | None = 16384,
     read_only: bool = False,
+    dtype: type = np.float16,
+    kind: str = "bi",
 ) -> tuple[np.ndarray, ExtractStats]:
-    """Bi-encoder vectors (n, H) float32 for `texts`, cached content-addressed like the pairs."""
-    ns = namespace_name("bi", bi.fingerprint, precision, bi.max_length)
-    meta = {"kind": "bi", "fingerprint": bi.fingerprint, "precision": precision}
-    cache = PairCache(cache_root, ns, {"emb": ((bi.hidden,), np.float16)}, meta, read_only)
+    """Bi-encoder vectors (n, H) float32 for `texts`, cached content-addressed like the pairs (stored as `dtype`;
+    `kind` names the namespace). The missing texts are encoded in first-appearance order, `shard_size` at a time
+    (None: all in one call, the batches `bi.encode` would make of them uncached)."""
+    ns = namespace_name(kind, bi.fingerprint, precision, bi.max_length)
+    meta = {"kind": kind, "fingerprint": bi.fingerprint, "precision": precision}
+    cache = PairCache(cache_root, ns, {"emb": ((bi.hidden,), dtype)}, meta, read_only)
     unique, inverse = dedup(list(texts))
     keys = [pair_key(t, "") for t in unique]
     todo = [i for i, k in enumerate(keys) if k not in cache]
     stats = ExtractStats("bi-encoder", ns, precision, len(texts), len(unique), len(unique) - len(todo))
     t0 = time.perf_counter()
     with tqdm(total=len(todo), unit="sent", desc="bi-encoder", disable=not todo, smoothing=0.1) as bar:
-        for s in range(0, len(todo), shard_size):
-            chunk = todo[s : s + shard_size]
+        step = shard_size or max(len(todo), 1)
+        for s in range(0, len(todo), step):
+            chunk = todo[s : s + step]
             emb = bi.encode([unique[i] for i in chunk], precision, batch_size)
-            cache.put([keys[i] for i in chunk], {"emb": emb.astype(np.float16)})
+            cache.put([keys[i] for i in chunk], {"emb": emb.astype(dtype)})
             stats.computed += len(chunk)
             bar.update(len(chunk))
     stats.seconds = round(time.perf_counter() - t0, 2)

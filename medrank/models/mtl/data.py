@@ -52,6 +52,13 @@ class MTLData:
     def hidden_size(self) -> int:
         return int(self.grids[0].shape[2]) if self.grids else 0
 
+    def grids32(self) -> list[np.ndarray]:
+        """The grids as float32 (the network's dtype), converted once and kept: every epoch of every fit reads them
+        (the forked fit workers share the parent's copy)."""
+        if getattr(self, "_grids32", None) is None or len(self._grids32) != len(self.grids):
+            self._grids32 = [np.asarray(g, dtype=np.float32) for g in self.grids]
+        return self._grids32
+
     @property
     def rqe_size(self) -> int:
         return int(self.rqe.shape[1]) if self.rqe.ndim == 2 else 0

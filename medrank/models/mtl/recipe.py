@@ -131,9 +131,10 @@ def fit_many(data: MTLData, jobs: Sequence[FitJob], *, device: str | torch.devic
     workers = max(1, min(workers, len(jobs)))
     if str(device).startswith("cuda") or workers == 1 or not jobs:
         workers = 1
+    data.grids32()  # converted once here: the forked workers share it
     _POOL_STATE.update(data=data, jobs=jobs, device=device, threads=torch.get_num_threads())
     out: list[FitResult | None] = [None] * len(jobs)
-    bar = tqdm(total=len(jobs), desc="mtl fits", unit="fit", disable=None)
+    bar = tqdm(total=len(jobs), desc="mtl fits", unit="fit", disable=not jobs)
     try:
         if workers == 1:
             for i in range(len(jobs)):

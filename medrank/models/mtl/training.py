@@ -34,12 +34,14 @@ def pair_index(groups: np.ndarray, ranks: np.ndarray | None) -> tuple[np.ndarray
     """(i, j, target) for every unordered pair of rows in the same group; target 1 if i ranks above j.
 
     ranks: reference rank (lower = better) or None at inference (target 0, unused). Without ranks every
-    pair i < j is returned; with ranks, pairs of equal rank are skipped.
+    pair i < j is returned; with ranks, pairs of equal rank are skipped. Groups in order of first appearance, rows
+    ascending within a group.
     """
-    ii: list[int] = []
-    jj: list[int] = []
-    for rows in pd.Series(np.arange(len(groups))).groupby(groups, sort=False).indices.values():
-        rows = np.sort(rows)
+    codes = pd.factorize(np.asarray(groups))[0]  # group ids in order of first appearance
+    order = np.argsort(codes, kind="stable")  # by group, rows ascending within it
+    ii: list[np.ndarray] = []
+    jj: list[np.ndarray] = []
+    for rows in np.split(order, np.flatnonzero(np.diff(codes[order])) + 1):
         if len(rows) < 2:
             continue
         a, b = np.triu_indices(len(rows), k=1)
@@ -71,10 +73,11 @@ class _Batcher:
         self.data, self.prep, self.device, self.max_cells = data, prep, device, max_cells
 
     def tensors(self, rows: np.ndarray) -> tuple:
-        grids = [self.data.grids[r] for r in rows]
+        grids32 = self.data.grids32()
+        grids = [grids32[r] for r in rows]
         h = torch.tensor([g.shape[0] for g in grids], dtype=torch.long)
         w = torch.tensor([g.shape[1] for g in grids], dtype=torch.long)
-        cells = torch.from_numpy(np.concatenate([g.reshape(-1, g.shape[2]) for g in grids]).astype(np.float32))
+        cells = torch.from_numpy(np.concatenate([g.reshape(-1, g.shape[2]) for g in grids]))
         to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(self.device)  # noqa: E731
         return (
             cells.to(self.device), h.to(self.device), w.to(self.device),
