@@ -279,7 +279,7 @@ def test_acquire_killed_at_any_instant_keeps_a_complete_data_raw(tmp_path):
     trials = [  # (signal, event, delay): while copying, fsyncing the complete staging folder, removing the old copy
         (signal.SIGKILL, staging, 0.1),
         (signal.SIGKILL, staged, 0.0),
-        (signal.SIGINT, staged, 0.05),
+        (signal.SIGINT, staging, 0.05),  # while copying: the widest window, so this SIGINT lands on any machine
         (signal.SIGINT, swapped, 0.0),
         (signal.SIGKILL, swapped, 0.0),
     ]
