@@ -204,7 +204,10 @@ run(stage.main)
 
 def _start(work: Path, module: str, slow: float) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "probe.py", module, str(slow)], cwd=work, env=env, stderr=subprocess.PIPE, text=True)
+    # SIGINT back to its default in the child: a test run started in the background (`cmd &` without job control)
+    # inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler
+    return subprocess.Popen([sys.executable, "probe.py", module, str(slow)], cwd=work, env=env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
 
 
 def _finish(proc: subprocess.Popen) -> None:
@@ -279,24 +282,19 @@ def test_acquire_killed_at_any_instant_keeps_a_complete_data_raw(tmp_path):
     trials = [  # (signal, event, delay): while copying, fsyncing the complete staging folder, removing the old copy
         (signal.SIGKILL, staging, 0.1),
         (signal.SIGKILL, staged, 0.0),
-        (signal.SIGINT, staging, 0.05),  # while copying: the widest window, so this SIGINT lands on any machine
+        (signal.SIGINT, staged, 0.05),
         (signal.SIGINT, swapped, 0.0),
         (signal.SIGKILL, swapped, 0.0),
     ]
-    interrupted = 0
     for sig, event, delay in trials:
         target = "b" if current == "a" else "a"
         _use_mirror(work, target)
         rc, err = _kill_when(_start(work, "stages.acquire", 0.002), event(), sig, delay)
         state = _raw_version(work)
         assert state == target if event is swapped else state in (current, target), (sig, state)
-        if sig == signal.SIGINT and rc == 0:  # the run finished before the signal landed (a fast or idle machine)
-            assert state == target
-        elif sig == signal.SIGINT:
+        if sig == signal.SIGINT:
             assert rc == 130 and error_lines(err) == ["error: interrupted"], err
-            interrupted += 1
         current = state
-    assert interrupted, "no SIGINT landed while acquire ran"
     assert any(p.name.startswith(".raw.") for p in data.iterdir())  # the last kill left the old copy behind (swept below)
     _use_mirror(work, "b")
     _finish(_start(work, "stages.acquire", 0))
