@@ -5,10 +5,12 @@ run back to back in one process:
   (a) naive: fp32, input order, every batch padded to max_length, batch 32, torch.no_grad
   (b) sentence-transformers CrossEncoder.predict (batch 32) on the same checkpoint, loaded offline
   (c) medrank CrossEncoder.predict: dedup, length-sorted dynamic padding, inference_mode, probed precision,
-      with the pooled [CLS] vectors as well (what the embed stage stores); also at each precision
+      with the pooled [CLS] vectors as well (what the embed stage stores); also at each precision, and on CPU
+      int8 once more with the old recipe (torch.ao dynamic quantization of every Linear, per-tensor scales)
 Methods take turns on slices of the pairs (best of --repeats per slice), so load from other processes on
 shared cores hits all of them alike. Prints pairs/s side by side, max |Δp| against (a), and the share of this CPU's measured matmul peak
-(useful FLOPs/pair from the real token counts x pairs/s / torch.matmul GFLOP/s).
+(useful FLOPs/pair from the real token counts x pairs/s / torch.matmul GFLOP/s, on CPU also / torch._int_mm GOP/s), and
+whether each int8 recipe is kept: max |Δp| within the precision probe's tolerance (0.02) and faster than medrank fp32.
 
 On a GPU (`--device cuda`) the peak is the GPU's matmul peak and int8 (a CPU path) is left out. `--ray N`
 also runs the embed stage's cached extraction of the same pairs on the local backend and on a local Ray Data pool
@@ -21,6 +23,7 @@ of N actors (`embed.backend: ray`), into fresh caches, and prints the ratio and 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -36,10 +39,32 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from medrank import layout  # noqa: E402
-from medrank.encoders.base import cpu_flags, resolve_device  # noqa: E402
+from medrank.encoders.base import cpu_flags, probe_precision, resolve_device  # noqa: E402
 from medrank.encoders.cross_encoder import CrossEncoder  # noqa: E402
 
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
+TOLERANCE = inspect.signature(probe_precision).parameters["tolerance"].default  # what the probe accepts int8 within
+
+
+def legacy_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """The int8 recipe before 2026-11-24: torch.ao dynamic quantization of every Linear (per-tensor weight scales,
+    7-bit per-tensor activations), a CPU copy."""
+    import copy
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao deprecation notice
+        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).to("cpu").eval(), {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def predict_with_int8_model(ours: CrossEncoder, int8_model: torch.nn.Module, pairs) -> np.ndarray:
+    """`ours.predict` at int8 with `int8_model` standing in for its quantized copy (restored after)."""
+    saved = ours._int8_model
+    ours._int8_model = int8_model
+    try:
+        return ours.predict(pairs, batch_size=64, return_embeddings=True, show_progress=False, precision="int8")[0]
+    finally:
+        ours._int8_model = saved
 
 
 def real_pairs(n: int, seed: int) -> list[tuple[str, str]]:
@@ -64,20 +89,27 @@ def real_pairs(n: int, seed: int) -> list[tuple[str, str]]:
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 1024, seconds: float = 1.5, device: str = "cpu") -> float:
-    """Best GFLOP/s of an n x n x n torch.matmul at this dtype (current thread setting; on CUDA n=8192, synchronised)."""
+    """Best GFLOP/s (int8: GOP/s of torch._int_mm) of an n x n x n matmul at this dtype (current thread setting;
+    on CUDA n=8192, synchronised)."""
     if device != "cpu":
         n = 8192
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    if dtype == torch.int8:
+        a = torch.randint(-127, 128, (n, n), dtype=dtype, device=device)
+        b = torch.randint(-127, 128, (n, n), dtype=dtype, device=device)
+        mm = torch._int_mm
+    else:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        mm = torch.matmul
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
     for _ in range(3):
-        a @ b
+        mm(a, b)
     sync()
     best = float("inf")
     t_end = time.perf_counter() + seconds
     while time.perf_counter() < t_end:
         t = time.perf_counter()
-        a @ b
+        mm(a, b)
         sync()
         best = min(best, time.perf_counter() - t)
     return 2 * n**3 / best / 1e9
@@ -167,6 +199,8 @@ def main() -> None:
                                                       max_length=args.max_length)["input_ids"]])  # fmt: skip
     fpp = flops_per_pair(ours.model.config, tokens)
     peak = {"fp32": matmul_peak(torch.float32, device=device), "bf16": matmul_peak(torch.bfloat16, device=device)}
+    if device == "cpu":
+        peak["int8"] = matmul_peak(torch.int8)
     load = os.getloadavg()
 
     from sentence_transformers import CrossEncoder as STCrossEncoder
@@ -188,6 +222,10 @@ def main() -> None:
     for prec in precs:
         name = "(c) medrank (probe's choice)" if prec == chosen else f"    medrank {prec}"
         methods[name] = (prec, lambda ps, prec=prec: ours.predict(ps, batch_size=64, return_embeddings=True, show_progress=False, precision=prec)[0])
+    if device == "cpu":
+        old = legacy_int8(ours.model)
+        predict_with_int8_model(ours, old, warm)
+        methods["    medrank int8, old recipe"] = ("int8", lambda ps: predict_with_int8_model(ours, old, ps))
     # interleaved: each round runs every method on the same slice back to back, so a burst of load from
     # other processes on the shared cores hits all methods alike instead of whichever ran during it
     seconds = {k: 0.0 for k in methods}
@@ -212,8 +250,9 @@ def main() -> None:
     print(f"\n{len(pairs)} real sentence pairs (mean {tokens.mean():.1f} tokens, max_length {args.max_length}); model {model_name}")
     gpu = f"GPU {torch.cuda.get_device_name()}; " if device != "cpu" else ""
     print(f"{gpu}CPU flags: {','.join(cpu_flags()) or '-'}; torch threads {threads}; load average (1/5/15 min) at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
-    print(f"matmul peak: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s; useful forward {fpp / 1e9:.3f} GFLOP/pair\n")
-    head = f"| {'method':30} | prec | pairs/s | x (a) | x (b) | % fp32 peak | % bf16 peak | max abs dp vs (a) |"
+    int8_peak = f", int8 (torch._int_mm) {peak['int8']:.1f} GOP/s" if "int8" in peak else ""
+    print(f"matmul peak: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s{int8_peak}; useful forward {fpp / 1e9:.3f} GFLOP/pair\n")
+    head = f"| {'method':30} | prec | pairs/s | x (a) | x (b) | % fp32 peak | % bf16 peak | % int8 peak | max abs dp vs (a) |"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     results = []
@@ -221,9 +260,18 @@ def main() -> None:
         rate = len(pairs) / dt
         gflops = rate * fpp / 1e9
         dp = float(np.abs(probs - ref).max())
+        int8_share = f"{100 * gflops / peak['int8']:10.1f}%" if "int8" in peak else f"{'-':>11}"
         print(f"| {name:30} | {prec:4} | {rate:7.1f} | {rate / naive_rate:5.2f} | {rate / st_rate:5.2f} | "
-              f"{100 * gflops / peak['fp32']:10.1f}% | {100 * gflops / peak['bf16']:10.1f}% | {dp:17.5f} |")  # fmt: skip
+              f"{100 * gflops / peak['fp32']:10.1f}% | {100 * gflops / peak['bf16']:10.1f}% | {int8_share} | {dp:17.5f} |")  # fmt: skip
         results.append({"method": name.strip(), "precision": prec, "pairs_per_s": round(rate, 2), "max_abs_dp": dp})
+    fp32_rate = next(r["pairs_per_s"] for r in results if r["method"].startswith(("medrank fp32", "(c)")) and r["precision"] == "fp32")
+    print()
+    for r in results:
+        if r["precision"] == "int8":
+            r["kept"] = bool(r["max_abs_dp"] <= TOLERANCE and r["pairs_per_s"] > fp32_rate)
+            print(f"{r['method']}: int8 {'kept' if r['kept'] else 'rejected'}: max |dp| {r['max_abs_dp']:.4f} "
+                  f"{'<=' if r['max_abs_dp'] <= TOLERANCE else '>'} {TOLERANCE}, {r['pairs_per_s']:.1f} pairs/s = "
+                  f"{r['pairs_per_s'] / fp32_rate:.2f}x medrank fp32")  # fmt: skip
     print(f"\nprecision probe: {ours.precision_report.as_dict() if ours.precision_report else None}")
     ray_row = ray_vs_local(ours, pairs, chosen, args.ray) if args.ray and Path(args.model).exists() else None
     if args.json:

@@ -171,6 +171,11 @@ def test_precision_probe_requested_and_auto(monkeypatch):
     assert probe_precision("cpu", forward=forward).choice == "fp32"
     rep = probe_precision("cpu", forward=forward, tolerance=0.5)
     assert rep.choice == "int8" and rep.as_dict()["timings_s"]["int8"] == pytest.approx(0.01)
+    # a less precise candidate must beat the more precise choice by 10%, not only fp32
+    fake_t.update(bf16=0.02, int8=0.019)
+    assert probe_precision("cpu", forward=forward, tolerance=0.5).choice == "bf16"
+    fake_t.update(bf16=0.029, int8=0.019)  # bf16 not worth it, int8 is (against fp32)
+    assert probe_precision("cpu", forward=forward, tolerance=0.5).choice == "int8"
 
 
 # ---------------------------------------------------------------- cross-encoder on a tiny BERT
