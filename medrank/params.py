@@ -307,6 +307,14 @@ class MtlAnalysisParams(_Section):
     rows: list[dict[str, Any]] = Field(default_factory=list)  # `{name: ..., key: value, ...}`: overrides of the mtl section
 
 
+class ConfirmAnalysisParams(_Section):
+    """analysis/dvc.yaml stage mtl_confirm: a lever is a win only beyond the noise, so the named `analysis.mtl.rows`
+    and the default are re-run (CV + LOSO) under `seeds` seeds, paired by seed (same folds, same initialisation)."""
+
+    mtl_rows: list[str] = Field(default_factory=list)  # names of analysis.mtl.rows
+    seeds: int = Field(default=4, ge=2)  # the mtl stage's seed and the next ones
+
+
 class AnalysisParams(_Section):
     """The ablation and selection tables (analysis/dvc.yaml, run by `dvc repro analysis/dvc.yaml`): rows beside each
     stage's default, kept off the default pipeline so an experiment pays only for the system it changes."""
@@ -314,6 +322,7 @@ class AnalysisParams(_Section):
     rqe: RqeAnalysisParams = RqeAnalysisParams()
     baseline: BaselineAnalysisParams = BaselineAnalysisParams()
     mtl: MtlAnalysisParams = MtlAnalysisParams()
+    confirm: ConfirmAnalysisParams = ConfirmAnalysisParams()
 
 
 class Params(_Section):
@@ -337,11 +346,14 @@ class Params(_Section):
     baseline: BaselineParams = BaselineParams()
     mtl: MtlParams = MtlParams()
     score: ScoreParams = ScoreParams()
-    analysis: AnalysisParams = AnalysisParams()  # analysis/dvc.yaml: rqe_selection, baseline_ablations, mtl_ablations
+    analysis: AnalysisParams = AnalysisParams()  # analysis/dvc.yaml: rqe_selection, baseline_ablations, mtl_ablations, mtl_confirm
 
     @model_validator(mode="after")
     def _check_rows(self) -> "Params":
-        mtl_rows(self.mtl, self.analysis.mtl.rows)
+        rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
+        for i, name in enumerate(self.analysis.confirm.mtl_rows):
+            if name not in rows:
+                raise ValueError(f"analysis.confirm.mtl_rows[{i}]: {name!r} is not a row name of analysis.mtl.rows ({', '.join(rows) or 'none'})")
         return self
 
 

@@ -225,6 +225,22 @@ def _mtl(m: dict, ab: dict) -> list[str]:
                          "LOSO MRR (worst)"], rows)  # fmt: skip
 
 
+def _mtl_confirm(m: dict) -> list[str]:
+    """analysis/dvc.yaml mtl_confirm: the default and the named rows under several seeds, paired by seed."""
+    if not m.get("rows"):
+        return []
+    rows = []
+    for name, r in m["rows"].items():
+        change = ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in (r.get("overrides") or {}).items()) or "—"
+        diff = "—" if name == "default" else f"{r['diff_mean']:+.4f} ± {r['diff_sd']:.4f}"
+        verdict = "—" if name == "default" else ("**win**" if r["win"] else "within the noise")
+        rows.append([name, change, " ".join(f"{v:.3f}" for v in r["scores"]), f"{r['mean']:.4f}", diff, verdict])
+    out = [f"**MTL rows confirmed over {len(m['seeds'])} seeds** (seeds {', '.join(map(str, m['seeds']))}: folds and initialisation, the same for "
+           f"every row of a seed; score = {m['score']}; band = the sd of the default's score over the seeds, {m['band']:.4f}: a row wins "
+           f"only if its mean paired difference exceeds it; {ANALYSIS_NOTE})", ""]  # fmt: skip
+    return out + _table(["row", "change from the default", "score per seed", "mean", "paired difference (mean ± sd)", "verdict"], rows)
+
+
 def _retrieve(m: dict) -> list[str]:
     cov = (m.get("coverage") or {}).get("all")
     if not cov:
@@ -305,6 +321,34 @@ def _cnn(m: dict) -> list[str]:
     return out
 
 
+def _nt_grid(m: dict) -> list[str]:
+    """The N x T grid of the final system (analysis/nt_grid.py: one `dvc exp run` per cell) and the rule's pick."""
+    cells = m.get("cells") or []
+    if not cells:
+        return []
+    default = (m["default"]["n_candidates"], m["default"]["rqe_threshold"])
+    rows = []
+    for c in cells:
+        t = "none" if c["rqe_threshold"] is None else f"{c['rqe_threshold']:g}"
+        mark = " (default)" if (c["n_candidates"], c["rqe_threshold"]) == default else ""
+        rows.append([f"{c['n_candidates']}{mark}", t, f"`{c['system']}` w {c['mtl_weight']:g}, `{c['keep_rule']}`, `{c['order']}`",
+                     f"{c['cv']['accuracy']:.3f}", f"{c['loso']['accuracy']:.3f} ({c['loso_worst']['accuracy']:.3f} {c['loso_worst']['source']})",
+                     f"**{c['score']:.3f}**", f"{c['cv']['mrr']:.3f} / {c['loso']['mrr']:.3f}", f"{c['cv']['spearman']:.3f} / {c['loso']['spearman']:.3f}",
+                     f"{c['val']['accuracy']:.3f}", f"{c['seconds']:.0f}"])  # fmt: skip
+    pk = m["pick"]
+    t = lambda v: "none" if v is None else f"{v:g}"  # noqa: E731
+    verdict = (f"the default N = {pk['n_candidates']}, T = {t(pk['rqe_threshold'])} stays: the best cell (N = {pk['best']['n_candidates']}, "
+               f"T = {t(pk['best']['rqe_threshold'])}, score {pk['best']['score']:.3f}) is within the noise band {pk['band']:.3f} of it"
+               if pk["default_kept"] else
+               f"N = {pk['n_candidates']}, T = {t(pk['rqe_threshold'])} (score {pk['best']['score']:.3f}) beats the default by more than the "
+               f"noise band {pk['band']:.3f}")  # fmt: skip
+    out = [f"**N × T grid of the final system** (analysis/nt_grid.py at commit {m['commit']}, {m['date']}: one `dvc exp run -S n_candidates=N "
+           "-S rqe_threshold=T` per cell, the score stage choosing the final system inside each; score = mean of CV accuracy and LOSO mean "
+           f"accuracy). By the rule ({m['rule']}): {verdict}.", ""]  # fmt: skip
+    return out + _table(["N", "T", "final system", "CV accuracy", "LOSO accuracy (worst)", "score", "MRR CV / LOSO", "Spearman CV / LOSO",
+                         "val accuracy (25 q)", "cell s"], rows)  # fmt: skip
+
+
 DETAILS = ("data", "normalize")  # metrics files shown in full (collapsed); the rest: `dvc metrics show`
 
 
@@ -324,9 +368,11 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     lines = _task3(metrics)
     lines += _baseline(metrics.get("baseline", {}), metrics.get("baseline_ablations", {}))
     lines += _mtl(metrics.get("mtl", {}), metrics.get("mtl_ablations", {}))
+    lines += _mtl_confirm(metrics.get("mtl_confirm", {}))
     lines += _retrieve(metrics.get("retrieve", {}))
     lines += _finetune(metrics)
     lines += _cnn(metrics.get("cnn_squad", {}))
+    lines += _nt_grid(metrics.get("nt_grid", {}))
     lines += ["Every metrics file in full: `dvc metrics show`; the data counts and normalization statistics:", ""]
     for name, m in metrics.items():
         if name not in DETAILS:

@@ -5,7 +5,8 @@ seed spread, a train-only model checked on the 25 validation questions, and the 
 the fits run `mtl.workers` side by side. Writes models/mtl/ (final bag; val/ = the train-only bag),
 data/processed/mtl_predictions.parquet, metrics/mtl.json and dvclive curves plots/mtl/. The ablation rows are
 analysis/dvc.yaml's `mtl_ablations` (`main(ablations=True)`: the same data, folds and seed, one row per
-`analysis.mtl.rows` entry -> metrics/mtl_ablations.json).
+`analysis.mtl.rows` entry -> metrics/mtl_ablations.json) and `mtl_confirm` (`main(confirm=True)`: the default and the
+rows of `analysis.confirm.mtl_rows` under several seeds, paired -> metrics/mtl_confirm.json).
 """
 
 from __future__ import annotations
@@ -18,7 +19,23 @@ from medrank.runner import run
 log = logging.getLogger("stages.mtl")
 
 
-def main(params_path: str = "params.yaml", ablations: bool = False) -> None:
+def confirm_table(scores: dict[str, list[float]], seeds: list[int], default: str = "default") -> dict:
+    """Rows re-run under several seeds, paired by seed: per row its scores, mean, and the paired difference to the
+    default (mean, sd); the band is the sd of the default's score over the seeds (its seed spread). A row is a win
+    only if its mean paired difference exceeds the band (the written rule: a lever counts only beyond the noise)."""
+    import numpy as np
+
+    base = np.asarray(scores[default])
+    band = float(np.std(base, ddof=1))
+    rows = {}
+    for name, got in scores.items():
+        diff = np.asarray(got) - base
+        rows[name] = {"scores": got, "mean": float(np.mean(got)), "diff_mean": float(diff.mean()), "diff_sd": float(np.std(diff, ddof=1)),
+                      "win": bool(name != default and diff.mean() > band)}  # fmt: skip
+    return {"seeds": seeds, "band": band, "rows": rows}
+
+
+def main(params_path: str = "params.yaml", ablations: bool = False, confirm: bool = False) -> None:
     import torch
     from dvclive import Live
 
@@ -40,8 +57,10 @@ def main(params_path: str = "params.yaml", ablations: bool = False) -> None:
     retrieved = read_parquet(L.RETRIEVED)
     # a capped profile retrieves for fewer questions (the same ones the bienc stage keeps): their answers only
     answers = read_parquet(L.ANSWERS).merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
-    rows = mtl_rows(mp, p.analysis.mtl.rows) if ablations else {}
-    configs = [r for _, r in rows.values()] if ablations else [mp]
+    rows = mtl_rows(mp, p.analysis.mtl.rows) if ablations or confirm else {}
+    if confirm:  # the default and the rows to confirm
+        rows = {"default": ({}, mp)} | {n: rows[n] for n in p.analysis.confirm.mtl_rows}
+    configs = [r for _, r in rows.values()] if rows else [mp]
     # per-answer scores of other stages for the bienc / heading / cnn / qa groups (of the default or of the rows)
     scores = read_answer_scores(answers, set().union(*(r.feature_groups for r in configs)))
     data = mtl.build_mtl_data(answers, read_parquet(L.NLI_GRID), retrieved, n_candidates=p.n_candidates, scores=scores)
@@ -59,6 +78,24 @@ def main(params_path: str = "params.yaml", ablations: bool = False) -> None:
 
     # deterministic kernels (on CUDA; CPU kernels already are at the fixed mtl.threads) and fixed BLAS threads
     with deterministic_torch(), fixed_blas_threads():
+        if confirm:
+            t0 = time.perf_counter()
+            seeds = [p.seed + i for i in range(p.analysis.confirm.seeds)]
+            labelled = mtl.labelled_gids(data, train_gids, val_gids)
+            scores: dict[str, list[float]] = {n: [] for n in rows}
+            per_seed = []
+            for seed_i in seeds:  # one seed's rows side by side (same folds and initialisation for every row)
+                table = mtl.ablation_cv(data, labelled, {n: (r, builder(r)) for n, (_, r) in rows.items()}, k=mp.cv_folds, seed=seed_i,
+                                        device=device, sources=L.LABELLED_SPLITS, workers=mp.workers)  # fmt: skip
+                per_seed.append({n: {"cv_accuracy": t["accuracy"]["mean"], "loso_accuracy": t["loso"]["accuracy"]["mean"]} for n, t in table.items()})
+                for n, t in table.items():
+                    scores[n].append((t["accuracy"]["mean"] + t["loso"]["accuracy"]["mean"]) / 2)
+            out = confirm_table(scores, seeds)
+            for n, r in out["rows"].items():
+                r["overrides"] = rows[n][0]
+            out |= {"per_seed": per_seed, "score": "mean of CV accuracy and LOSO mean accuracy", "seconds_total": round(time.perf_counter() - t0, 1)}
+            write_json(L.metrics_file("mtl_confirm"), rounded(out))
+            return
         if ablations:
             t0 = time.perf_counter()
             table = mtl.ablation_cv(data, mtl.labelled_gids(data, train_gids, val_gids), {n: (r, builder(r)) for n, (_, r) in rows.items()},

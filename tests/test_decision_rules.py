@@ -118,3 +118,34 @@ def test_source_folds_reject_unknown_sources():
     assert list(D.source_folds(["val", "train_alexa"], ("train_alexa", "val"))) == [1, 0]
     with pytest.raises(MedrankError, match="test"):
         D.source_folds(["test"], ("train_alexa", "val"))
+
+
+def test_confirmed_row_wins_only_beyond_the_default_seed_spread():
+    from stages.mtl import confirm_table
+
+    default = [0.80, 0.81, 0.79, 0.80]  # sd 0.0082: the band
+    out = confirm_table({"default": default, "better": [a + 0.03 for a in default], "noise": [0.81, 0.80, 0.80, 0.81]}, [13, 14, 15, 16])
+    assert out["band"] == pytest.approx(np.std(default, ddof=1)) and out["seeds"] == [13, 14, 15, 16]
+    rows = out["rows"]
+    assert rows["better"]["win"] and rows["better"]["diff_mean"] == pytest.approx(0.03) and rows["better"]["diff_sd"] == pytest.approx(0.0, abs=1e-12)
+    assert not rows["noise"]["win"] and rows["noise"]["diff_mean"] == pytest.approx(0.005)  # paired +0.005 < band
+    assert not rows["default"]["win"] and rows["default"]["diff_mean"] == 0.0
+
+
+def test_loso_and_cv_jobs_never_put_a_question_on_both_sides():
+    from medrank.models.mtl.recipe import cv_jobs, source_fold_of
+
+    sources = ("train_liveqa", "train_alexa", "val")
+    # several answers per question, questions of every source and of test (never in a fold)
+    cand = pd.DataFrame([{"gid": f"{s}/{q}", "split": s, "aid": f"{s}/{q}/{a}"} for s in (*sources, "test") for q in range(7) for a in range(3)])
+    loso = source_fold_of(cand, sources)
+    assert set(loso) == set(cand.loc[cand["split"] != "test", "gid"])
+    labelled = list(loso)
+    for folds, k in ((loso, None), (None, 4)):
+        fold, jobs = cv_jobs(labelled, cfg=None, make_builder=lambda: None, k=k or 5, seed=3, folds=folds)
+        held = [set(j.predict) for j in jobs]
+        assert set().union(*held) == set(labelled) and sum(map(len, held)) == len(labelled)  # each question held out once
+        for j, h in zip(jobs, held):
+            assert not set(j.train) & h and set(j.train) | h == set(labelled)  # never on both sides of a fold
+        if folds is loso:  # one fold per source, holding out exactly that source's questions
+            assert [{g.split("/")[0] for g in h} for h in held] == [{s} for s in sources]

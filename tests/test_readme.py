@@ -161,3 +161,27 @@ def test_render_results_rqe_rows_and_judged_retrieval(tmp_path):
     assert "| RQE score | 0.300 | 0.150 | 0.300 | 0.500 |" in out and "| BM25 | 0.330 | 0.130 | 0.200 | 0.450 |" in out
     assert "Caveat: the RQE model was trained on the `liveqa` source" in out
     assert "a relevant one for 0.200 of the questions, precision 0.130, MRR 0.200" in out
+
+
+def test_render_nt_grid_and_confirmed_rows(tmp_path):
+    def cell(n, t, score):
+        m = {"accuracy": 0.8, "precision": 0.7, "mrr": 0.6, "spearman": 0.3}
+        return {"n_candidates": n, "rqe_threshold": t, "seconds": 120.0, "system": "mtl", "mtl_weight": 1.0, "keep_rule": "threshold",
+                "order": "rank", "score": score, "noise_band": 0.02, "cv": m, "loso": m, "loso_worst": {"accuracy": 0.7, "source": "train_alexa"},
+                "val": m}  # fmt: skip
+
+    grid = {"commit": "abc1234", "date": "2026-11-24", "default": {"n_candidates": 3, "rqe_threshold": 0.5}, "rule": "the rule",
+            "pick": {"n_candidates": 3, "rqe_threshold": 0.5, "band": 0.02, "default_kept": True,
+                     "best": {"n_candidates": 5, "rqe_threshold": None, "score": 0.81}},
+            "cells": [cell(3, 0.5, 0.80), cell(5, None, 0.81)]}  # fmt: skip
+    (tmp_path / "nt_grid.json").write_text(json.dumps(grid))
+    rows = {"default": {"scores": [0.8, 0.81], "mean": 0.805, "diff_mean": 0.0, "diff_sd": 0.0, "win": False, "overrides": {}},
+            "no_aug": {"scores": [0.83, 0.84], "mean": 0.835, "diff_mean": 0.03, "diff_sd": 0.0, "win": True, "overrides": {"augment": False}}}
+    (tmp_path / "mtl_confirm.json").write_text(json.dumps({"seeds": [13, 14], "band": 0.0071, "score": "mean of CV and LOSO", "rows": rows}))
+    out = render_results(tmp_path)
+    assert "| 3 (default) | 0.5 | `mtl` w 1, `threshold`, `rank` | 0.800 | 0.800 (0.700 train_alexa) | **0.800** |" in out
+    assert "| 5 | none |" in out and "at commit abc1234, 2026-11-24" in out
+    assert "the default N = 3, T = 0.5 stays: the best cell (N = 5, T = none, score 0.810) is within the noise band 0.020 of it" in out
+    assert "**MTL rows confirmed over 2 seeds** (seeds 13, 14" in out and "band = the sd of the default's score over the seeds, 0.0071" in out
+    assert "| no_aug | `augment: false` | 0.830 0.840 | 0.8350 | +0.0300 ± 0.0000 | **win** |" in out
+    assert "| default | — | 0.800 0.810 | 0.8050 | — | — |" in out

