@@ -334,7 +334,7 @@ def _nt_grid(m: dict) -> list[str]:
         rows.append([f"{c['n_candidates']}{mark}", t, f"`{c['system']}` w {c['mtl_weight']:g}, `{c['keep_rule']}`, `{c['order']}`",
                      f"{c['cv']['accuracy']:.3f}", f"{c['loso']['accuracy']:.3f} ({c['loso_worst']['accuracy']:.3f} {c['loso_worst']['source']})",
                      f"**{c['score']:.3f}**", f"{c['cv']['mrr']:.3f} / {c['loso']['mrr']:.3f}", f"{c['cv']['spearman']:.3f} / {c['loso']['spearman']:.3f}",
-                     f"{c['val']['accuracy']:.3f}", f"{c['seconds']:.0f}"])  # fmt: skip
+                     f"{c['val']['accuracy']:.3f}", "—" if mark else f"{c['seconds']:.0f}"])  # fmt: skip
     pk = m["pick"]
     t = lambda v: "none" if v is None else f"{v:g}"  # noqa: E731
     verdict = (f"the default N = {pk['n_candidates']}, T = {t(pk['rqe_threshold'])} stays: the best cell (N = {pk['best']['n_candidates']}, "
@@ -346,7 +346,29 @@ def _nt_grid(m: dict) -> list[str]:
            "-S rqe_threshold=T` per cell, the score stage choosing the final system inside each; score = mean of CV accuracy and LOSO mean "
            f"accuracy). By the rule ({m['rule']}): {verdict}.", ""]  # fmt: skip
     return out + _table(["N", "T", "final system", "CV accuracy", "LOSO accuracy (worst)", "score", "MRR CV / LOSO", "Spearman CV / LOSO",
-                         "val accuracy (25 q)", "cell s"], rows)  # fmt: skip
+                         "val accuracy (25 q)", "experiment s"], rows)  # fmt: skip
+
+
+def _options(m: dict) -> list[str]:
+    """Model options beside the default (analysis/options.py: one `dvc exp run` per option), with their cost."""
+    rows_in = m.get("rows") or {}
+    if len(rows_in) < 2:
+        return []
+    base = rows_in["default"]
+    rows = []
+    for name, r in rows_in.items():
+        sets = ", ".join(f"`{x}`" for x in r["set"]) or "—"
+        stages = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["stage_seconds"].items(), key=lambda kv: -kv[1]))
+        diff = "—" if name == "default" else f"{r['score'] - base['score']:+.3f}"
+        rows.append([name, sets, f"`{r['system']}` w {r['mtl_weight']:g}", f"{r['cv']['accuracy']:.3f}",
+                     f"{r['loso']['accuracy']:.3f} ({r['loso_worst']['accuracy']:.3f} {r['loso_worst']['source']})", f"**{r['score']:.3f}** ({diff})",
+                     f"{r['baseline']['cv_accuracy']:.3f} / {r['baseline']['loso_accuracy']:.3f} / {r['baseline']['score']:.3f}",
+                     "—" if name == "default" else f"{r['seconds']:.0f} ({stages})"])  # fmt: skip
+    out = [f"**Model options beside the default** (analysis/options.py at commit {m['commit']}, {m['date']}: one `dvc exp run -S ...` per option "
+           "from the committed outputs, so its seconds are what it re-runs; score = mean of CV accuracy and LOSO mean accuracy; an option "
+           f"would replace the default only beyond the noise band {base['noise_band']:.3f})", ""]  # fmt: skip
+    return out + _table(["option", "params", "final system", "CV accuracy", "LOSO accuracy (worst)", "score (vs default)",
+                         "baseline CV / LOSO / score", "experiment s (stages)"], rows)  # fmt: skip
 
 
 DETAILS = ("data", "normalize")  # metrics files shown in full (collapsed); the rest: `dvc metrics show`
@@ -373,6 +395,7 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     lines += _finetune(metrics)
     lines += _cnn(metrics.get("cnn_squad", {}))
     lines += _nt_grid(metrics.get("nt_grid", {}))
+    lines += _options(metrics.get("options", {}))
     lines += ["Every metrics file in full: `dvc metrics show`; the data counts and normalization statistics:", ""]
     for name, m in metrics.items():
         if name not in DETAILS:

@@ -175,6 +175,11 @@ def test_render_nt_grid_and_confirmed_rows(tmp_path):
                      "best": {"n_candidates": 5, "rqe_threshold": None, "score": 0.81}},
             "cells": [cell(3, 0.5, 0.80), cell(5, None, 0.81)]}  # fmt: skip
     (tmp_path / "nt_grid.json").write_text(json.dumps(grid))
+    base = {"baseline": {"cv_accuracy": 0.81, "loso_accuracy": 0.77, "loso_worst": 0.74, "score": 0.79}, "stage_seconds": {}, "seconds": 0.0}
+    options = {"commit": "abc1234", "date": "2026-11-24", "rows": {"default": {**cell(3, 0.5, 0.80), **base, "set": []},
+               "mpnet": {**cell(3, 0.5, 0.83), **base, "set": ["bienc.model=all-mpnet-base-v2"], "seconds": 900.0,
+                         "stage_seconds": {"bienc": 700.0, "mtl": 150.0}}}}  # fmt: skip
+    (tmp_path / "options.json").write_text(json.dumps(options))
     rows = {"default": {"scores": [0.8, 0.81], "mean": 0.805, "diff_mean": 0.0, "diff_sd": 0.0, "win": False, "overrides": {}},
             "no_aug": {"scores": [0.83, 0.84], "mean": 0.835, "diff_mean": 0.03, "diff_sd": 0.0, "win": True, "overrides": {"augment": False}}}
     (tmp_path / "mtl_confirm.json").write_text(json.dumps({"seeds": [13, 14], "band": 0.0071, "score": "mean of CV and LOSO", "rows": rows}))
@@ -185,3 +190,5 @@ def test_render_nt_grid_and_confirmed_rows(tmp_path):
     assert "**MTL rows confirmed over 2 seeds** (seeds 13, 14" in out and "band = the sd of the default's score over the seeds, 0.0071" in out
     assert "| no_aug | `augment: false` | 0.830 0.840 | 0.8350 | +0.0300 ± 0.0000 | **win** |" in out
     assert "| default | — | 0.800 0.810 | 0.8050 | — | — |" in out
+    assert "| mpnet | `bienc.model=all-mpnet-base-v2` | `mtl` w 1 | 0.800 | 0.800 (0.700 train_alexa) | **0.830** (+0.030) | 0.810 / 0.770 / 0.790 | 900 (bienc 700, mtl 150) |" in out
+    assert "| default | — | `mtl` w 1 | 0.800 |" in out and "beyond the noise band 0.020" in out

@@ -1,0 +1,73 @@
+"""Model options side by side with the default under the written rule, with their cost: one experiment per option.
+
+Each option is `dvc exp run -S KEY=VALUE ...` of the default pipeline in a clone of this checkout whose outputs come
+from its DVC cache (so only the stages the option changes run, and their seconds are the option's cost). Per option
+it keeps the final system's and the baseline's CV and LOSO accuracy, the rule's score and every stage's seconds, and
+writes metrics/options.json, which `medrank report` renders in RESULTS.md:
+
+    python analysis/options.py --option mpnet bienc.model=all-mpnet-base-v2
+
+An option replaces a default only if its final-system score beats the default's by more than the noise band, and
+the quality goal is met with the small default model: a larger model is reported, not adopted silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "analysis"))
+
+from experiment import scratch_default, timed_dvc  # noqa: E402
+from nt_grid import cell_metrics  # noqa: E402
+
+from medrank.io import write_json  # noqa: E402
+
+OUT = ROOT / "metrics" / "options.json"
+
+
+def baseline_metrics(repo: Path) -> dict:
+    """The baseline's CV / LOSO accuracy of one run and its score (metrics/task3_val.json)."""
+    b = json.loads((repo / "metrics" / "task3_val.json").read_text())["systems"]["baseline"]
+    cv, loso = b["cv"]["accuracy"]["mean"], b["loso"]["accuracy"]["mean"]
+    return {"cv_accuracy": cv, "loso_accuracy": loso, "loso_worst": b["loso"]["accuracy"]["worst"], "score": round((cv + loso) / 2, 4)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--option", nargs="+", action="append", required=True, metavar=("NAME", "KEY=VALUE"),
+                    help="a name and the params it sets (repeat for several options)")  # fmt: skip
+    ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (kept); default a temp folder, removed")
+    args = ap.parse_args()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-options-"))
+    work = work_root / "repo"
+    rows = {}
+    try:
+        scratch_default(work)
+        rows["default"] = {"set": [], "stage_seconds": {}, "seconds": 0.0, **cell_metrics(work), "baseline": baseline_metrics(work)}
+        for name, *sets in args.option:
+            wall, stages = timed_dvc(["exp", "run", *[a for s in sets for a in ("-S", s)]], work)
+            rows[name] = {"set": sets, "stage_seconds": {k: round(v, 1) for k, v in stages.items() if v is not None}, "seconds": round(wall, 1),
+                          **cell_metrics(work), "baseline": baseline_metrics(work)}  # fmt: skip
+            print(f"{name}: final score {rows[name]['score']:.4f}, baseline {rows[name]['baseline']['score']:.4f} ({wall:.0f} s)", flush=True)
+            subprocess.run(["git", "checkout", "-q", "--", "."], cwd=work, check=True)  # the next option starts from the default
+            subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q"], cwd=work, check=True)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work_root, ignore_errors=True)
+    out = {"commit": head, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    write_json(OUT, out)
+
+
+if __name__ == "__main__":
+    main()
