@@ -87,6 +87,9 @@ def _headline(metrics: dict[str, dict]) -> list[str]:
     rows = [[f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)"] + cells(final, sys_rows.get("final", {}))]
     if baseline and final.get("system") != "baseline":
         rows.append(["baseline (LR filter + rank SVM)"] + cells(baseline, sys_rows.get("baseline", baseline)))
+    mtl = metrics.get("task3_val_mtl")
+    if mtl and final.get("system") != "mtl" and "mtl" in sys_rows:  # the paper's system, whenever the rule did not pick it alone
+        rows.append(["MTL (multi-task network)"] + cells(mtl, sys_rows["mtl"]))
     if chiqa:
         rows.append(["CHiQA order (every answer kept)"] + cells(chiqa, sys_rows.get("chiqa", {})))
     rows.append(["MEDIQA 2019 bar: best team per metric, blind test"] + cells(MEDIQA2019_BEST_TASK3, {}))

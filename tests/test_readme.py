@@ -75,6 +75,14 @@ def test_render_headline_beside_baseline_chiqa_and_the_2019_bar(tmp_path):
     assert "`meqsum > val`, question-grouped CV accuracy over the 302 validation pairs 0.840 ± 0.050 (same-focus pairs 0.800 ± 0.060)" in out
     assert "the best 2019 team, blind test: 0.749" in out
     assert out.count("\n|---") == 1  # one table
+    assert "MTL (multi-task network)" not in out  # the final row is the MTL already
+    # the rule picks the baseline: the baseline is the final row, the MTL (the paper's system) still shown beside it
+    (tmp_path / "task3_val.json").write_text(json.dumps({**final, "system": "baseline", "mtl_weight": 0.0,
+                                                         "systems": {**final["systems"], "mtl": {"cv": {"accuracy": cv}, "loso": LOSO}}}))  # fmt: skip
+    (tmp_path / "task3_val_mtl.json").write_text(json.dumps({**val, "accuracy": 0.81}))
+    out = render_headline(tmp_path)
+    assert "| **baseline** (final: `submissions/task3_{val,test}.csv`) | 0.790 |" in out and "| baseline (LR filter" not in out
+    assert "| MTL (multi-task network) | 0.810 | 0.780 | 0.930 | 0.300 | 0.270 | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) |" in out
 
 
 def test_render_results_tables(tmp_path):
