@@ -82,15 +82,15 @@ def main(params_path: str = "params.yaml", ablations: bool = False, confirm: boo
             t0 = time.perf_counter()
             seeds = [p.seed + i for i in range(p.analysis.confirm.seeds)]
             labelled = mtl.labelled_gids(data, train_gids, val_gids)
-            scores: dict[str, list[float]] = {n: [] for n in rows}
+            by_row: dict[str, list[float]] = {n: [] for n in rows}  # each row's score per seed
             per_seed = []
             for seed_i in seeds:  # one seed's rows side by side (same folds and initialisation for every row)
                 table = mtl.ablation_cv(data, labelled, {n: (r, builder(r)) for n, (_, r) in rows.items()}, k=mp.cv_folds, seed=seed_i,
                                         device=device, sources=L.LABELLED_SPLITS, workers=mp.workers)  # fmt: skip
                 per_seed.append({n: {"cv_accuracy": t["accuracy"]["mean"], "loso_accuracy": t["loso"]["accuracy"]["mean"]} for n, t in table.items()})
                 for n, t in table.items():
-                    scores[n].append((t["accuracy"]["mean"] + t["loso"]["accuracy"]["mean"]) / 2)
-            out = confirm_table(scores, seeds)
+                    by_row[n].append((t["accuracy"]["mean"] + t["loso"]["accuracy"]["mean"]) / 2)
+            out = confirm_table(by_row, seeds)
             for n, r in out["rows"].items():
                 r["overrides"] = rows[n][0]
             out |= {"per_seed": per_seed, "score": "mean of CV accuracy and LOSO mean accuracy", "seconds_total": round(time.perf_counter() - t0, 1)}
