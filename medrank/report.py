@@ -72,6 +72,8 @@ def _final_line(final: dict, short: bool = False) -> list[str]:
     band = sel.get("noise_band") if isinstance(sel, dict) else None
     noise = f" Noise band (seed spread): accuracy {band['accuracy']:.3f}, order score {band['order']:.3f}." if band else ""
     how = "Chosen by the written rule (below)." if short else f"Rule: {rule}"
+    if final.get("system") == "baseline":  # said plainly: the paper's system does not beat the simpler one here
+        how += " The MTL is not better beyond the noise band, under CV or LOSO, so the simpler baseline is kept."
     return [f"Final system: `{final.get('system')}` (MTL weight {final.get('mtl_weight', 0):g}), keep rule `{final.get('keep_rule')}`, "
             f"order `{final.get('order')}`. {how}{noise}", ""]  # fmt: skip
 
