@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from medrank.errors import MedrankError
 from medrank.io import decode_utf8
@@ -50,6 +50,13 @@ class NormalizeParams(_Section):
     sentence_splitter: Literal["rule", "pysbd", "stanza"] = "rule"
     coref: Literal[False, "stanza"] = False  # stanza needs its English coref model installed
     stanza_dir: str | None = None  # stanza_resources folder; None = $STANZA_RESOURCES_DIR or ~/stanza_resources
+
+    @field_validator("coref", mode="before")
+    @classmethod
+    def _coref_not_coerced(cls, v: object) -> object:
+        if not (v is False or (isinstance(v, str) and v == "stanza")):  # Literal[False] alone accepts 0 (0 == False)
+            raise ValueError("expected false or stanza")
+        return v
 
 
 class CnnParams(_Section):
@@ -351,7 +358,7 @@ class Params(_Section):
     @model_validator(mode="after")
     def _check_rows(self) -> "Params":
         rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
-        for i, name in enumerate(self.analysis.confirm.mtl_rows):
+        for i, name in enumerate(self.analysis.confirm.mtl_rows if rows else []):  # no rows (e.g. the key deleted): load_params names it
             if name not in rows:
                 raise ValueError(f"analysis.confirm.mtl_rows[{i}]: {name!r} is not a row name of analysis.mtl.rows ({', '.join(rows) or 'none'})")
         return self

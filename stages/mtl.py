@@ -41,6 +41,7 @@ def main(params_path: str = "params.yaml", ablations: bool = False, confirm: boo
 
     from medrank import layout as L
     from medrank.encoders.base import deterministic_torch, fixed_blas_threads, resolve_device
+    from medrank.errors import MedrankError
     from medrank.evaluation import split_questions, rounded
     from medrank.features import medquad_tfidf, read_answer_scores
     from medrank.io import read_parquet, write_json, write_parquet
@@ -59,6 +60,9 @@ def main(params_path: str = "params.yaml", ablations: bool = False, confirm: boo
     answers = read_parquet(L.ANSWERS).merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
     rows = mtl_rows(mp, p.analysis.mtl.rows) if ablations or confirm else {}
     if confirm:  # the default and the rows to confirm
+        unknown = [n for n in p.analysis.confirm.mtl_rows if n not in rows]
+        if unknown:
+            raise MedrankError(f"{params_path}: analysis.confirm.mtl_rows: {unknown[0]!r} is not a row name of analysis.mtl.rows")
         rows = {"default": ({}, mp)} | {n: rows[n] for n in p.analysis.confirm.mtl_rows}
     configs = [r for _, r in rows.values()] if rows else [mp]
     # per-answer scores of other stages for the bienc / heading / cnn / qa groups (of the default or of the rows)
