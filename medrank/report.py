@@ -371,7 +371,8 @@ def _options(m: dict) -> list[str]:
                      "—" if name == "default" else f"{r['seconds']:.0f} ({stages})"])  # fmt: skip
     out = [f"**Model options beside the default** (analysis/options.py at commit {m['commit']}, {m['date']}: one `dvc exp run -S ...` per option "
            "from the committed outputs, so its seconds are what it re-runs; score = mean of CV accuracy and LOSO mean accuracy; an option "
-           f"would replace the default only beyond the noise band {base['noise_band']:.3f})", ""]  # fmt: skip
+           f"beats the default only beyond the noise band {base['noise_band']:.3f}; a larger model is measured here, adopted only by a "
+           "decision written in the notes below)", ""]  # fmt: skip
     return out + _table(["option", "params", "final system", "CV accuracy", "LOSO accuracy (worst)", "score (vs default)",
                          "baseline CV / LOSO / score", "experiment s (stages)"], rows)  # fmt: skip
 
