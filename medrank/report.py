@@ -332,20 +332,22 @@ def _nt_grid(m: dict) -> list[str]:
     if not cells:
         return []
     default = (m["default"]["n_candidates"], m["default"]["rqe_threshold"])
+    def thr(v: float | None) -> str:
+        return "none" if v is None else f"{v:g}"
+
     rows = []
     for c in cells:
-        t = "none" if c["rqe_threshold"] is None else f"{c['rqe_threshold']:g}"
+        t = thr(c["rqe_threshold"])
         mark = " (default)" if (c["n_candidates"], c["rqe_threshold"]) == default else ""
         rows.append([f"{c['n_candidates']}{mark}", t, f"`{c['system']}` w {c['mtl_weight']:g}, `{c['keep_rule']}`, `{c['order']}`",
                      f"{c['cv']['accuracy']:.3f}", f"{c['loso']['accuracy']:.3f} ({c['loso_worst']['accuracy']:.3f} {c['loso_worst']['source']})",
                      f"**{c['score']:.3f}**", f"{c['cv']['mrr']:.3f} / {c['loso']['mrr']:.3f}", f"{c['cv']['spearman']:.3f} / {c['loso']['spearman']:.3f}",
                      f"{c['val']['accuracy']:.3f}", "—" if mark else f"{c['seconds']:.0f}"])  # fmt: skip
     pk = m["pick"]
-    t = lambda v: "none" if v is None else f"{v:g}"  # noqa: E731
-    verdict = (f"the default N = {pk['n_candidates']}, T = {t(pk['rqe_threshold'])} stays: the best cell (N = {pk['best']['n_candidates']}, "
-               f"T = {t(pk['best']['rqe_threshold'])}, score {pk['best']['score']:.3f}) is within the noise band {pk['band']:.3f} of it"
+    verdict = (f"the default N = {pk['n_candidates']}, T = {thr(pk['rqe_threshold'])} stays: the best cell (N = {pk['best']['n_candidates']}, "
+               f"T = {thr(pk['best']['rqe_threshold'])}, score {pk['best']['score']:.3f}) is within the noise band {pk['band']:.3f} of it"
                if pk["default_kept"] else
-               f"N = {pk['n_candidates']}, T = {t(pk['rqe_threshold'])} (score {pk['best']['score']:.3f}) beats the default by more than the "
+               f"N = {pk['n_candidates']}, T = {thr(pk['rqe_threshold'])} (score {pk['best']['score']:.3f}) beats the default by more than the "
                f"noise band {pk['band']:.3f}")  # fmt: skip
     out = [f"**N × T grid of the final system** (analysis/nt_grid.py at commit {m['commit']}, {m['date']}: one `dvc exp run -S n_candidates=N "
            "-S rqe_threshold=T` per cell, the score stage choosing the final system inside each; score = mean of CV accuracy and LOSO mean "

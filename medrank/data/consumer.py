@@ -162,6 +162,8 @@ def _meqsum_cells(path: Path) -> tuple[tuple, list[tuple]]:
     try:
         book = openpyxl.load_workbook(path, read_only=True, data_only=True)
         try:
+            if not book.worksheets:  # e.g. a corrupt member name: the workbook lists no readable sheet
+                raise MedrankError(f"{path}: unreadable xlsx workbook (no worksheet)")
             rows = book.worksheets[0].iter_rows(values_only=True)
             header = tuple(next(rows, ()))
             body = [(tuple(r[:3]) + (None, None, None))[:3] for r in rows]
