@@ -7,7 +7,8 @@ writes metrics/options.json, which `medrank report` renders in RESULTS.md:
 
     python analysis/options.py --option mpnet bienc.model=all-mpnet-base-v2
 
-An option replaces a default only if its final-system score beats the default's by more than the noise band, and
+Options measured earlier stay in the file (each with the commit it was measured at and its own default's scores) until
+re-run. An option replaces a default only if its final-system score beats the default's by more than the noise band, and
 the quality goal is met with the small default model: a larger model is reported, not adopted silently.
 """
 
@@ -58,13 +59,22 @@ def main() -> None:
         for name, *sets in args.option:
             wall, stages = timed_dvc(["exp", "run", *[a for s in sets for a in ("-S", s)]], work)
             rows[name] = {"set": sets, "stage_seconds": {k: round(v, 1) for k, v in stages.items() if v is not None}, "seconds": round(wall, 1),
-                          **cell_metrics(work), "baseline": baseline_metrics(work)}  # fmt: skip
+                          **cell_metrics(work), "baseline": baseline_metrics(work), "commit": head,
+                          "default_score": rows["default"]["score"], "default_baseline_score": rows["default"]["baseline"]["score"]}  # fmt: skip
             print(f"{name}: final score {rows[name]['score']:.4f}, baseline {rows[name]['baseline']['score']:.4f} ({wall:.0f} s)", flush=True)
             subprocess.run(["git", "checkout", "-q", "--", "."], cwd=work, check=True)  # the next option starts from the default
             subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q"], cwd=work, check=True)
     finally:
         if args.workdir is None:
             shutil.rmtree(work_root, ignore_errors=True)
+    # options measured earlier (at their own commit, against that commit's default) stay unless re-run now
+    earlier = json.loads(OUT.read_text())["rows"] if OUT.is_file() else {}
+    old_default = earlier.get("default", {})
+    for name, r in earlier.items():
+        if name != "default" and name not in rows:
+            rows[name] = {"commit": r.get("commit", old_default.get("commit")), "default_score": r.get("default_score", old_default.get("score")),
+                          "default_baseline_score": r.get("default_baseline_score", old_default.get("baseline", {}).get("score")), **r}  # fmt: skip
+    rows["default"]["commit"] = head
     out = {"commit": head, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     write_json(OUT, out)
 

@@ -349,6 +349,12 @@ def _nt_grid(m: dict) -> list[str]:
                if pk["default_kept"] else
                f"N = {pk['n_candidates']}, T = {thr(pk['rqe_threshold'])} (score {pk['best']['score']:.3f}) beats the default by more than the "
                f"noise band {pk['band']:.3f}")  # fmt: skip
+    if c := m.get("confirm"):  # analysis/nt_grid.py --confirm: the best cell vs the default over seeds, paired
+        r, d = c["rows"][c["name"]], c["rows"]["default"]
+        verdict += (f". Confirmed over {len(c['seeds'])} seeds ({', '.join(map(str, c['seeds']))}; at commit {c['commit']}): the final system "
+                    f"scores {' '.join(f'{x:.3f}' for x in r['scores'])} at {c['name']} vs {' '.join(f'{x:.3f}' for x in d['scores'])} at the "
+                    f"default, paired difference {r['diff_mean']:+.4f} ± {r['diff_sd']:.4f} against the band {c['band']:.4f} (the default's "
+                    f"seed sd): " + ("**a win beyond the noise**" if r["win"] else "within the noise, so the default stays"))  # fmt: skip
     out = [f"**N × T grid of the final system** (analysis/nt_grid.py at commit {m['commit']}, {m['date']}: one `dvc exp run -S n_candidates=N "
            "-S rqe_threshold=T` per cell, the score stage choosing the final system inside each; score = mean of CV accuracy and LOSO mean "
            f"accuracy). By the rule ({m['rule']}): {verdict}.", ""]  # fmt: skip
@@ -366,13 +372,16 @@ def _options(m: dict) -> list[str]:
     for name, r in rows_in.items():
         sets = ", ".join(f"`{x}`" for x in r["set"]) or "—"
         stages = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["stage_seconds"].items(), key=lambda kv: -kv[1]))
-        diff = "—" if name == "default" else f"{r['score'] - base['score']:+.3f}"
-        rows.append([name, sets, f"`{r['system']}` w {r['mtl_weight']:g}", f"{r['cv']['accuracy']:.3f}",
+        diff = "—" if name == "default" else f"{r['score'] - r.get('default_score', base['score']):+.3f}"
+        bdiff = "" if name == "default" else f" ({r['baseline']['score'] - r.get('default_baseline_score', base['baseline']['score']):+.3f})"
+        at = "" if name == "default" or r.get("commit", m["commit"]) == m["commit"] else f" (at {r['commit']})"
+        rows.append([name + at, sets, f"`{r['system']}` w {r['mtl_weight']:g}", f"{r['cv']['accuracy']:.3f}",
                      f"{r['loso']['accuracy']:.3f} ({r['loso_worst']['accuracy']:.3f} {r['loso_worst']['source']})", f"**{r['score']:.3f}** ({diff})",
-                     f"{r['baseline']['cv_accuracy']:.3f} / {r['baseline']['loso_accuracy']:.3f} / {r['baseline']['score']:.3f}",
+                     f"{r['baseline']['cv_accuracy']:.3f} / {r['baseline']['loso_accuracy']:.3f} / {r['baseline']['score']:.3f}{bdiff}",
                      "—" if name == "default" else f"{r['seconds']:.0f} ({stages})"])  # fmt: skip
     out = [f"**Model options beside the default** (analysis/options.py at commit {m['commit']}, {m['date']}: one `dvc exp run -S ...` per option "
-           "from the committed outputs, so its seconds are what it re-runs; score = mean of CV accuracy and LOSO mean accuracy; an option "
+           "from the committed outputs, so its seconds are what it re-runs; an option measured at an earlier commit is compared with that "
+           "commit's default; score = mean of CV accuracy and LOSO mean accuracy; an option "
            f"beats the default only beyond the noise band {base['noise_band']:.3f}; a larger model is measured here, adopted only by a "
            "decision written in the notes below)", ""]  # fmt: skip
     return out + _table(["option", "params", "final system", "CV accuracy", "LOSO accuracy (worst)", "score (vs default)",

@@ -186,7 +186,9 @@ def test_render_nt_grid_and_confirmed_rows(tmp_path):
     base = {"baseline": {"cv_accuracy": 0.81, "loso_accuracy": 0.77, "loso_worst": 0.74, "score": 0.79}, "stage_seconds": {}, "seconds": 0.0}
     options = {"commit": "abc1234", "date": "2026-11-24", "rows": {"default": {**cell(3, 0.5, 0.80), **base, "set": []},
                "mpnet": {**cell(3, 0.5, 0.83), **base, "set": ["bienc.model=all-mpnet-base-v2"], "seconds": 900.0,
-                         "stage_seconds": {"bienc": 700.0, "mtl": 150.0}}}}  # fmt: skip
+                         "stage_seconds": {"bienc": 700.0, "mtl": 150.0}},
+               "old": {**cell(3, 0.5, 0.79), **base, "set": ["baseline.judged_rows=true"], "commit": "0ld1234", "default_score": 0.78,
+                       "default_baseline_score": 0.77}}}  # fmt: skip
     (tmp_path / "options.json").write_text(json.dumps(options))
     rows = {"default": {"scores": [0.8, 0.81], "mean": 0.805, "diff_mean": 0.0, "diff_sd": 0.0, "win": False, "overrides": {}},
             "no_aug": {"scores": [0.83, 0.84], "mean": 0.835, "diff_mean": 0.03, "diff_sd": 0.0, "win": True, "overrides": {"augment": False}}}
@@ -195,8 +197,14 @@ def test_render_nt_grid_and_confirmed_rows(tmp_path):
     assert "| 3 (default) | 0.5 | `mtl` w 1, `threshold`, `rank` | 0.800 | 0.800 (0.700 train_alexa) | **0.800** |" in out
     assert "| 5 | none |" in out and "at commit abc1234, 2026-11-24" in out
     assert "the default N = 3, T = 0.5 stays: the best cell (N = 5, T = none, score 0.810) is within the noise band 0.020 of it" in out
+    grid["confirm"] = {"commit": "def5678", "name": "N=5 T=null", "seeds": [13, 14], "band": 0.01,
+                       "rows": {"default": {"scores": [0.8, 0.81]}, "N=5 T=null": {"scores": [0.83, 0.82], "diff_mean": 0.02, "diff_sd": 0.014, "win": True}}}
+    (tmp_path / "nt_grid.json").write_text(json.dumps(grid))
+    assert ("Confirmed over 2 seeds (13, 14; at commit def5678): the final system scores 0.830 0.820 at N=5 T=null vs 0.800 0.810 at the "
+            "default, paired difference +0.0200 ± 0.0140 against the band 0.0100 (the default's seed sd): **a win beyond the noise**") in render_results(tmp_path)
     assert "**MTL rows confirmed over 2 seeds** (seeds 13, 14" in out and "band = the sd of the default's score over the seeds, 0.0071" in out
     assert "| no_aug | `augment: false` | 0.830 0.840 | 0.8350 | +0.0300 ± 0.0000 | **win** |" in out
     assert "| default | — | 0.800 0.810 | 0.8050 | — | — |" in out
-    assert "| mpnet | `bienc.model=all-mpnet-base-v2` | `mtl` w 1 | 0.800 | 0.800 (0.700 train_alexa) | **0.830** (+0.030) | 0.810 / 0.770 / 0.790 | 900 (bienc 700, mtl 150) |" in out
+    assert "| mpnet | `bienc.model=all-mpnet-base-v2` | `mtl` w 1 | 0.800 | 0.800 (0.700 train_alexa) | **0.830** (+0.030) | 0.810 / 0.770 / 0.790 (+0.000) | 900 (bienc 700, mtl 150) |" in out
+    assert "| old (at 0ld1234) | `baseline.judged_rows=true` |" in out and "| **0.790** (+0.010) | 0.810 / 0.770 / 0.790 (+0.020) |" in out
     assert "| default | — | `mtl` w 1 | 0.800 |" in out and "beats the default only beyond the noise band 0.020" in out
