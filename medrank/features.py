@@ -45,13 +45,17 @@ _ANSWER_SCORES = {"bienc": "bienc_cos", "heading": "heading_cos", "qtype": "qtyp
 # ---------------------------------------------------------------- answer table
 
 
+JUDGED_LIST = "#judged"  # suffix of the gid of a question's judged-answer list
+
+
 def question_key(answers: pd.DataFrame) -> pd.Series:
     """Question id unique across splits (qids repeat between the training sets and test)."""
     return answers["split"].astype(str) + ":" + answers["qid"].astype(str)
 
 
 def chiqa_rank(answers: pd.DataFrame) -> pd.Series:
-    """CHiQA system rank; test files have none but list answers in the same order (FINDINGS), so position."""
+    """CHiQA system rank; test files have none but list answers in the same order (FINDINGS), so position. NaN for
+    the judged LiveQA answers (no CHiQA list): FeatureBuilder gives them an explicit missing-rank indicator."""
     return answers["system_rank"].astype("Float64").fillna(answers["answer_pos"].astype("Float64")).astype(float)
 
 
@@ -76,9 +80,15 @@ def answer_table(
     entailed candidate that did not pass the threshold T (the retrieve stage's top-1 fallback) or is missing
     (fewer than N passed) contributes 0 to rqe_i / anli_i / rqe_emb_i and no text to entailed_text.
     """
+    qkey = question_key(answers)
+    judged = answers["judged"].fillna(False).astype(bool) if "judged" in answers.columns else pd.Series(False, index=answers.index)
     t = pd.DataFrame(
         {
-            "gid": question_key(answers).to_numpy(),
+            # gid: the answer list (per-question features, ranker pairs, metrics); qkey: the question (folds). The judged
+            # LiveQA answers of a question form their own list beside its CHiQA list (medrank.data.judged)
+            "gid": qkey.where(~judged, qkey + JUDGED_LIST).to_numpy(),
+            "qkey": qkey.to_numpy(),
+            "judged": judged.to_numpy(),
             "split": answers["split"].astype(str).to_numpy(),
             "qid": answers["qid"].astype(str).to_numpy(),
             "aid": answers["aid"].astype(str).to_numpy(),
@@ -97,21 +107,21 @@ def answer_table(
     passed = None
     if entailed is not None:
         e = entailed.assign(gid=question_key(entailed))
-        missing = sorted(set(t["gid"]) - set(e["gid"]))
+        missing = sorted(set(t["qkey"]) - set(e["gid"]))
         if missing:  # retrieval keeps >= 1 row per question (top-1 fallback), so a gap means another run's table
             raise MedrankError(f"retrieved table lacks {len(missing)} questions (e.g. {missing[0]}): re-run the retrieve stage")
         e = e[(e["rank"] <= n_candidates) & e["passes_threshold"].astype(bool)]
         passed = set(zip(e["gid"], e["rank"].astype(int)))
         by_rank = {i: e[e["rank"] == i].drop_duplicates("gid").set_index("gid") for i in ranks}
         for i in ranks:
-            t[f"rqe_{i}"] = t["gid"].map(by_rank[i]["rqe_score"]).fillna(0.0).astype(float).to_numpy()
-        t["entailed_text"] = t["gid"].map(by_rank[1]["entailed_answer"]).fillna("").astype(str).to_numpy()
+            t[f"rqe_{i}"] = t["qkey"].map(by_rank[i]["rqe_score"]).fillna(0.0).astype(float).to_numpy()
+        t["entailed_text"] = t["qkey"].map(by_rank[1]["entailed_answer"]).fillna("").astype(str).to_numpy()
         if "rqe_cls" in e.columns and len(e):
             hidden = len(e["rqe_cls"].iloc[0])
             for i in ranks:
                 vec = by_rank[i]["rqe_cls"].map(lambda v: np.asarray(v, dtype=np.float32))
                 zero = np.zeros(hidden, dtype=np.float32)
-                t[f"rqe_emb_{i}"] = [vec.get(g, zero) for g in t["gid"]]
+                t[f"rqe_emb_{i}"] = [vec.get(g, zero) for g in t["qkey"]]
     if anli is not None:
         if passed is None:
             raise MedrankError("ANLI features need the retrieved table (which entailed answers passed T)")
@@ -119,12 +129,12 @@ def answer_table(
         a = a.assign(gid=question_key(a))
         a = a[[(g, int(r)) in passed for g, r in zip(a["gid"], a["entailed_rank"])]]
         value = dict(zip(zip(a["gid"], a["aid"], a["entailed_rank"].astype(int)), a["anli"].astype(float)))
-        need = [(g, x, i) for g, x in zip(t["gid"], t["aid"]) for i in ranks if (g, i) in passed]
+        need = [(g, x, i) for g, x in zip(t["qkey"], t["aid"]) for i in ranks if (g, i) in passed]
         lacking = [k for k in need if k not in value]
         if lacking:
             raise MedrankError(f"NLI grid lacks {len(lacking)} (answer, entailed answer) pairs (e.g. {lacking[0]}): re-run the embed stage")
         for i in ranks:
-            t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["gid"], t["aid"])]
+            t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["qkey"], t["aid"])]
     per_answer = {"bienc_cos": bienc_cos, "heading_cos": heading_cos, "qtype_agree": qtype_agree, "qtype_match": qtype_match,
                   "cnn_score": cnn_score, "qa_score": qa_score}
     for col, values in per_answer.items():
@@ -267,6 +277,7 @@ class FeatureBuilder:
     mean_: np.ndarray | None = None
     scale_: np.ndarray | None = None
     dense_names_: list[str] = field(default_factory=list)
+    rank_missing_: bool = False  # some training rows had no CHiQA rank: a chiqa_rank_missing column
 
     def __post_init__(self) -> None:
         self.groups = tuple(self.groups)
@@ -288,8 +299,15 @@ class FeatureBuilder:
         if "metadata" in self.groups:
             n_sent = table["n_sentences"].to_numpy(dtype=float)
             rank = table["chiqa_rank"].to_numpy(dtype=float)
-            cols += [n_sent, np.log1p(n_sent), rank, 1.0 / rank]
+            missing = np.isnan(rank)
+            if missing.any() and not self.rank_missing_:
+                raise MedrankError(f"chiqa_rank missing for {int(missing.sum())} rows, but the model was fitted on rows that all have one")
+            filled = np.where(missing, 0.0, rank)
+            cols += [n_sent, np.log1p(n_sent), filled, np.divide(1.0, filled, out=np.zeros_like(filled), where=~missing)]
             names += ["n_sentences", "log_n_sentences", "chiqa_rank", "chiqa_rank_inv"]
+            if self.rank_missing_:  # training rows without a CHiQA rank (judged answers): said, not a silent zero
+                cols.append(missing.astype(float))
+                names.append("chiqa_rank_missing")
         if "rqe" in self.groups:
             for i in range(1, self.n_candidates + 1):
                 cols.append(table[f"rqe_{i}"].to_numpy(dtype=float))
@@ -322,6 +340,7 @@ class FeatureBuilder:
         if "metadata" in self.groups:
             counts = table["source"].value_counts()
             self.sources_ = sorted(counts[counts >= self.min_source_count].index)
+            self.rank_missing_ = bool(table["chiqa_rank"].isna().any())
         dense, self.dense_names_ = self._dense(table)
         self.mean_ = dense.mean(axis=0)
         sd = dense.std(axis=0)
@@ -372,6 +391,7 @@ def builder_to_json(builder: "FeatureBuilder") -> dict:
         "mean_": np.asarray(builder.mean_).tolist(),
         "scale_": np.asarray(builder.scale_).tolist(),
         "dense_names_": list(builder.dense_names_),
+        "rank_missing_": builder.rank_missing_,
         "tfidf": None,
     }
     if builder.tfidf is not None:
@@ -392,5 +412,6 @@ def builder_from_json(d: dict) -> "FeatureBuilder":
     b.mean_ = np.asarray(d["mean_"], dtype=float)
     b.scale_ = np.asarray(d["scale_"], dtype=float)
     b.dense_names_ = list(d["dense_names_"])
+    b.rank_missing_ = bool(d.get("rank_missing_", False))
     return b
 

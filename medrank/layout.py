@@ -24,6 +24,7 @@ NORMALIZED = Path("data/interim/normalized")  # normalize: the same tables with 
 ANSWERS = NORMALIZED / "answers.parquet"
 MEDQUAD = NORMALIZED / "medquad.parquet"
 RQE_PAIRS = NORMALIZED / "rqe_pairs.parquet"
+JUDGED = NORMALIZED / "liveqa_qrels.parquet"  # judged LiveQA answers of the train_liveqa questions (medrank.data.judged)
 CLEAN_ANSWERS = CLEAN / "answers.parquet"
 CLEAN_NLI = CLEAN / "nli.parquet"
 CLEAN_RQE_PAIRS = CLEAN / "rqe_pairs.parquet"

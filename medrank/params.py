@@ -181,6 +181,8 @@ class EmbedParams(_Section):
 
 
 FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa"]
+# groups whose inputs exist for the judged LiveQA answers (no NLI grid, CNN or qa scores are computed for them)
+JUDGED_GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "bienc", "heading", "qtype")
 
 
 class QaParams(_Section):
@@ -242,8 +244,8 @@ def mtl_rows(base: MtlParams, rows: list[dict[str, Any]], where: str = "analysis
     out: dict[str, tuple[dict[str, Any], MtlParams]] = {}
     for i, row in enumerate(rows):
         name = row.get("name")
-        if not isinstance(name, str) or not name or name in out:
-            raise ValueError(f"{where}[{i}]: needs a unique non-empty name, got {name!r}")
+        if not isinstance(name, str) or not name or name in out or name == "default":
+            raise ValueError(f"{where}[{i}]: needs a unique non-empty name other than 'default' (the default's own row), got {name!r}")
         over = {k: v for k, v in row.items() if k != "name"}
         fixed = sorted(set(over) & {"cv_folds", "threads", "workers", "spread_seeds"})
         if fixed:
@@ -296,6 +298,16 @@ class BaselineParams(_Section):
     min_keep: int = Field(default=0, ge=0)  # keep at least this many answers per question
     cv_folds: int = Field(default=5, ge=2)
     spread_seeds: int = Field(default=3, ge=1)  # seeds the default is re-evaluated under (CV + LOSO): the noise band
+    # the judged LiveQA answers of the train_liveqa questions (medrank.data.judged) train: none | ranker (the rank SVM's
+    # pairs, from their grades) | all (the filter too)
+    judged_rows: Literal["none", "ranker", "all"] = "none"
+
+    @model_validator(mode="after")
+    def _judged_inputs(self) -> "BaselineParams":
+        lacking = [g for g in self.features if g not in JUDGED_GROUPS]
+        if self.judged_rows != "none" and lacking:
+            raise ValueError(f"judged_rows: the judged answers have no {lacking[0]} input (with judged_rows, features must be of {', '.join(JUDGED_GROUPS)})")
+        return self
 
 
 class RqeAnalysisParams(_Section):

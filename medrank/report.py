@@ -388,6 +388,33 @@ def _options(m: dict) -> list[str]:
                          "baseline CV / LOSO / score", "experiment s (stages)"], rows)  # fmt: skip
 
 
+def _judged_rows(m: dict) -> list[str]:
+    """The judged LiveQA answers as baseline training rows (analysis/judged_rows.py), paired by seed against none."""
+    runs = m.get("runs") or {}
+    if not runs:
+        return []
+    rows = []
+    for mode, rs in sorted(runs.items(), key=lambda kv: ("none", "ranker", "all").index(kv[0])):
+        f, o = m["filter"]["modes"][mode], m["order"]["modes"][mode]
+
+        def mean(part: str, key: str) -> str:
+            return f"{sum(r[part][key] for r in rs) / len(rs):.3f}"
+
+        def vs(d: dict) -> str:
+            return "—" if mode == "none" else f"{d['diff_mean']:+.4f} ± {d['diff_sd']:.4f}" + (" **win**" if d["win"] else "")
+
+        rows.append([f"`{mode}`", str(rs[0]["judged_training_rows"]), f"{mean('cv', 'accuracy')} / {mean('loso', 'accuracy')}",
+                     f"{mean('cv', 'precision')} / {mean('loso', 'precision')}", f"{mean('cv', 'mrr')} / {mean('loso', 'mrr')}",
+                     f"{mean('cv', 'spearman')} / {mean('loso', 'spearman')}", f"{f['mean']:.4f} ({vs(f)})", f"{o['mean']:.4f} ({vs(o)})"])  # fmt: skip
+    out = [f"**Judged LiveQA answers as baseline training rows** (analysis/judged_rows.py at commit {m['commit']}, {m['date']}; "
+           f"`baseline.judged_rows`, features {', '.join(m['features'])}; means over seeds {', '.join(map(str, m['seeds']))}, each mode paired by "
+           "seed with `none`; a mode wins only beyond `none`'s seed sd: filter band "
+           f"{m['filter']['band']:.4f}, order band {m['order']['band']:.4f}). `ranker`: the rank SVM also learns from their grades; `all`: the "
+           "filter trains on them too.", ""]  # fmt: skip
+    return out + _table(["judged_rows", "judged rows", "accuracy CV / LOSO", "precision CV / LOSO", "MRR CV / LOSO", "Spearman CV / LOSO",
+                         "filter score (vs none)", "order score (vs none)"], rows)  # fmt: skip
+
+
 DETAILS = ("data", "normalize")  # metrics files shown in full (collapsed); the rest: `dvc metrics show`
 
 
@@ -408,6 +435,7 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     lines += _baseline(metrics.get("baseline", {}), metrics.get("baseline_ablations", {}))
     lines += _mtl(metrics.get("mtl", {}), metrics.get("mtl_ablations", {}))
     lines += _mtl_confirm(metrics.get("mtl_confirm", {}))
+    lines += _judged_rows(metrics.get("judged_rows", {}))
     lines += _retrieve(metrics.get("retrieve", {}))
     lines += _finetune(metrics)
     lines += _cnn(metrics.get("cnn_squad", {}))

@@ -15,13 +15,17 @@ import time
 from medrank.runner import run
 
 
-def load_tables(p, used: set[str]):
-    """(answers, labelled, train, val, test, tfidf) answer tables with the feature inputs of the groups `used`."""
+def load_tables(p, used: set[str], judged: bool = False):
+    """(answers, labelled, train, val, test, tfidf) answer tables with the feature inputs of the groups `used`;
+    `judged`: the judged LiveQA answers join the labelled rows (train only: `judged` column)."""
     from medrank import layout as L
+    from medrank.data.judged import judged_answers, with_judged
     from medrank.features import answer_table, cap_questions, medquad_tfidf, read_answer_scores
     from medrank.io import read_parquet
 
     answers = cap_questions(read_parquet(L.ANSWERS), p.max_questions_per_split)
+    if judged:  # the judged LiveQA answers as extra training rows (medrank.data.judged)
+        answers = with_judged(answers, judged_answers(read_parquet(L.JUDGED), answers))
     inputs: dict = read_answer_scores(answers, used)
     if used & {"bow", "rqe", "rqe_emb", "anli"}:
         inputs["entailed"] = read_parquet(L.RETRIEVED)
@@ -50,7 +54,7 @@ def main(params_path: str = "params.yaml") -> None:
     bp = p.baseline
     t0 = time.perf_counter()
     cfg = B.BaselineConfig(bp, tuple(bp.features), p.n_candidates, p.seed)
-    answers, labelled, train, val, test, tfidf = load_tables(p, set(bp.features))
+    answers, labelled, train, val, test, tfidf = load_tables(p, set(bp.features), bp.judged_rows != "none")
 
     proto = B.protocols(labelled, cfg, tfidf, L.LABELLED_SPLITS, B.VARIANTS)
     cv, oof, loso = proto["cv"], proto["oof"], proto["loso"]
@@ -64,8 +68,9 @@ def main(params_path: str = "params.yaml") -> None:
     model.save(L.BASELINE_MODEL / "val.json")
     final.save(L.BASELINE_MODEL / "final.json")
 
+    scored = labelled[~labelled["judged"]]
     parts = [
-        oof.assign(part="oof", split=labelled["split"].to_numpy()),
+        oof.assign(part="oof", split=scored["split"].to_numpy()),
         proto["loso_rows"].assign(part="loso", split=lambda d: d["gid"].map(labelled.drop_duplicates("gid").set_index("gid")["split"])),
         pred.assign(part="val", split="val", fold=-1, threshold=model.threshold),
         test_pred.assign(part="test", split="test", fold=-1, threshold=final.threshold),
@@ -75,7 +80,7 @@ def main(params_path: str = "params.yaml") -> None:
     write_json(L.metrics_file("task3_val_baseline"), {
         **rounded_scores(val_scores), "n_predicted_positive": val_scores["n_predicted_positive"], "threshold": model.threshold,
         "features": list(bp.features), "cv": cv_summary, "loso": loso["base"], "seed_spread": spread, "cv_folds": bp.cv_folds,
-        "cv_questions": int(labelled["gid"].nunique()),
+        "cv_questions": int(scored["gid"].nunique()), "judged_training_rows": int(labelled["judged"].sum()),
         "test_model": {"trained_on": sorted(labelled["split"].unique()), "threshold": final.threshold,
                        "test_predicted_positive_rate": round(float(test_pred["label"].mean()), 4)},
     })  # fmt: skip

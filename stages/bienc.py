@@ -1,5 +1,5 @@
-"""DVC stage `bienc`: zero-shot bi-encoder cosines of every MEDIQA answer and of its heading with the question, and
-the question-type agreement of the question and the heading.
+"""DVC stage `bienc`: zero-shot bi-encoder cosines of every MEDIQA answer (and judged LiveQA answer: medrank.data.judged)
+and of its heading with the question, and the question-type agreement of the question and the heading.
 
 One pass of the packaged MiniLM (mean pooling, unit vectors) over the normalized questions, answers
 (truncated to `bienc.max_length` tokens) and answer headings (`answer_scores.answer_heading`: the "focus (aspect)"
@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from medrank import layout
 from medrank.answer_scores import answer_bienc_scores, answer_qtype_scores
+from medrank.data.judged import judged_answers, with_judged
 from medrank.encoders.base import BLAS_THREADS, resolve_device, runtime_info
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
@@ -41,8 +42,9 @@ def main(params_path: str = "params.yaml") -> None:
     p = load_params(params_path)
     bp = p.bienc
     t0 = time.perf_counter()
-    answers = read_parquet(layout.ANSWERS, columns=["split", "qid", "aid", "question_norm", "answer_norm"])
-    answers = cap_questions(answers, p.max_questions_per_split)
+    answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
+    # the judged LiveQA answers too: the baseline may train on them (baseline.judged_rows)
+    answers = with_judged(answers, judged_answers(read_parquet(layout.JUDGED), answers))[["split", "qid", "aid", "question_norm", "answer_norm"]]
     layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
     cos, stats = answer_bienc_scores(answers, bp.model, cache_root=layout.CACHE_BIENC, max_length=bp.max_length, batch_size=bp.batch_size, device=p.device)
     qtype = answer_qtype_scores(answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed))  # BLAS threads fixed inside

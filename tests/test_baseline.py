@@ -186,3 +186,73 @@ def test_cross_validate_and_source_transfer_report_every_metric():
     both = protocols(table, cfg, None, ("train_liveqa", "train_alexa"))
     assert set(both["loso"]["base"]["by_source"]) == {"train_liveqa", "train_alexa"}
     assert both["loso"]["base"]["accuracy"]["worst"] <= both["loso"]["base"]["accuracy"]["mean"]
+
+
+def with_judged_lists(table: pd.DataFrame, per_question: int = 6, seed: int = 3) -> pd.DataFrame:
+    """`table` plus, for each train_liveqa question, a list of judged answers (medrank.data.judged rows): their own
+    gid, the question's qkey, grades only (no ReferenceRank), no CHiQA rank, and a signal in bienc_cos."""
+    rng = np.random.default_rng(seed)
+    base = table.assign(qkey=table["gid"], judged=False)
+    rows = []
+    for gid, q in base[base["split"] == "train_liveqa"].groupby("gid", sort=False):
+        for i in range(per_question):
+            quality = rng.normal()
+            grade = 4 if quality > 0.8 else 3 if quality > 0.0 else 2 if quality > -0.8 else 1
+            rows.append({"gid": f"{gid}#judged", "qkey": gid, "judged": True, "split": "train_liveqa", "qid": q["qid"].iloc[0],
+                         "aid": f"judged:{gid}:{i}", "source": "judged_medquad", "n_sentences": float(rng.integers(1, 30)),
+                         "chiqa_rank": np.nan, "answer_text": "", "label": float(grade >= 3), "reference_rank": np.nan,
+                         "reference_score": float(grade), "bienc_cos": 0.5 + 0.15 * quality + 0.05 * rng.normal()})  # fmt: skip
+    return pd.concat([base, pd.DataFrame(rows)], ignore_index=True)
+
+
+def test_judged_rows_only_train_and_stay_with_their_question():
+    table = pd.concat([synthetic_table(15, seed=1), synthetic_table(15, seed=2, split="train_alexa")], ignore_index=True)
+    judged = with_judged_lists(table)
+    cfg = config(cv_folds=3, judged_rows="all", features=list(GROUPS))
+    cv, oof = cross_validate(judged, cfg, None, k=3, seed=0, with_predictions=True)
+    assert list(oof["aid"]) == list(table["aid"])  # scored: the MEDIQA rows only, in table order
+    folds = grouped_folds(judged["qkey"].to_numpy(), 3, 0)
+    # a question's judged list shares its fold (it is never on the other side of a split)
+    by_q = pd.DataFrame({"qkey": judged["qkey"], "fold": folds}).groupby("qkey")["fold"].nunique()
+    assert (by_q == 1).all()
+    per_source, rows = leave_one_source_out(judged, cfg, None, ("train_liveqa", "train_alexa"))
+    assert list(rows["aid"]) == list(table["aid"])
+    # held-out liveqa: no judged row trains (they are liveqa's); its positive rate is the MEDIQA rows'
+    assert per_source["train_liveqa"]["positive_rate"] == pytest.approx(table.loc[table["split"] == "train_liveqa", "label"].mean())
+    assert per_source["train_alexa"]["train_positive_rate"] == pytest.approx(table.loc[table["split"] == "train_liveqa", "label"].mean())
+    model = fit_baseline(judged, cfg)
+    assert "chiqa_rank_missing" in model.builder.feature_names and model.builder.rank_missing_
+    assert model.train_prior == pytest.approx(table["label"].mean())  # MEDIQA rows' prior, not the judged ones'
+    # ranker: the filter trains on the MEDIQA rows only (the same filter as without judged rows), the rank SVM on both
+    plain = fit_baseline(table.assign(qkey=table["gid"], judged=False), cfg)
+    ranker_only = fit_baseline(judged, config(cv_folds=3, judged_rows="ranker", features=list(GROUPS)))
+    from medrank.models.baseline import fit_filter
+
+    mediqa = judged[~judged["judged"]]
+    alone = fit_filter(ranker_only.builder.transform(mediqa), mediqa["label"].to_numpy(dtype=int), 1.0, 13)
+    np.testing.assert_array_equal(ranker_only.filter.coef_, alone.coef_)
+    assert not np.allclose(ranker_only.ranker.coef_[: len(plain.ranker.coef_)], plain.ranker.coef_)
+    assert "chiqa_rank_missing" not in plain.builder.feature_names
+    with pytest.raises(MedrankError, match="chiqa_rank missing for 1 rows"):
+        plain.predict(judged[judged["judged"]].head(1))
+
+
+def test_judged_rows_rank_pairs_come_from_grades_within_their_own_list():
+    from medrank.models.baseline import _relevance
+
+    judged = with_judged_lists(synthetic_table(4, seed=1))
+    rel = _relevance(judged, "reference_rank")
+    j = judged["judged"].to_numpy()
+    np.testing.assert_array_equal(rel[j], judged.loc[j, "reference_score"])
+    np.testing.assert_array_equal(rel[~j], -judged.loc[~j, "reference_rank"])
+    X = sp.csr_matrix(np.eye(len(judged)))
+    D, _ = pairwise_differences(X, rel, judged["gid"].to_numpy(), seed=0)
+    pairs = [tuple(np.flatnonzero(r)) for r in D.toarray()]
+    assert all(judged["gid"].iloc[a] == judged["gid"].iloc[b] for a, b in pairs)  # never a MEDIQA x judged pair
+
+
+def test_judged_rows_need_groups_with_inputs():
+    with pytest.raises(ValueError, match="judged_rows: the judged answers have no anli input"):
+        BaselineParams(features=["metadata", "anli"], judged_rows="all")
+    assert BaselineParams(features=["metadata", "anli"], judged_rows="none").judged_rows == "none"
+    assert BaselineParams(features=["metadata", "bienc"], judged_rows="ranker").judged_rows == "ranker"

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from medrank import layout
-from medrank.data.schemas import ANSWERS, MEDQUAD, NORMALIZED_TABLES, RQE_PAIRS
+from medrank.data.schemas import ANSWERS, LIVEQA_QRELS, MEDQUAD, NORMALIZED_TABLES, RQE_PAIRS
 from medrank.errors import MedrankError
 from medrank.io import write_parquet
 from medrank.params import NormalizeParams, load_params
@@ -449,7 +449,11 @@ def _tiny_tables() -> dict[str, pd.DataFrame]:
             "answer_raw": ["x", None],
         }
     )
-    return {"answers": answers, "rqe_pairs": rqe, "medquad": medquad}
+    qrels = pd.DataFrame(
+        {"number": [1], "answer_id": ["GHR_1_Sec1"], "grade": [3], "source": ["medquad"], "question": ["What is (are) Flu ?"],
+         "answer": ["HBP and the flu. Rest."], "medquad_qa_id": [None]}
+    )  # fmt: skip
+    return {"answers": answers, "rqe_pairs": rqe, "medquad": medquad, "liveqa_qrels": qrels}
 
 
 def test_normalize_table_keeps_rows_and_originals(tiny_normalizer):
@@ -470,7 +474,7 @@ def test_normalize_table_keeps_rows_and_originals(tiny_normalizer):
 
 
 def _write_inputs(clean_dir: Path) -> None:
-    schemas = {"answers": ANSWERS, "rqe_pairs": RQE_PAIRS, "medquad": MEDQUAD}
+    schemas = {"answers": ANSWERS, "rqe_pairs": RQE_PAIRS, "medquad": MEDQUAD, "liveqa_qrels": LIVEQA_QRELS}
     for name, df in _tiny_tables().items():
         write_parquet(df, clean_dir / f"{name}.parquet", schemas[name])
 
@@ -489,7 +493,8 @@ def test_stage_end_to_end(tmp_path, monkeypatch):
     metrics = json.loads((tmp_path / "metrics" / "normalize.json").read_text())
     assert metrics["rqe_pairs"]["chq"]["concept_replacements"] == 1
     assert metrics["medquad"]["answer_sentences"]["texts"] == 1
-    assert metrics["total"]["texts"] == 2 + 3 + 2 + 3  # answers q+a, rqe chq+faq, medquad q+a (non-null)
+    assert metrics["total"]["texts"] == 2 + 3 + 2 + 3 + 1  # answers q+a, rqe chq+faq, medquad q+a (non-null), judged a
+    assert metrics["liveqa_qrels"]["answer"]["expansions"] == 1  # HBP
     assert metrics["vocabulary"]["abbreviations"] > 200
 
 

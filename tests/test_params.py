@@ -53,6 +53,7 @@ def test_tiny_profile_keys_exist_in_params():
         ("analysis:\n  mtl:\n    rows: [{name: x, cv_folds: 3}]\n", "cv_folds cannot vary"),
         ("analysis:\n  mtl:\n    rows: [{name: x, workers: 3}]\n", "workers cannot vary"),
         ("analysis:\n  mtl:\n    rows: [{alpha: 1}]\n", "analysis.mtl.rows[0]: needs a unique non-empty name"),
+        ("analysis:\n  mtl:\n    rows: [{name: default, alpha: 1}]\n", "analysis.mtl.rows[0]: needs a unique non-empty name other than 'default'"),
         ("analysis:\n  baseline:\n    rows: [[metadata, nope]]\n", "analysis.baseline.rows.0.1"),
         ("analysis:\n  mtl:\n    rows: [{name: x, alpha: 1}]\n  confirm:\n    mtl_rows: [y]\n", "analysis.confirm.mtl_rows[0]: 'y' is not a row name of analysis.mtl.rows (x)"),
         ("analysis:\n  confirm:\n    seeds: 1\n", "analysis.confirm.seeds"),

@@ -24,6 +24,7 @@ from medrank.features import (
     read_answer_scores,
     required_columns,
 )
+from medrank.data.schemas import NORMALIZED_LIVEQA_QRELS
 from medrank.models.rqe import QuestionTypes
 from medrank.params import BaselineParams, Params, inference_recipe
 from tests.test_rqe_selection import MEDQUAD  # 5 foci x 4 types in MedQuAD's templates
@@ -103,6 +104,7 @@ def test_stage_bienc_writes_the_qtype_columns(tmp_path, monkeypatch):
     (tmp_path / layout.CLEAN).mkdir(parents=True)
     ANSWERS.to_parquet(tmp_path / layout.ANSWERS)
     MEDQUAD.to_parquet(tmp_path / layout.CLEAN_MEDQUAD)
+    NORMALIZED_LIVEQA_QRELS.empty_table().to_pandas().to_parquet(tmp_path / layout.JUDGED)  # no judged answers here
     write_params(tmp_path, {"seed": 0})
     n = len(ANSWERS)
     # the encoder is tested elsewhere (test_embed_cache): fixed cosines here

@@ -208,3 +208,26 @@ def test_render_nt_grid_and_confirmed_rows(tmp_path):
     assert "| mpnet | `bienc.model=all-mpnet-base-v2` | `mtl` w 1 | 0.800 | 0.800 (0.700 train_alexa) | **0.830** (+0.030) | 0.810 / 0.770 / 0.790 (+0.000) | 900 (bienc 700, mtl 150) |" in out
     assert "| old (at 0ld1234) | `baseline.judged_rows=true` |" in out and "| **0.790** (+0.010) | 0.810 / 0.770 / 0.790 (+0.020) |" in out
     assert "| default | — | `mtl` w 1 | 0.800 |" in out and "beats the default only beyond the noise band 0.020" in out
+
+
+def test_render_judged_rows(tmp_path):
+    def run(acc, score, order):
+        m = {"accuracy": acc, "precision": 0.7, "mrr": 0.75, "spearman": 0.3}
+        return {"seed": 13, "cv": m, "loso": m, "loso_worst": {"accuracy": 0.7, "source": "train_alexa"}, "score": score, "order_score": order,
+                "judged_training_rows": 0 if score == 0.79 else 2921}  # fmt: skip
+
+    def modes(d_ranker, win):
+        return {"none": {"mean": 0.79, "diff_mean": 0.0, "diff_sd": 0.0, "win": False},
+                "ranker": {"mean": 0.8, "diff_mean": d_ranker, "diff_sd": 0.001, "win": win},
+                "all": {"mean": 0.78, "diff_mean": -0.01, "diff_sd": 0.002, "win": False}}  # fmt: skip
+
+    m = {"commit": "abc1234", "date": "2026-11-24", "features": ["metadata", "bienc"], "seeds": [13],
+         "runs": {"all": [run(0.78, 0.78, 0.5)], "none": [run(0.79, 0.79, 0.5)], "ranker": [run(0.80, 0.8, 0.52)]},
+         "filter": {"band": 0.0005, "modes": modes(0.01, True)}, "order": {"band": 0.01, "modes": modes(0.02, False)}}  # fmt: skip
+    (tmp_path / "judged_rows.json").write_text(json.dumps(m))
+    out = render_results(tmp_path)
+    assert "**Judged LiveQA answers as baseline training rows** (analysis/judged_rows.py at commit abc1234" in out
+    assert "filter band 0.0005, order band 0.0100" in out
+    body = out[out.index("| judged_rows |"):]
+    assert body.index("| `none` |") < body.index("| `ranker` |") < body.index("| `all` |")
+    assert "| `ranker` | 2921 | 0.800 / 0.800 | 0.700 / 0.700 | 0.750 / 0.750 | 0.300 / 0.300 | 0.8000 (+0.0100 ± 0.0010 **win**) | 0.8000 (+0.0200 ± 0.0010) |" in out

@@ -131,4 +131,5 @@ NORMALIZED_RQE_PAIRS = pa.schema(list(RQE_PAIRS) + [("chq_norm", pa.string()), (
 NORMALIZED_MEDQUAD = pa.schema(
     list(MEDQUAD) + [("question_norm", pa.string()), ("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))]
 )
-NORMALIZED_TABLES = {"answers": NORMALIZED_ANSWERS, "rqe_pairs": NORMALIZED_RQE_PAIRS, "medquad": NORMALIZED_MEDQUAD}
+NORMALIZED_LIVEQA_QRELS = pa.schema(list(LIVEQA_QRELS) + [("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))])
+NORMALIZED_TABLES = {"answers": NORMALIZED_ANSWERS, "rqe_pairs": NORMALIZED_RQE_PAIRS, "medquad": NORMALIZED_MEDQUAD, "liveqa_qrels": NORMALIZED_LIVEQA_QRELS}

@@ -127,10 +127,34 @@ class RankSVM:
 
 
 def _relevance(table: pd.DataFrame, target: str) -> np.ndarray:
-    if table[target].isna().any():
+    """Higher = better within an answer list. The judged LiveQA lists have grades only (no ReferenceRank): their
+    pairs come from the grades (pairs never cross lists, so the two scales never meet)."""
+    judged = _judged(table)
+    if table.loc[~judged, target].isna().any():
         raise MedrankError(f"rank SVM training rows lack {target}")
     v = table[target].to_numpy(dtype=float)
-    return -v if target == "reference_rank" else v
+    v = -v if target == "reference_rank" else v
+    return np.where(judged, table["reference_score"].to_numpy(dtype=float), v)
+
+
+def _judged(table: pd.DataFrame) -> np.ndarray:
+    """Rows that only train (the judged LiveQA answers, medrank.data.judged): never scored, never pick a threshold."""
+    return table["judged"].to_numpy(dtype=bool) if "judged" in table.columns else np.zeros(len(table), dtype=bool)
+
+
+def _filter_rows(table: pd.DataFrame, cfg: BaselineConfig) -> np.ndarray:
+    """Rows the filter trains on: all, or (judged_rows: ranker) the MEDIQA rows only."""
+    return ~_judged(table) if cfg.params.judged_rows == "ranker" else np.ones(len(table), dtype=bool)
+
+
+def _scored(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows a protocol scores: the MEDIQA answers."""
+    return table[~_judged(table)]
+
+
+def _questions(table: pd.DataFrame) -> np.ndarray:
+    """The fold key: a question (its judged answers' list goes with it)."""
+    return table["qkey" if "qkey" in table.columns else "gid"].to_numpy()
 
 
 def _labels(table: pd.DataFrame) -> np.ndarray:
@@ -220,7 +244,8 @@ class FittedBaseline:
 def _fit_core(table: pd.DataFrame, cfg: BaselineConfig, tfidf) -> tuple[FeatureBuilder, LogisticRegression, RankSVM | None]:
     builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
     X = builder.fit_transform(table)
-    clf = fit_filter(X, _labels(table), cfg.params.lr_c, cfg.seed)
+    rows = _filter_rows(table, cfg)
+    clf = fit_filter(X[rows], _labels(table)[rows], cfg.params.lr_c, cfg.seed)
     ranker = None
     if cfg.ranker == "svm":
         ranker = RankSVM(cfg.params.svm_c, cfg.seed).fit(X, _relevance(table, cfg.params.rank_target), table["gid"].to_numpy())
@@ -229,13 +254,14 @@ def _fit_core(table: pd.DataFrame, cfg: BaselineConfig, tfidf) -> tuple[FeatureB
 
 def oof_probabilities(table: pd.DataFrame, cfg: BaselineConfig, tfidf, k: int, seed: int) -> np.ndarray:
     """Out-of-fold filter probabilities over question-grouped folds (builder refitted per fold)."""
-    folds = grouped_folds(table["gid"].to_numpy(), k, seed)
+    folds = grouped_folds(_questions(table), k, seed)
     p = np.zeros(len(table))
     for f in range(k):
         tr, te = folds != f, folds == f
         builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
         X = builder.fit_transform(table[tr])
-        clf = fit_filter(X, _labels(table[tr]), cfg.params.lr_c, cfg.seed)
+        rows = _filter_rows(table[tr], cfg)
+        clf = fit_filter(X[rows], _labels(table[tr])[rows], cfg.params.lr_c, cfg.seed)
         p[te] = clf.predict_proba(builder.transform(table[te]))[:, 1]
     return p
 
@@ -245,12 +271,13 @@ def fit_baseline(table: pd.DataFrame, cfg: BaselineConfig, tfidf=None) -> Fitted
     y = _labels(table)
     threshold = cfg.params.threshold
     info: dict = {}
+    scored = ~_judged(table)  # the threshold and the prior are the MEDIQA rows' (judged rows only train)
     if threshold is None:
         p = oof_probabilities(table, cfg, tfidf, cfg.inner_folds, cfg.seed + 1)
-        threshold = select_threshold(y, p)
-        info["oof_accuracy"] = accuracy_at(y, p, threshold)
+        threshold = select_threshold(y[scored], p[scored])
+        info["oof_accuracy"] = accuracy_at(y[scored], p[scored], threshold)
     builder, clf, ranker = _fit_core(table, cfg, tfidf)
-    return FittedBaseline(cfg, builder, clf, ranker, float(threshold), float(y.mean()), info)
+    return FittedBaseline(cfg, builder, clf, ranker, float(threshold), float(y[scored].mean()), info)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -301,11 +328,11 @@ def cross_validate(
     official metric; variants share the fold's fit. With `with_predictions`, also the out-of-fold rows of
     the base model (FittedBaseline.predict columns + fold, threshold) in table order.
     """
-    folds = grouped_folds(table["gid"].to_numpy(), k, seed)
+    folds = grouped_folds(_questions(table), k, seed)
     results: dict[str, list[dict]] = {"base": [], **{name: [] for name in variants or {}}}
     thresholds, oof = [], []
     for f in range(k):
-        tr, te = table[folds != f], table[folds == f]
+        tr, te = table[folds != f], _scored(table[folds == f])
         model = fit_baseline(tr, cfg, tfidf)
         thresholds.append(model.threshold)
         pred = model.predict(te)
@@ -316,7 +343,7 @@ def cross_validate(
     out = {name: summarize(r) for name, r in results.items()}
     out["base"]["thresholds"] = thresholds
     if with_predictions:
-        return out, pd.concat(oof).loc[table.index].reset_index(drop=True)
+        return out, pd.concat(oof).loc[_scored(table).index].reset_index(drop=True)
     return out
 
 
@@ -330,12 +357,12 @@ def leave_one_source_out(
     """
     out, rows = {}, []
     for f, split in enumerate(sources):
-        tr, te = table[table["split"] != split], table[table["split"] == split]
+        tr, te = table[table["split"] != split], _scored(table[table["split"] == split])
         if te.empty:
             continue
         r, pred = holdout(tr, te, cfg, tfidf, variants, with_predictions=True)
         r["positive_rate"] = float(te["label"].astype(float).mean())
-        r["train_positive_rate"] = float(tr["label"].astype(float).mean())
+        r["train_positive_rate"] = float(_scored(tr)["label"].astype(float).mean())
         out[split] = r
         rows.append(pred.assign(fold=f))
     held_out = pd.concat(rows)

@@ -106,6 +106,8 @@ TABLES: dict[str, TableSpec] = {
     "answers": TableSpec({"question": "question_norm", "answer": "answer_norm"}, {"answer_norm": "answer_sentences"}, ("answer",)),
     "rqe_pairs": TableSpec({"chq": "chq_norm", "faq": "faq_norm"}),
     "medquad": TableSpec({"question": "question_norm", "answer": "answer_norm"}, {"answer_norm": "answer_sentences"}, ("answer",)),
+    # the judged LiveQA answers (extra training rows: medrank.data.judged); their MedQuAD question is a heading only
+    "liveqa_qrels": TableSpec({"answer": "answer_norm"}, {"answer_norm": "answer_sentences"}, ("answer",)),
 }
 
 
