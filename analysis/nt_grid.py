@@ -89,8 +89,8 @@ def seed_scores(repo: Path) -> list[float]:
 
 
 def confirm(work: Path, grid: dict) -> dict:
-    """The grid's pick vs the default over seeds, paired by seed (stages.mtl.confirm_table: a win beyond the band)."""
-    from stages.mtl import confirm_table
+    """The grid's pick vs the default over seeds, paired by seed (evaluation.confirm_table: a win beyond the band)."""
+    from medrank.evaluation import confirm_table
 
     pk, d = grid["pick"], grid["default"]
     best = (pk["best"]["n_candidates"], pk["best"]["rqe_threshold"])

@@ -242,6 +242,20 @@ def seed_spread(runs: Sequence[tuple[dict, dict]]) -> dict:
     return out
 
 
+def confirm_table(scores: dict[str, list[float]], seeds: list[int], default: str = "default") -> dict:
+    """Rows re-run under several seeds, paired by seed: per row its scores, mean, and the paired difference to the
+    default (mean, sd); the band is the sd of the default's score over the seeds (its seed spread). A row is a win
+    only if its mean paired difference exceeds the band (the written rule: a lever counts only beyond the noise)."""
+    base = np.asarray(scores[default])
+    band = float(np.std(base, ddof=1))
+    rows = {}
+    for name, got in scores.items():
+        diff = np.asarray(got) - base
+        rows[name] = {"scores": got, "mean": float(np.mean(got)), "diff_mean": float(diff.mean()), "diff_sd": float(np.std(diff, ddof=1)),
+                      "win": bool(name != default and diff.mean() > band)}  # fmt: skip
+    return {"seeds": seeds, "band": band, "rows": rows}
+
+
 def pick(scores: dict, band: float) -> object:
     """The written rule's choice among candidates listed simplest first: the simplest whose score is within `band`
     of the best (a more complex candidate must beat a simpler one by more than the seed spread)."""

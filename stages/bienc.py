@@ -44,7 +44,8 @@ def main(params_path: str = "params.yaml") -> None:
     t0 = time.perf_counter()
     answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
     # the judged LiveQA answers too: the baseline may train on them (baseline.judged_rows)
-    answers = with_judged(answers, judged_answers(read_parquet(layout.JUDGED), answers))[["split", "qid", "aid", "question_norm", "answer_norm"]]
+    answers = with_judged(answers, judged_answers(read_parquet(layout.JUDGED), answers))[["split", "qid", "aid", "question_norm", "answer_norm", "judged"]]
+    mediqa = ~answers["judged"].to_numpy()  # the metrics' means describe the MEDIQA answers, as before the judged rows
     layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
     cos, stats = answer_bienc_scores(answers, bp.model, cache_root=layout.CACHE_BIENC, max_length=bp.max_length, batch_size=bp.batch_size, device=p.device)
     qtype = answer_qtype_scores(answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed))  # BLAS threads fixed inside
@@ -52,12 +53,13 @@ def main(params_path: str = "params.yaml") -> None:
     write_json(
         layout.metrics_file("bienc"),
         {
-            "answers": int(len(answers)),
+            "answers": int(mediqa.sum()),
+            "judged_answers": int((~mediqa).sum()),
             "model": bp.model,
             "max_length": bp.max_length,
             "encode": stats,
-            "cos_mean": _means(cos),
-            "qtype_mean": _means(qtype),
+            "cos_mean": _means({k: v[mediqa] for k, v in cos.items()}),
+            "qtype_mean": _means({k: v[mediqa] for k, v in qtype.items()}),
             "runtime": runtime_info(resolve_device(p.device), precision=stats.get("precision"), blas_threads=BLAS_THREADS),
             "seconds": round(time.perf_counter() - t0, 1),
         },

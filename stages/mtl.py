@@ -19,22 +19,6 @@ from medrank.runner import run
 log = logging.getLogger("stages.mtl")
 
 
-def confirm_table(scores: dict[str, list[float]], seeds: list[int], default: str = "default") -> dict:
-    """Rows re-run under several seeds, paired by seed: per row its scores, mean, and the paired difference to the
-    default (mean, sd); the band is the sd of the default's score over the seeds (its seed spread). A row is a win
-    only if its mean paired difference exceeds the band (the written rule: a lever counts only beyond the noise)."""
-    import numpy as np
-
-    base = np.asarray(scores[default])
-    band = float(np.std(base, ddof=1))
-    rows = {}
-    for name, got in scores.items():
-        diff = np.asarray(got) - base
-        rows[name] = {"scores": got, "mean": float(np.mean(got)), "diff_mean": float(diff.mean()), "diff_sd": float(np.std(diff, ddof=1)),
-                      "win": bool(name != default and diff.mean() > band)}  # fmt: skip
-    return {"seeds": seeds, "band": band, "rows": rows}
-
-
 def main(params_path: str = "params.yaml", ablations: bool = False, confirm: bool = False) -> None:
     import torch
     from dvclive import Live
@@ -42,7 +26,7 @@ def main(params_path: str = "params.yaml", ablations: bool = False, confirm: boo
     from medrank import layout as L
     from medrank.encoders.base import deterministic_torch, fixed_blas_threads, resolve_device
     from medrank.errors import MedrankError
-    from medrank.evaluation import split_questions, rounded
+    from medrank.evaluation import confirm_table, rounded, split_questions
     from medrank.features import medquad_tfidf, read_answer_scores
     from medrank.io import read_parquet, write_json, write_parquet
     from medrank.models import mtl

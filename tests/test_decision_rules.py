@@ -121,7 +121,7 @@ def test_source_folds_reject_unknown_sources():
 
 
 def test_confirmed_row_wins_only_beyond_the_default_seed_spread():
-    from stages.mtl import confirm_table
+    from medrank.evaluation import confirm_table
 
     default = [0.80, 0.81, 0.79, 0.80]  # sd 0.0082: the band
     out = confirm_table({"default": default, "better": [a + 0.03 for a in default], "noise": [0.81, 0.80, 0.80, 0.81]}, [13, 14, 15, 16])
