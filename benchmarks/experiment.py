@@ -8,6 +8,8 @@ cached / computed pairs of each extraction pass (retrieve, embed), so that cost 
     python benchmarks/experiment.py [--set n_candidates=5] [--workdir DIR]   # tiny profile, a scratch repo (~6 min)
     python benchmarks/experiment.py --profile default                        # a clone of this checkout, outputs from
                                                                              # its DVC cache (no full repro)
+    python benchmarks/experiment.py --profile default --cold                 # a fresh clone, an empty DVC cache: the
+                                                                             # full `dvc repro` (~40 min), then the experiment
 """
 
 from __future__ import annotations
@@ -80,20 +82,31 @@ def scratch_default(work: Path) -> Path:
     return work
 
 
+def scratch_cold(work: Path) -> Path:
+    """A fresh clone of this checkout with ../shared beside it (the acquire stage's mirror) and its own empty DVC cache."""
+    subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
+    (work.parent / "shared").symlink_to(SHARED_DATA.parent.resolve())
+    return work
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", choices=("tiny", "default"), default="tiny")
     ap.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE", help="dvc exp run -S (default n_candidates=5)")
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (kept); default a temp folder, removed")
+    ap.add_argument("--cold", action="store_true", help="default profile: a fresh clone and an empty DVC cache, so the full repro runs first")
     args = ap.parse_args()
     overrides = args.overrides or ["n_candidates=5"]
     work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-exp-"))
     work = work_root / "repo"
     try:
-        if args.profile == "tiny":
+        if args.profile == "tiny" or args.cold:
             if not SHARED_DATA.is_dir():
                 sys.exit(f"mirror {SHARED_DATA} not present")
-            build_tiny_repo(work)
+            if args.profile == "tiny":
+                build_tiny_repo(work)
+            else:
+                scratch_cold(work)
             full, full_stages = timed_dvc(["repro"], work)
             subprocess.run([*GIT, "add", "-A"], cwd=work, check=True)
             subprocess.run([*GIT, "commit", "-qm", "full repro"], cwd=work, check=True)
@@ -108,7 +121,7 @@ def main() -> None:
         if args.workdir is None:
             shutil.rmtree(work_root, ignore_errors=True)
 
-    print(f"profile {args.profile}; experiment: dvc exp run {' '.join('-S ' + o for o in overrides)}")
+    print(f"profile {args.profile}{' (cold: fresh clone, empty DVC cache)' if args.cold else ''}; experiment: dvc exp run {' '.join('-S ' + o for o in overrides)}")
     print(f"{'stage':<14} {'full repro s':>12} {'experiment s':>12}")
     for st in dict.fromkeys([*full_stages, *exp_stages]):
         f, e = full_stages.get(st), exp_stages.get(st)

@@ -42,7 +42,8 @@ RQE_CANDIDATES = PROCESSED / "rqe_candidates.parquet"  # retrieve: every BM25 ca
 EMBEDDINGS = PROCESSED / "embeddings"  # embed
 NLI_GRID = EMBEDDINGS / "nli_grid.parquet"
 BIENC = PROCESSED / "bienc.parquet"  # bienc: bienc_cos, heading_cos, qtype_agree, qtype_match per answer
-QA_SCORES = PROCESSED / "qa_scores.parquet"  # qa: qa_score per answer
+QA_SCORES = PROCESSED / "qa_scores.parquet"  # qa (analysis/dvc.yaml): qa_score per answer
+QA_GRADED_SCORES = PROCESSED / "qa_graded_scores.parquet"  # qa_graded (analysis/dvc.yaml): qa_graded_score per answer
 CNN_SCORES = PROCESSED / "cnn_mediqa_scores.parquet"  # cnn_mediqa: cnn_score per answer
 BASELINE_PREDICTIONS = PROCESSED / "baseline" / "predictions.parquet"
 MTL_PREDICTIONS = PROCESSED / "mtl_predictions.parquet"
@@ -65,6 +66,7 @@ SCORE_FILES = {
     "qtype": ("qtype_agree", BIENC),  # + qtype_match (features._GROUP_COLUMNS)
     "cnn": ("cnn_score", CNN_SCORES),
     "qa": ("qa_score", QA_SCORES),
+    "qa_graded": ("qa_graded_score", QA_GRADED_SCORES),
 }
 
 # ---------------------------------------------------------------- models

@@ -94,6 +94,11 @@ def _out_path(o: Any) -> str:
     return o if isinstance(o, str) else next(iter(o))
 
 
+def lock_file(stage: str | None) -> str:
+    """The lock file of a stage name as Repo names them (analysis/dvc.yaml:<name> -> analysis/dvc.lock)."""
+    return "analysis/dvc.lock" if (stage or "").startswith("analysis/dvc.yaml:") else "dvc.lock"
+
+
 @dataclass
 class Repo:
     root: Path
@@ -106,7 +111,13 @@ class Repo:
     def load(cls, root: str | Path, metrics_dir: str | Path) -> Repo:
         root = Path(root)
         read = lambda name: (yaml.safe_load((root / name).read_text(encoding="utf-8")) or {}) if (root / name).is_file() else {}  # noqa: E731
-        return cls(root, _metrics(metrics_dir), read("dvc.yaml"), read("dvc.lock"), _dotted(read("params.yaml")))
+        dvc, lock = read("dvc.yaml"), read("dvc.lock")
+        # analysis/dvc.yaml's stages (models no default reads, e.g. models/qa) as `analysis/dvc.yaml:<name>`, as DVC names them
+        for doc, name in ((dvc, "analysis/dvc.yaml"), (lock, "analysis/dvc.lock")):
+            extra = (read(name).get("stages") or {})
+            if extra:
+                doc["stages"] = {**(doc.get("stages") or {}), **{f"analysis/dvc.yaml:{k}": v for k, v in extra.items()}}
+        return cls(root, _metrics(metrics_dir), dvc, lock, _dotted(read("params.yaml")))
 
     @property
     def artifacts(self) -> dict[str, dict]:
@@ -388,7 +399,9 @@ def _qa(repo: Repo, art: dict) -> Card:
         + _table(["pairs", "accuracy", "macro F1"], [[_v(h.get("n")), _v(h.get("accuracy")), _v(h.get("macro_f1"))]])
         + [f"MEDIQA answers scored (`qa_score`): {_v(m.get('mediqa_answers_scored'))}.", ""]
         + _downstream(repo, ("qa",), {}),
-        use=["- Scores how well a text answers a question: `qa_score` per MEDIQA answer (feature group `qa` of the baseline and the MTL)."],
+        use=["- Scores how well a text answers a question: `qa_score` per MEDIQA answer (feature group `qa`: a candidate of the analysis "
+             "rows, built by analysis/dvc.yaml; no default system reads it, so `dvc repro` does not train it). Stage `qa_graded` "
+             "fine-tunes it further on the judged LiveQA answers' grades (`metrics/qa_graded.json`)."],
         limits=["- Measured on MedQuAD pairs only (NIH FAQ pages, one answer per question type); on MEDIQA it is judged only through "
                 "the downstream rows above.", _precision_line(m, "metrics/qa.json")],
     )  # fmt: skip
@@ -522,7 +535,7 @@ def render_card(repo: Repo, name: str, art: dict) -> str:
     cmd = ((repo.dvc.get("stages") or {}).get(stage or "") or {}).get("cmd")
     what = [["path", f"`{art.get('path')}` (type: {art.get('type', NOT_MEASURED)}; a DVC output, not in git: `dvc repro`, or `dvc pull` from a remote)"],
             ["produced by", f"stage `{stage}` (`{cmd}`)" if stage else "no stage of dvc.yaml outputs it"],
-            ["DVC hash", f"`{h}` (dvc.lock)" if (h := repo.locked_hash(stage, art.get("path", ""))) else f"{NOT_MEASURED} (stage not in dvc.lock)"],
+            ["DVC hash", f"`{h}` ({lock_file(stage)})" if (h := repo.locked_hash(stage, art.get("path", ""))) else f"{NOT_MEASURED} (stage not in dvc.lock)"],
             ["labels", ", ".join(f"`{x}`" for x in art.get("labels") or []) or "—"]] + card.what  # fmt: skip
     recipe = []
     for key in card.recipe:

@@ -180,7 +180,10 @@ class EmbedParams(_Section):
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 
-FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa"]
+FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded"]
+# groups whose scores analysis/dvc.yaml computes (stages qa, qa_graded): candidates for the analysis rows only, so a
+# full `dvc repro` does not train models the default systems never read; adopting one moves its stage to dvc.yaml
+ANALYSIS_GROUPS = ("qa", "qa_graded")
 # groups whose inputs exist for the judged LiveQA answers (no NLI grid, CNN or qa scores are computed for them)
 JUDGED_GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "bienc", "heading", "qtype")
 
@@ -203,6 +206,23 @@ class QaParams(_Section):
     eval_batch_size: int = Field(default=32, ge=1)
     threads: int | None = Field(default=None, ge=1)  # None = every core (the weights depend on the count: pin it)
     eval_every: int | None = Field(default=100, ge=1)
+
+
+class QaGradedParams(_Section):
+    """The qa cross-encoder fine-tuned on the judged LiveQA answers' grades (analysis stage qa_graded), cross-fitted."""
+
+    folds: int = Field(default=3, ge=2)  # question folds: fold model f never learns the grades of a question in fold f
+    target: Literal["grade", "label"] = "grade"  # grade: soft cross-entropy on (grade - 1) / 3; label: grade >= 3
+    epochs: int = Field(default=1, ge=1)
+    lr: float = Field(default=2e-5, gt=0)
+    batch_size: int = Field(default=16, ge=1)
+    warmup_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.01, ge=0)
+    train_precision: Literal["auto", "fp32", "bf16"] = "auto"
+    predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    eval_batch_size: int = Field(default=32, ge=1)
+    threads: int | None = Field(default=None, ge=1)  # None = every core (the weights depend on the count: pin it)
+    eval_every: int | None = Field(default=50, ge=1)
 
 
 class MtlParams(_Section):
@@ -288,7 +308,7 @@ class BiencParams(_Section):
 class BaselineParams(_Section):
     """Feature-engineered baseline (stage baseline): LR filter + pairwise rank SVM (paper 4.4)."""
 
-    features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bow", "rqe", "anli", "bienc", "cnn", "qa", "heading"], min_length=1)
+    features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc"], min_length=1)
     bow_max_features: int = Field(default=5000, ge=1)  # TF-IDF vocabulary (fitted on MedQuAD answers)
     lr_c: float = Field(default=1.0, gt=0)
     svm_c: float = Field(default=0.001, gt=0)
@@ -361,7 +381,8 @@ class Params(_Section):
     retrieve: RetrieveParams = RetrieveParams()
     embed: EmbedParams = EmbedParams()
     bienc: BiencParams = BiencParams()
-    qa: QaParams = QaParams()
+    qa: QaParams = QaParams()  # analysis/dvc.yaml
+    qa_graded: QaGradedParams = QaGradedParams()  # analysis/dvc.yaml
     baseline: BaselineParams = BaselineParams()
     mtl: MtlParams = MtlParams()
     score: ScoreParams = ScoreParams()
@@ -369,6 +390,11 @@ class Params(_Section):
 
     @model_validator(mode="after")
     def _check_rows(self) -> "Params":
+        for key, groups in (("baseline.features", self.baseline.features), ("mtl.feature_groups", self.mtl.feature_groups)):
+            for g in groups:
+                if g in ANALYSIS_GROUPS:
+                    raise ValueError(f"{key}: group {g} is computed by analysis/dvc.yaml (stage {g}), which `dvc repro` does not run; "
+                                     f"use it in analysis rows, or move stage {g} into dvc.yaml and its output into this stage's deps to adopt it")  # fmt: skip
         rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
         for i, name in enumerate(self.analysis.confirm.mtl_rows if rows else []):  # no rows (e.g. the key deleted): load_params names it
             if name not in rows:

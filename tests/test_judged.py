@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.data.judged import chiqa_heading, judged_answers, with_judged
+from medrank.data.judged import chiqa_heading, graded_targets, judged_answers, question_folds, with_judged
 from medrank.errors import MedrankError
 from medrank.features import answer_table
 
@@ -70,3 +70,28 @@ def test_judged_rows_form_their_own_list_in_the_answer_table():
 def test_judged_answers_name_missing_columns():
     with pytest.raises(MedrankError, match=r"lacks columns \['answer_norm', 'answer_sentences'\]"):
         judged_answers(qrels().drop(columns=["answer_norm", "answer_sentences"]), mediqa_answers())
+
+
+def test_question_folds_deal_every_split_evenly_and_ignore_input_order():
+    keys = pd.DataFrame({"split": ["train_liveqa"] * 7 + ["train_alexa"] * 5, "qid": [str(i) for i in range(7)] + [str(i) for i in range(5)]})
+    f = question_folds(keys, 3, seed=1)
+    for split, n in (("train_liveqa", 7), ("train_alexa", 5)):
+        counts = np.bincount(f[keys["split"].to_numpy() == split], minlength=3)
+        assert counts.sum() == n and counts.max() - counts.min() <= 1  # an even share of each split per fold
+    shuffled = keys.sample(frac=1.0, random_state=0)
+    again = dict(zip(zip(shuffled["split"], shuffled["qid"]), question_folds(shuffled, 3, seed=1)))
+    assert again == dict(zip(zip(keys["split"], keys["qid"]), f))  # a question's fold does not depend on row order
+    with pytest.raises(MedrankError, match="k >= 2"):
+        question_folds(keys, 1, seed=1)
+    with pytest.raises(MedrankError, match="unique"):
+        question_folds(pd.concat([keys, keys.head(1)]), 3, seed=1)
+
+
+def test_graded_targets_rescale_the_grade_or_threshold_it():
+    grade = np.array([1.0, 2.0, 2.5, 3.0, 4.0])
+    np.testing.assert_allclose(graded_targets(grade, "grade"), [0.0, 1 / 3, 0.5, 2 / 3, 1.0], atol=1e-7)
+    assert list(graded_targets(grade, "label")) == [0, 0, 0, 1, 1]
+    with pytest.raises(MedrankError, match="1..4"):
+        graded_targets(np.array([0.0, 3.0]), "grade")
+    with pytest.raises(MedrankError, match="grade or label"):
+        graded_targets(grade, "rank")

@@ -64,8 +64,10 @@ def _has_code(path: Path) -> bool:
 
 
 def _stages() -> dict[str, dict]:
+    """Every stage of dvc.yaml and of analysis/dvc.yaml (named analysis/dvc.yaml:<name>, paths relative to the root)."""
     out = {}
-    for name, st in DVC["stages"].items():
+    analysis = yaml.safe_load((REPO / "analysis" / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    for name, st in [*DVC["stages"].items(), *((f"analysis/dvc.yaml:{n}", s) for n, s in analysis.items())]:
         if "foreach" in st:
             for key, item in st["foreach"].items():
                 text = yaml.safe_dump(st["do"]).replace("${key}", key)

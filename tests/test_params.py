@@ -57,6 +57,11 @@ def test_tiny_profile_keys_exist_in_params():
         ("analysis:\n  baseline:\n    rows: [[metadata, nope]]\n", "analysis.baseline.rows.0.1"),
         ("analysis:\n  mtl:\n    rows: [{name: x, alpha: 1}]\n  confirm:\n    mtl_rows: [y]\n", "analysis.confirm.mtl_rows[0]: 'y' is not a row name of analysis.mtl.rows (x)"),
         ("analysis:\n  confirm:\n    seeds: 1\n", "analysis.confirm.seeds"),
+        # groups whose stages are analysis/dvc.yaml's: analysis rows only (a full `dvc repro` does not train them)
+        ("baseline:\n  features: [metadata, qa]\n", "baseline.features: group qa is computed by analysis/dvc.yaml (stage qa)"),
+        ("mtl:\n  feature_groups: [metadata, qa_graded]\n", "mtl.feature_groups: group qa_graded is computed by analysis/dvc.yaml"),
+        ("qa_graded:\n  folds: 1\n", "qa_graded.folds"),
+        ("qa_graded:\n  target: rank\n", "qa_graded.target"),
     ],
 )
 def test_invalid_params_name_the_key(tmp_path, text, expected):
@@ -64,6 +69,14 @@ def test_invalid_params_name_the_key(tmp_path, text, expected):
         load_params(write(tmp_path, text))
     msg = str(e.value)
     assert expected in msg and "\n" not in msg
+
+
+def test_analysis_rows_may_use_the_analysis_groups(tmp_path):
+    from tests.conftest import write_params
+
+    rows = {"analysis": {"baseline": {"rows": [["metadata", "qa_graded"]]}, "mtl": {"rows": [{"name": "x", "feature_groups": ["metadata", "qa"]}]}, "confirm": {"mtl_rows": ["x"]}}}
+    p = load_params(write_params(tmp_path, rows))
+    assert p.analysis.baseline.rows == [["metadata", "qa_graded"]] and p.analysis.mtl.rows[0]["feature_groups"] == ["metadata", "qa"]
 
 
 def test_mtl_ablation_rows_override_the_section():

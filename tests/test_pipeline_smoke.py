@@ -53,14 +53,10 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
     bag, meta = MTLBag.load(tiny_repo / "models/mtl")
     assert len(bag.members) == 2 and "cnn" in bag.builder.groups and meta["n_candidates"] == 3
     assert json.loads((tiny_repo / "models/system.json").read_text())["recipe"]["cnn"]["mediqa_aggregation"] in ("max", "mean")
-    # the ablation / selection tables are analysis/dvc.yaml's: `dvc repro` runs none of its stages
+    # the ablation / selection tables and the candidate signals no default reads (qa, qa_graded) are analysis/dvc.yaml's:
+    # `dvc repro` runs none of its stages
     assert "analysis/dvc.yaml:" not in r.stdout, r.stdout
-    # the qa stage scored every answer the baseline uses
-    import pandas as pd
-
-    qa = pd.read_parquet(tiny_repo / "data/processed/qa_scores.parquet")
-    assert len(qa) and qa["qa_score"].between(0, 1).all()
-    assert "qa" in json.loads((tiny_repo / "metrics/task3_val_baseline.json").read_text())["features"]
+    assert not (tiny_repo / "models/qa").exists() and not (tiny_repo / "data/processed/qa_scores.parquet").exists()
     # the score stage compared the final system with the baseline on paired question resamples
     final = json.loads((tiny_repo / "metrics/task3_val.json").read_text())
     # re-ordering the kept answers changes MRR and Spearman, never the labels
@@ -79,18 +75,19 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
 
 
 def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
-    """`dvc repro analysis/dvc.yaml` runs the four table stages and nothing of the default pipeline; their rows are
+    """`dvc repro analysis/dvc.yaml` runs the table stages and the candidate signals (qa, qa_graded) and nothing of the
+    default pipeline; their rows are
     the default stages' protocols (the MTL row on the mtl stage's folds, the RQE rows with the chosen sets' verdict,
     the confirmed row paired with the default seed by seed)."""
     assert tiny_repro.returncode == 0
-    tables = {tiny_repo / f"metrics/{m}.json" for m in ("rqe_selection", "baseline_ablations", "mtl_ablations", "mtl_confirm")}
+    tables = {tiny_repo / f"metrics/{m}.json" for m in ("rqe_selection", "baseline_ablations", "mtl_ablations", "mtl_confirm", "qa", "qa_graded")}
     before = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))
                                             if p not in tables}  # fmt: skip
     r = _dvc("repro", "analysis/dvc.yaml", cwd=tiny_repo)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
     assert ran == ["analysis/dvc.yaml:baseline_ablations", "analysis/dvc.yaml:mtl_ablations", "analysis/dvc.yaml:mtl_confirm",
-                   "analysis/dvc.yaml:rqe_selection"], r.stdout
+                   "analysis/dvc.yaml:qa", "analysis/dvc.yaml:qa_graded", "analysis/dvc.yaml:rqe_selection"], r.stdout
     after = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))}
     assert {k: v for k, v in after.items() if k in before} == before  # no default output touched
     mtl_rows = json.loads((tiny_repo / "metrics/mtl_ablations.json").read_text())["rows"]
@@ -102,7 +99,15 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
     first = confirm["per_seed"][0]["no_nli_grid"]
     assert first["cv_accuracy"] == mtl_rows["no_nli_grid"]["accuracy"]["mean"] and first["loso_accuracy"] == mtl_rows["no_nli_grid"]["loso"]["accuracy"]["mean"]
     base = json.loads((tiny_repo / "metrics/baseline_ablations.json").read_text())
-    assert list(base["table1_ablation"]) == ["metadata", "metadata+cnn"] and set(base["table4_ranking"]) == set(base["table1_ablation"])
+    assert list(base["table1_ablation"]) == ["metadata", "metadata+cnn", "metadata+qa_graded"] and set(base["table4_ranking"]) == set(base["table1_ablation"])
+    # the qa stage scored every answer; qa_graded learned the judged answers of the capped train_liveqa questions
+    import pandas as pd
+
+    for name, col in (("qa", "qa_score"), ("qa_graded", "qa_graded_score")):
+        scores = pd.read_parquet(tiny_repo / f"data/processed/{name}_scores.parquet")
+        assert len(scores) and scores[col].between(0, 1).all(), name
+    graded = json.loads((tiny_repo / "metrics/qa_graded.json").read_text())
+    assert graded["n_judged_questions"] == 2 and all(f["n_train_judged"] > 0 for f in graded["folds"])
     sel = json.loads((tiny_repo / "metrics/rqe_selection.json").read_text())
     trained = json.loads((tiny_repo / "metrics/finetune_rqe.json").read_text())
     assert {"ce: amia", "ce: val", "bi: val"} <= set(sel["rows"]) and sel["chosen"] in sel["rows"]

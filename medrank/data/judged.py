@@ -95,3 +95,33 @@ def with_judged(answers: pd.DataFrame, judged: pd.DataFrame | None) -> pd.DataFr
     if judged is None or judged.empty:
         return base
     return pd.concat([base, judged[base.columns]], ignore_index=True)
+
+
+def question_folds(keys: pd.DataFrame, k: int, seed: int) -> np.ndarray:
+    """A fold in 0..k-1 for each row of `keys` (unique split, qid): each split's questions dealt in a seeded random
+    order, so every fold gets an even share of every split (the judged train_liveqa questions above all)."""
+    if k < 2:
+        raise MedrankError(f"question folds: need k >= 2, got {k}")
+    if keys.duplicated(["split", "qid"]).any():
+        raise MedrankError("question folds: (split, qid) keys must be unique")
+    rng = np.random.default_rng(seed)
+    out = np.zeros(len(keys), dtype=np.int64)
+    split = keys["split"].to_numpy()
+    for s in sorted(pd.unique(split)):
+        rows = np.flatnonzero(split == s)
+        rows = rows[np.argsort(keys["qid"].to_numpy()[rows].astype(str), kind="stable")]  # input order does not matter
+        out[rows[rng.permutation(len(rows))]] = np.arange(len(rows)) % k
+    return out
+
+
+def graded_targets(grade: np.ndarray, target: str) -> np.ndarray:
+    """Training targets from MEDIQA grades (1-4; a mean of two judges in between): `grade` = (grade - 1) / 3, a
+    probability for a soft cross-entropy; `label` = 1.0 where grade >= 3 (the binary label the filter predicts)."""
+    grade = np.asarray(grade, dtype=float)
+    if np.isnan(grade).any() or (grade < 1).any() or (grade > 4).any():
+        raise MedrankError("graded targets: grades must be in 1..4")
+    if target == "grade":
+        return ((grade - 1.0) / 3.0).astype(np.float32)
+    if target == "label":
+        return (grade >= 3).astype(np.int64)
+    raise MedrankError(f"graded targets: target must be grade or label, got {target!r}")

@@ -100,6 +100,15 @@ def classification_metrics(y: np.ndarray, probs: np.ndarray) -> dict[str, float]
     }
 
 
+def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against integer labels, or against the distribution (1 - t, t) for float targets t (soft)."""
+    logits = logits.float()
+    if target.dtype.is_floating_point:
+        logp = torch.log_softmax(logits, dim=-1)
+        return -(target * logp[:, 1] + (1.0 - target) * logp[:, 0]).mean()
+    return torch.nn.functional.cross_entropy(logits, target)
+
+
 class CrossEncoder(LazyInt8):
     """Sequence-pair classifier over a transformers checkpoint; probabilities (n, num_labels)."""
 
@@ -352,6 +361,14 @@ class CrossEncoder(LazyInt8):
                     raise MedrankError(f"label {y!r} out of range for {self.num_labels} labels")
         return out
 
+    def _soft_targets(self, labels: Sequence[Any]) -> np.ndarray:
+        if self.num_labels != 2:
+            raise MedrankError(f"soft targets need 2 labels, the model has {self.num_labels}")
+        y = np.asarray(labels, dtype=np.float32)
+        if y.ndim != 1 or not np.isfinite(y).all() or (y < 0).any() or (y > 1).any():
+            raise MedrankError("soft targets must be probabilities in [0, 1], one per pair")
+        return y
+
     def _train_step_probe(self, enc: dict, y: np.ndarray, batch_size: int, precision: str) -> Callable[[], None]:
         # forward + backward on a real batch: what an optimizer step costs (grads discarded, RNG restored)
         idx = np.arange(min(batch_size, len(y)))
@@ -363,7 +380,7 @@ class CrossEncoder(LazyInt8):
             self.model.train()
             with self._autocast(precision):
                 logits = self.model(**batch).logits
-            torch.nn.functional.cross_entropy(logits.float(), target).backward()
+            _loss(logits, target).backward()
             self.model.zero_grad(set_to_none=True)
             self.model.eval()
             torch.random.set_rng_state(state)
@@ -399,8 +416,13 @@ class CrossEncoder(LazyInt8):
         show_progress: bool = True,
         eval_every: int | None = None,
         step_callback: EpochCallback | None = None,
+        soft_targets: bool = False,
     ) -> list[dict[str, float]]:
         """Fine-tune on labelled pairs (AdamW, linear warmup/decay); per-epoch metrics → `callback(epoch, m)`.
+
+        `soft_targets` (2 labels only): `labels` are probabilities in [0, 1] of the second label (e.g. a grade
+        rescaled), trained with the cross-entropy against that distribution (a regression through the sigmoid of
+        the logit difference); `eval_labels` stay label names / ids.
 
         `threads` (CPU): torch threads; None = every core this process may use; "probe" = time 1 vs all cores on a
         real training step and keep the faster (helps on busy shared cores, but the weights then depend on load).
@@ -409,7 +431,7 @@ class CrossEncoder(LazyInt8):
         the RNG streams, so the trained weights do not depend on `eval_every`.
         """
         pairs = _check_pairs(pairs, "pairs")
-        y = self._label_ids(labels)
+        y = self._soft_targets(labels) if soft_targets else self._label_ids(labels)
         if len(pairs) != len(y) or not pairs:
             raise MedrankError(f"fit: {len(pairs)} pairs vs {len(y)} labels (need the same, > 0)")
         if (eval_pairs is None) != (eval_labels is None):
@@ -471,7 +493,7 @@ class CrossEncoder(LazyInt8):
                     target = torch.from_numpy(y[idx]).to(self.device)
                     with self._autocast(self.train_precision):
                         logits = self.model(**batch).logits
-                    loss = torch.nn.functional.cross_entropy(logits.float(), target)
+                    loss = _loss(logits, target)
                     loss.backward()
                     if max_grad_norm:
                         torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_grad_norm)
