@@ -38,9 +38,7 @@ QA_GRADED_SCORES = pa.schema([("split", pa.string()), ("qid", pa.string()), ("ai
 def graded_metrics(score: np.ndarray, grade: np.ndarray, qid: np.ndarray) -> dict:
     """How a score orders judged answers: AUC of grade >= 3, Spearman with the grade pooled and within questions."""
     import scipy.stats
-    from sklearn.metrics import roc_auc_score
 
-    label = grade >= 3
     within = []
     for q in pd.unique(qid):
         m = qid == q
@@ -48,7 +46,7 @@ def graded_metrics(score: np.ndarray, grade: np.ndarray, qid: np.ndarray) -> dic
             within.append(float(scipy.stats.spearmanr(score[m], grade[m])[0]))
     return {
         "n": int(len(score)),
-        "auc": round(float(roc_auc_score(label, score)), 4) if 0 < label.sum() < len(label) else None,
+        "auc": _auc((grade >= 3).astype(float), score),
         "spearman": round(float(scipy.stats.spearmanr(score, grade)[0]), 4) if len(score) > 2 and np.ptp(score) > 0 and np.ptp(grade) > 0 else None,
         "spearman_within_question": round(float(np.mean(within)), 4) if within else None,
         "n_questions_within": len(within),
@@ -56,6 +54,7 @@ def graded_metrics(score: np.ndarray, grade: np.ndarray, qid: np.ndarray) -> dic
 
 
 def _auc(label: np.ndarray, score: np.ndarray) -> float | None:
+    """AUC of the 0/1 `label` (NaN = unlabelled, skipped); None without both classes."""
     from sklearn.metrics import roc_auc_score
 
     ok = ~np.isnan(label)
@@ -121,6 +120,7 @@ def main(params_path: str = "params.yaml") -> None:
     for split, g in graded.groupby("split"):
         lab = g["label"].to_numpy(dtype=float)
         by_split[split] = {"qa_auc": _auc(lab, g["qa_score"].to_numpy()), "qa_graded_auc": _auc(lab, g["qa_graded_score"].to_numpy())}
+    held = {"before": graded_metrics(held_before[ok], grade[ok], qid[ok]), "after": graded_metrics(held_after[ok], grade[ok], qid[ok])}
     write_json(
         layout.metrics_file("qa_graded"),
         {
@@ -129,15 +129,14 @@ def main(params_path: str = "params.yaml") -> None:
             "n_judged": int(len(judged)),
             "n_judged_questions": int(judged["qid"].nunique()),
             # every judged answer scored by the fold model that never saw its question: before (models/qa) and after
-            "held_out_judged": {"before": graded_metrics(held_before[ok], grade[ok], qid[ok]), "after": graded_metrics(held_after[ok], grade[ok], qid[ok])},
+            "held_out_judged": held,
             # zero-shot on MEDIQA's labels (train_alexa, val: no judged answers behind them), qa_score vs qa_graded_score
             "mediqa_auc": by_split,
             "mediqa_answers_scored": int(len(answers)),
             "seconds": round(time.perf_counter() - t0, 1),
         },
     )  # fmt: skip
-    log.info("qa_graded: held-out judged AUC %s -> %s (%.0fs)", graded_metrics(held_before[ok], grade[ok], qid[ok])["auc"],
-             graded_metrics(held_after[ok], grade[ok], qid[ok])["auc"], time.perf_counter() - t0)  # fmt: skip
+    log.info("qa_graded: held-out judged AUC %s -> %s (%.0fs)", held["before"]["auc"], held["after"]["auc"], time.perf_counter() - t0)
 
 
 if __name__ == "__main__":
