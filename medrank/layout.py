@@ -57,7 +57,6 @@ CNN_INTERIM = Path("data/interim/cnn")
 SQUAD_SENTENCES = CNN_INTERIM / "squad_sentences.parquet"
 SQUAD_SENTENCES_STATS = CNN_INTERIM / "squad_sentences_stats.json"
 CROSSENC_DEV_SCORES = CNN_INTERIM / "crossenc_dev_scores.parquet"
-CROSSENC_META = CNN_INTERIM / "crossenc_meta.json"
 
 # per-answer scores of other stages, by feature group: (its score column, file)
 SCORE_FILES = {

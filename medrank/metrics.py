@@ -14,7 +14,6 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 
 from medrank.errors import MedrankError
 from medrank.io import read_text_capped
@@ -160,6 +159,12 @@ def _lex_ranks(ids: Sequence[str]) -> list[int]:
     return [order[a] for a in ids]
 
 
+def _permutation_rho(x: Sequence[int], y: Sequence[int]) -> float:
+    """scipy.stats.spearmanr(x, y)[0] for two permutations of 0..n-1 (no ties), the same bits: its ranks are then
+    x + 1 and y + 1, correlated by the same np.corrcoef call; ~6x faster (the score stage evaluates ~30,000 questions)."""
+    return float(np.corrcoef(np.column_stack((x, y)).astype(float) + 1.0, rowvar=False)[1, 0])
+
+
 def score_task3(gold: Table, submission: Table) -> dict:
     """Accuracy, Precision, MRR and Spearman's rho of a Task 3 submission, as the official `_evaluate_task_3`.
 
@@ -249,9 +254,9 @@ def _task3_rows(g: pd.DataFrame, s: pd.DataFrame) -> pd.DataFrame:
         if len(kept) >= 2:  # spearmanr gives NaN for 0 or 1 items: excluded from both means
             kept_set = set(kept)
             reference = [a for a in correct[q] if a in kept_set]
-            rho = float(scipy.stats.spearmanr(_lex_ranks(kept), _lex_ranks(reference))[0])
+            rho = _permutation_rho(_lex_ranks(kept), _lex_ranks(reference))  # = scipy.stats.spearmanr, as the official script
             ref_pos = {a: i for i, a in enumerate(reference)}
-            rho_true = float(scipy.stats.spearmanr(list(range(len(kept))), [ref_pos[a] for a in kept])[0])
+            rho_true = _permutation_rho(list(range(len(kept))), [ref_pos[a] for a in kept])
         rows.append((q, int(gold_rows[q]), matches.get(q, 0), predicted_positive, len(kept), rr, rho, rho_true))
     return pd.DataFrame(rows, columns=["qid", "gold_rows", "matches", "predicted_positive", "correct_positive", "rr", "rho", "rho_true"])
 

@@ -495,7 +495,7 @@ def _cnn_card(repo: Repo, art: dict) -> Card:
                                           "hidden_size", "dropout", "l2", "optimizer", "lr", "epochs", "batch_size", "max_tokens", "train_embeddings",
                                           "max_train_questions", "val_articles", "mediqa_aggregation")) + ("seed",),
         recorded=[["best epoch", _v(tr.get("best_epoch")), "metrics/cnn_squad.json"]],
-        evaluation=_cnn(sq) + ["**MEDIQA Task 3, zero-shot** (`metrics/cnn_mediqa.json`: an answer's score is the "
+        evaluation=_cnn(sq, repo.metrics.get("cnn_crossenc")) + ["**MEDIQA Task 3, zero-shot** (`metrics/cnn_mediqa.json`: an answer's score is the "
                                f"`{med.get('aggregation') or NOT_MEASURED}` of its sentence scores; only the keep threshold is fitted on MEDIQA rows):", ""]
         + _protocols(med, _get(med, "val", "n_questions"), "threshold from the training sets")
         + _downstream(repo, ("cnn",), {}),

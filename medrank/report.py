@@ -303,7 +303,10 @@ def _rqe_rows(m: dict, sel: dict) -> list[str]:
            "something the CHQ names; overlap = share of the FAQ's content words in the CHQ. Rule: "
            f"{m.get('selection_rule')}.", ""]  # fmt: skip
     if m is sel:
-        held = "holds" if sel.get("default_has_choice") else f"lacks {sel.get('missing_from_default')}"
+        from medrank.models.rqe import missing_from_default
+
+        lacks = missing_from_default(sel.get("recipe") or {}, trained.get("trained") or {})
+        held = f"lacks {lacks}" if lacks else "holds"
         out[-2] += (f" The rows are {ANALYSIS_NOTE}; `finetune.rqe` trains the chosen sets only: it {held} the choice, "
                     f"and its own pick is `{trained.get('chosen')}`.")  # fmt: skip
     out += _table(["row", "CV accuracy", "AUC", "same-focus accuracy"] + [f"overlap {b}" for b in buckets], table)
@@ -313,10 +316,14 @@ def _rqe_rows(m: dict, sel: dict) -> list[str]:
     return out
 
 
-def _cnn(m: dict) -> list[str]:
+def _cnn(m: dict, crossenc: dict | None = None) -> list[str]:
+    """The SQuAD tables of stage cnn_squad; the dev sample gets analysis stage cnn_crossenc's row (same questions)."""
     out = []
+    extra = (crossenc or {}).get("dev_sample") or {}
+    if extra.get("n_questions") not in (None, (m.get("dev_sample") or {}).get("n_questions")):
+        extra = {}  # another sample (cnn.sample_questions changed since): `medrank report` flags the stale stage
     for part, title in (("dev", "all SQuAD dev questions"), ("dev_sample", "sample of SQuAD dev questions (every system)")):
-        d = m.get(part)
+        d = {**m.get(part, {}), **{k: v for k, v in extra.items() if k != "n_questions"}} if part == "dev_sample" and m.get(part) else m.get(part)
         if not d:
             continue
         systems = [k for k, v in d.items() if isinstance(v, dict)]
@@ -457,7 +464,7 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     lines += _qa_graded(metrics.get("qa_graded", {}))
     lines += _retrieve(metrics.get("retrieve", {}))
     lines += _finetune(metrics)
-    lines += _cnn(metrics.get("cnn_squad", {}))
+    lines += _cnn(metrics.get("cnn_squad", {}), metrics.get("cnn_crossenc", {}))
     lines += _nt_grid(metrics.get("nt_grid", {}))
     lines += _options(metrics.get("options", {}))
     lines += ["Every metrics file in full: `dvc metrics show`; the data counts and normalization statistics:", ""]

@@ -1,4 +1,9 @@
-"""DVC stage `cnn_crossenc`: MiniLM cross-encoder fine-tuned briefly on SQuAD-train sentence pairs, scored on the dev sample."""
+"""Analysis stage `cnn_crossenc` (analysis/dvc.yaml): a MiniLM cross-encoder fine-tuned briefly on SQuAD-train sentence
+pairs, scored on the dev sample of stage cnn_squad's table (same seed, same questions): the row a pretrained
+transformer gives beside the CNN. No default system reads it, so `dvc repro` does not pay its fine-tune.
+
+Writes data/interim/cnn/crossenc_dev_scores.parquet (one score per dev-sample sentence) and metrics/cnn_crossenc.json
+(`dev_sample`: MRR, MAP, P@1 as in metrics/cnn_squad.json, with the run's training record)."""
 
 import logging
 
@@ -6,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 
 from medrank import layout
-from medrank.data.sentence_selection import sample_pairs, sample_questions
+from medrank.data.sentence_selection import rank_metrics, sample_pairs, sample_questions
 from medrank.encoders.base import DEFAULT_MODEL, runtime_info
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.io import read_parquet, write_json, write_parquet
@@ -25,7 +30,7 @@ def main(params_path: str = "params.yaml") -> None:
     dev = sample_questions(pairs[pairs["split"] == "dev"], c.sample_questions, p.seed)
     if c.crossenc_train_pairs == 0:
         write_parquet(pd.DataFrame({"question_id": [], "sent_idx": [], "score": []}), layout.CROSSENC_DEV_SCORES, SCORES_SCHEMA)
-        write_json(layout.CROSSENC_META, {"skipped": True})
+        write_json(layout.metrics_file("cnn_crossenc"), {"skipped": True, "dev_sample": {"cross_encoder": "skipped (cnn.crossenc_train_pairs = 0)"}})
         return
     train = sample_pairs(pairs[pairs["split"] == "train"], c.crossenc_train_pairs, p.seed)
     model = CrossEncoder.from_base(DEFAULT_MODEL, num_labels=2, max_length=c.crossenc_max_length, device=p.device, seed=p.seed)
@@ -44,10 +49,12 @@ def main(params_path: str = "params.yaml") -> None:
     out = dev[["question_id", "sent_idx"]].assign(score=probs[:, 1].astype("float64"))
     write_parquet(out, layout.CROSSENC_DEV_SCORES, SCORES_SCHEMA)
     write_json(
-        layout.CROSSENC_META,
+        layout.metrics_file("cnn_crossenc"),
         {
             "skipped": False,
             "base_model": DEFAULT_MODEL,
+            "dev_sample": {"n_questions": int(dev["question_id"].nunique()), "cross_encoder": rank_metrics(dev, out["score"].to_numpy()),
+                           "cross_encoder_train_pairs": len(train)},  # fmt: skip
             "train_pairs": len(train),
             "train_questions": int(train["question_id"].nunique()),
             "history": history,
@@ -56,7 +63,6 @@ def main(params_path: str = "params.yaml") -> None:
             "runtime": runtime_info(model.device, train_precision=model.train_precision, predict_precision=model.train_precision),
         },
     )
-
 
 if __name__ == "__main__":
     run(main)

@@ -22,21 +22,16 @@ BI_MAX_LENGTH = 128  # tokens per question for the bi-encoders (consumer questio
 SELECTION_RULE = "best mean CV accuracy over the validation folds (grouped by CHQ); a tie keeps the earlier, simpler row"
 
 
-def selection_metrics(sel, data, default_sets: dict, seconds: dict) -> dict:
-    """metrics/rqe_selection.json: every row, the rule's choice, and whether finetune.rqe's sets hold that choice."""
+def selection_metrics(sel, data, seconds: dict) -> dict:
+    """metrics/rqe_selection.json: every row and the rule's choice (`medrank report` checks that finetune.rqe, as
+    metrics/finetune_rqe.json's `trained` records it, holds the choice: models.rqe.missing_from_default)."""
     from medrank.models import rqe
 
     recipe = sel.recipe.as_dict()
-    needed = {"extra_sets": [list(sel.best_ce[0])] if sel.best_ce[0] else [],
-              "bi_encoder_sets": [recipe["bi_encoder"]["extras"]] if recipe["bi_encoder"] and recipe["bi_encoder"]["extras"] else []}  # fmt: skip
-    missing = {k: [s for s in v if s not in default_sets[k]] for k, v in needed.items()}
     return {
         "chosen": sel.chosen,
         "recipe": {**recipe, "best_cross_encoder": {"extras": list(sel.best_ce[0]), "val_stage": sel.best_ce[1]}},
         "selection_rule": SELECTION_RULE,
-        "default_sets": default_sets,
-        "default_has_choice": not any(missing.values()),  # finetune.rqe trains the chosen row (and the best cross-encoder)
-        "missing_from_default": {k: v for k, v in missing.items() if v},
         "vs": rqe.paired_differences(sel, data),
         "rows": sel.rows,
         "n_val_pairs": len(data.y),
@@ -66,9 +61,9 @@ def main(params_path: str = "params.yaml", selection: bool = False) -> None:
 
     p = load_params(params_path)
     tp = p.finetune.rqe
-    default_sets = {"extra_sets": tp.extra_sets, "bi_encoder_sets": tp.bi_encoder_sets}
-    if selection:  # every candidate row (analysis.rqe), validation-only rows included
-        tp = tp.model_copy(update={**p.analysis.rqe.model_dump(), "val_only_rows": True})
+    trained = {"extra_sets": tp.extra_sets, "bi_encoder_sets": tp.bi_encoder_sets, "val_stages": tp.val_stages}
+    if selection:  # every candidate row (analysis.rqe), validation-only and every "> val" row included
+        tp = tp.model_copy(update={**p.analysis.rqe.model_dump(), "val_only_rows": True, "val_stages": ["cross_encoder", "bi_encoder"]})
     table = read_parquet(layout.CLEAN_RQE_PAIRS)
     task = rqe_task(table).capped(tp.max_eval_pairs)
     chq, faq = [a for a, _ in task.eval_pairs], [b for _, b in task.eval_pairs]
@@ -142,15 +137,15 @@ def main(params_path: str = "params.yaml", selection: bool = False) -> None:
         def predict_bi(model: SentenceEncoder, pairs) -> np.ndarray:
             return (model.encode([a for a, _ in pairs]) * model.encode([b for _, b in pairs])).sum(1)
 
-        families = [rqe.Family("cross_encoder", tp.extra_sets, pretrain_ce, val_ce, predict_ce)]
+        families = [rqe.Family("cross_encoder", tp.extra_sets, pretrain_ce, val_ce, predict_ce, "cross_encoder" in tp.val_stages)]
         if tp.bi_encoder_sets:
-            families.append(rqe.Family("bi_encoder", tp.bi_encoder_sets, pretrain_bi, val_bi, predict_bi))
+            families.append(rqe.Family("bi_encoder", tp.bi_encoder_sets, pretrain_bi, val_bi, predict_bi, "bi_encoder" in tp.val_stages))
         t0 = time.perf_counter()
         sel = rqe.select(data, sources, qtypes, families, cos, p.seed, val_only=tp.val_only_rows)
         seconds["selection"] = round(time.perf_counter() - t0, 1)
         if selection:
             live.log_metric("cv/accuracy", sel.rows[sel.chosen]["accuracy"], plot=False)
-            write_json(layout.metrics_file("rqe_selection"), selection_metrics(sel, data, default_sets, seconds))
+            write_json(layout.metrics_file("rqe_selection"), selection_metrics(sel, data, seconds))
             return
 
         # the final models: the chosen recipe's (and the best cross-encoder: retrieval always needs one), every validation pair
@@ -200,6 +195,7 @@ def main(params_path: str = "params.yaml", selection: bool = False) -> None:
         "base_model": tp.base_model,
         "base_fingerprint": final_ce.base_fingerprint,
         "chosen": sel.chosen,
+        "trained": trained,  # the rows this stage trains (finetune.rqe): analysis rqe_selection's choice must be among them
         "recipe": recipe,
         "selection_rule": SELECTION_RULE,
         "cv": {k: chosen[k] for k in ("accuracy", "accuracy_sd", "auc", "same_focus", "by_overlap")},

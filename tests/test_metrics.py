@@ -481,3 +481,16 @@ def test_ir_metrics_hand_computed():
     assert m["mrr"] == pytest.approx(0.5)
     assert m["precision@1"] == pytest.approx(0.0)
     assert m["map"] == pytest.approx(((1 / 2 + 2 / 3) / 2 + 1 / 2) / 2)
+
+
+def test_permutation_rho_has_the_bits_of_scipy_spearmanr():
+    """The official script's Spearman (scipy.stats.spearmanr) on permutations, computed ~6x faster, the same float."""
+    import scipy.stats
+
+    from medrank.metrics import _permutation_rho
+
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        n = int(rng.integers(2, 12))
+        x, y = rng.permutation(n).tolist(), rng.permutation(n).tolist()
+        assert _permutation_rho(x, y) == float(scipy.stats.spearmanr(x, y)[0])

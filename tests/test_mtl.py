@@ -123,6 +123,17 @@ def test_build_mtl_data_rows_shapes_and_empty_answers(tables, data):
     assert not data.rqe[aug].any() and data.rqe[~aug].any(axis=1).all()
 
 
+def test_augment_without_augmentation_pairs_is_one_error_naming_the_row(data):
+    """embed.augment_top 0 (the default) leaves no augmentation pairs: a config asking to train on them fails in one line
+    naming it, instead of training silently like augment: false."""
+    plain = data.pairs["augmented"].to_numpy() == 0
+    bare = mtl.MTLData(data.cand, data.pairs[plain].drop(columns="gid"), [g for g, k in zip(data.grids, plain) if k], data.rqe[plain])
+    mtl.check_augmentation(data, {"mtl.augment": MtlParams(augment=True)})  # the pairs exist: fine
+    mtl.check_augmentation(bare, {"mtl.augment": MtlParams(augment=False)})
+    with pytest.raises(MedrankError, match=r"params.yaml: analysis.mtl.rows \(aug\): augment needs .*embed.augment_top > 0"):
+        mtl.check_augmentation(bare, {"analysis.mtl.rows (plain)": MtlParams(augment=False), "analysis.mtl.rows (aug)": MtlParams(augment=True)})
+
+
 def test_candidate_without_entailed_answer_is_still_scored(tables):
     a, g, ret = tables
     q = a["qid"].iloc[0]

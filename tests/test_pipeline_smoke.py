@@ -75,18 +75,19 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
 
 
 def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
-    """`dvc repro analysis/dvc.yaml` runs the table stages and the candidate signals (qa, qa_graded) and nothing of the
+    """`dvc repro analysis/dvc.yaml` runs the table stages, the candidate signals (qa, qa_graded) and the CNN's
+    cross-encoder row (cnn_crossenc), and nothing of the
     default pipeline; their rows are
     the default stages' protocols (the MTL row on the mtl stage's folds, the RQE rows with the chosen sets' verdict,
     the confirmed row paired with the default seed by seed)."""
     assert tiny_repro.returncode == 0
-    tables = {tiny_repo / f"metrics/{m}.json" for m in ("rqe_selection", "baseline_ablations", "mtl_ablations", "mtl_confirm", "qa", "qa_graded")}
+    tables = {tiny_repo / f"metrics/{m}.json" for m in ("rqe_selection", "baseline_ablations", "mtl_ablations", "mtl_confirm", "qa", "qa_graded", "cnn_crossenc")}
     before = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))
                                             if p not in tables}  # fmt: skip
     r = _dvc("repro", "analysis/dvc.yaml", cwd=tiny_repo)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
-    assert ran == ["analysis/dvc.yaml:baseline_ablations", "analysis/dvc.yaml:mtl_ablations", "analysis/dvc.yaml:mtl_confirm",
+    assert ran == ["analysis/dvc.yaml:baseline_ablations", "analysis/dvc.yaml:cnn_crossenc", "analysis/dvc.yaml:mtl_ablations", "analysis/dvc.yaml:mtl_confirm",
                    "analysis/dvc.yaml:qa", "analysis/dvc.yaml:qa_graded", "analysis/dvc.yaml:rqe_selection"], r.stdout
     after = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))}
     assert {k: v for k, v in after.items() if k in before} == before  # no default output touched
@@ -108,11 +109,16 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
         assert len(scores) and scores[col].between(0, 1).all(), name
     graded = json.loads((tiny_repo / "metrics/qa_graded.json").read_text())
     assert graded["n_judged_questions"] == 2 and all(f["n_train_judged"] > 0 for f in graded["folds"])
+    # the cross-encoder's SQuAD row: the dev sample of the default cnn_squad table, the same questions
+    crossenc, squad = (json.loads((tiny_repo / f"metrics/{m}.json").read_text())["dev_sample"] for m in ("cnn_crossenc", "cnn_squad"))
+    assert crossenc["n_questions"] == squad["n_questions"] and 0 <= crossenc["cross_encoder"]["mrr"] <= 1 and "cross_encoder" not in squad
     sel = json.loads((tiny_repo / "metrics/rqe_selection.json").read_text())
     trained = json.loads((tiny_repo / "metrics/finetune_rqe.json").read_text())
     assert {"ce: amia", "ce: val", "bi: val"} <= set(sel["rows"]) and sel["chosen"] in sel["rows"]
     assert "bi: meqsum" in sel["rows"] and "bi: meqsum" not in trained["rows"]  # finetune_rqe trains finetune.rqe's sets only
-    assert sel["default_has_choice"] == (not sel["missing_from_default"])
+    from medrank.models.rqe import missing_from_default
+
+    assert trained["trained"]["val_stages"] == ["cross_encoder", "bi_encoder"] and isinstance(missing_from_default(sel["recipe"], trained["trained"]), dict)
     status = _dvc("status", "analysis/dvc.yaml", cwd=tiny_repo)
     assert "up to date" in status.stdout, status.stdout
 

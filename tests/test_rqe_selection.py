@@ -121,6 +121,34 @@ def test_select_measures_every_row_and_keeps_the_best_on_the_cv(qtypes):
         np.mean(np.subtract(sel.rows[sel.chosen]["accuracy_folds"], sel.rows["ce: amia"]["accuracy_folds"])), abs=1e-4)
 
 
+def test_a_family_without_val_stage_fine_tunes_no_fold_model_and_the_report_names_what_the_default_lacks(qtypes):
+    """finetune.rqe.val_stages: a family left out trains its pretrained rows only (no fold fine-tune runs);
+    missing_from_default compares analysis rqe_selection's choice with the rows the default trains."""
+    rng = np.random.default_rng(1)
+    n = 60
+    chq = [f"Asthma. question {i // 2}" for i in range(n)]
+    y = np.array([0, 1] * (n // 2))
+    data = rqe.CvData(chq, [f"What are the treatments for asthma {i}?" for i in range(n)], y, grouped_folds(np.asarray(chq), 3, seed=0))
+    calls = []
+
+    def train_val(pairs, labels, init):
+        calls.append(len(pairs))
+        return init
+
+    fam = rqe.Family("cross_encoder", [["meqsum"]], lambda pairs, labels, name: {"m": 1}, train_val,
+                     lambda model, pairs: np.full(len(pairs), 0.5), val_stage=False)  # fmt: skip
+    src = rqe.PairSources(pd.DataFrame({"chq": ["a", "b"], "faq": ["c", "d"], "label": [0, 1]}),
+                          pd.DataFrame({"chq": ["x", "y"], "summary": ["What causes asthma?", "What is gout?"]}),
+                          pd.DataFrame(), MEDQUAD, medquad_pairs=4)  # fmt: skip
+    sel = rqe.select(data, src, qtypes, [fam], rng.random(n), seed=0, val_only=False)
+    assert calls == [] and "ce: meqsum" in sel.rows and "ce: meqsum > val" not in sel.rows
+    recipe = {"best_cross_encoder": {"extras": ["meqsum"], "val_stage": False}, "bi_encoder": {"extras": ["meqsum", "liveqa"], "val_stage": True}}
+    held = {"extra_sets": [["meqsum"]], "bi_encoder_sets": [["meqsum", "liveqa"]], "val_stages": ["bi_encoder"]}
+    assert rqe.missing_from_default(recipe, held) == {}
+    assert rqe.missing_from_default(recipe, {**held, "val_stages": []}) == {"val_stages": ["bi_encoder"]}
+    assert rqe.missing_from_default(recipe, {**held, "extra_sets": [["amia"]]}) == {"extra_sets": [["meqsum"]]}
+
+
 def test_stack_linear_form_reproduces_the_pipeline_and_does_not_starve_a_small_spread_column():
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 400)

@@ -377,11 +377,9 @@ def answer_scores(
 # ---------------------------------------------------------------- SQuAD dev: the CNN beside lexical rankers
 
 
-def squad_comparison(
-    dev: pd.DataFrame, ranker: CnnRanker, crossenc_scores: pd.DataFrame, crossenc_meta: dict, sample_size: int, seed: int
-) -> dict[str, dict]:
-    """MRR, MAP, P@1 on SQuAD dev of word overlap, IDF overlap, BM25 and the CNN (every dev question, and a seeded
-    sample of `sample_size`), and of the fine-tuned cross-encoder (its `crossenc_scores`: the sample only)."""
+def squad_comparison(dev: pd.DataFrame, ranker: CnnRanker, sample_size: int, seed: int) -> dict[str, dict]:
+    """MRR, MAP, P@1 on SQuAD dev of word overlap, IDF overlap, BM25 and the CNN: every dev question, and the seeded
+    sample of `sample_size` questions the fine-tuned cross-encoder (analysis stage cnn_crossenc) is scored on."""
     scores = {
         "word_overlap": ss.tie_break(ss.word_overlap_scores(dev), seed),
         "idf_overlap": ss.tie_break(ss.idf_overlap_scores(dev, ranker.encoder.idf), seed),
@@ -390,19 +388,9 @@ def squad_comparison(
     }
     full = {"n_questions": int(dev["question_id"].nunique())}
     full.update({name: ss.rank_metrics(dev, s) for name, s in scores.items()})
-
-    # the sample every system is scored on, the cross-encoder included (its inference is the costly part)
     sample_ids = set(ss.sample_questions(dev, sample_size, seed)["question_id"])
     mask = dev["question_id"].isin(sample_ids).to_numpy()
     sample_rows = dev[mask].reset_index(drop=True)
     sample = {"n_questions": len(sample_ids)}
     sample.update({name: ss.rank_metrics(sample_rows, s[mask]) for name, s in scores.items()})
-    if crossenc_meta.get("skipped"):
-        sample["cross_encoder"] = "skipped (cnn.crossenc_train_pairs = 0)"
-    else:
-        merged = sample_rows[["question_id", "sent_idx"]].merge(crossenc_scores, on=["question_id", "sent_idx"], how="left")
-        if merged["score"].isna().any():
-            raise MedrankError("the cross-encoder's dev scores do not cover the dev sample: re-run the cnn_crossenc stage")
-        sample["cross_encoder"] = ss.rank_metrics(sample_rows, merged["score"].to_numpy(dtype=np.float64))
-        sample["cross_encoder_train_pairs"] = crossenc_meta["train_pairs"]
     return {"dev": full, "dev_sample": sample}

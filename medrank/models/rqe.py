@@ -399,6 +399,7 @@ class Family:
     pretrain: Callable[[list[Pair], np.ndarray, str], object]
     train_val: TrainFn
     predict: PredictFn
+    val_stage: bool = True  # also the "> val" rows (a fine-tune per fold and set); off: the pretrained rows only
 
 
 @dataclass
@@ -472,7 +473,8 @@ def select(
             model = fam.pretrain(*cache[key], f"{tag}/{'+'.join(key)}")
             pretrained[(fam.kind, key)] = model
             add(f"{tag}: {row_name(key, False)}", fam.kind, fam.predict(model, data.pairs), recipe(key, False))
-            add(f"{tag}: {row_name(key, True)}", fam.kind, cv_scores(data, model, fam.train_val, fam.predict), recipe(key, True))
+            if fam.val_stage:
+                add(f"{tag}: {row_name(key, True)}", fam.kind, cv_scores(data, model, fam.train_val, fam.predict), recipe(key, True))
 
     def best(kinds: tuple[str, ...]) -> str | None:
         out = None
@@ -499,6 +501,17 @@ def select(
     needed = {("cross_encoder", scores[ce_name][2].ce[0])} | ({("bi_encoder", recipe.bi[0])} if recipe.bi else set())
     keep = {k: m for k, m in pretrained.items() if k in needed}
     return Selection(rows, chosen, recipe, scores[ce_name][2].ce, prob, columns, keep, n_pairs)
+
+
+def missing_from_default(recipe: dict, trained: dict) -> dict[str, list]:
+    """What finetune.rqe lacks of analysis rqe_selection's choice: `recipe` = metrics/rqe_selection.json's (with
+    `best_cross_encoder`: retrieval always needs a cross-encoder), `trained` = metrics/finetune_rqe.json's (extra_sets,
+    bi_encoder_sets, val_stages). Empty: the default trains the chosen row and the best cross-encoder."""
+    ce, bi = recipe.get("best_cross_encoder") or {}, recipe.get("bi_encoder") or {}
+    needed = {"extra_sets": [ce["extras"]] if ce.get("extras") else [], "bi_encoder_sets": [bi["extras"]] if bi.get("extras") else [],
+              "val_stages": [k for k, part in (("cross_encoder", ce), ("bi_encoder", bi)) if part.get("val_stage")]}  # fmt: skip
+    missing = {k: [s for s in v if s not in (trained.get(k) or [])] for k, v in needed.items()}
+    return {k: v for k, v in missing.items() if v}
 
 
 def paired_differences(sel: Selection, data: CvData, baselines: Sequence[str] = ("ce: amia", ZERO_SHOT)) -> dict:

@@ -160,3 +160,14 @@ def build_mtl_data(
         rvec += [zero] * len(missing)
     rqe_arr = np.stack(rvec) if rvec else np.zeros((0, hidden), dtype=np.float32)
     return MTLData(cand, pairs, grids, rqe_arr)
+
+
+def check_augmentation(data: MTLData, configs: dict, where: str = "params.yaml") -> None:
+    """One error line when a config (name -> MtlParams) trains on augmentation pairs the data has none of (embed.augment_top
+    0): augment: true would silently train like augment: false."""
+    if data.pairs["augmented"].any():
+        return
+    wants = [name for name, cfg in configs.items() if cfg.augment]
+    if wants:
+        raise MedrankError(f"{where}: {wants[0]}: augment needs the embed stage's augmentation pairs and the NLI grids have none: "
+                           "set embed.augment_top > 0 (e.g. `dvc exp run -S embed.augment_top=3 -S mtl.augment=true`)")
