@@ -64,5 +64,6 @@ def main(params_path: str = "params.yaml") -> None:
         },
     )
 
+
 if __name__ == "__main__":
     run(main)
