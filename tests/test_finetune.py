@@ -91,7 +91,7 @@ def workdir(tmp_path_factory) -> Path:
         "device": "cpu",
         "finetune": {"nli": task, "rqe": {**task, "epochs": 1, "medquad_pairs": 12, "folds": 2, "val_epochs": 1, "bi_encoder": str(base),
                                           "extra_sets": [["amia"], ["meqsum", "liveqa", "medquad"]], "bi_encoder_sets": [["meqsum"]],
-                                          "val_only_rows": True}},  # fmt: skip
+                                          "val_only_rows": True, "val_stages": ["cross_encoder", "bi_encoder"]}},  # fmt: skip
     }
     write_params(root, params)
     return root
