@@ -19,6 +19,9 @@ from medrank.runner import run
 
 log = logging.getLogger("stages.finetune_rqe")
 BI_MAX_LENGTH = 128  # tokens per question for the bi-encoders (consumer questions run long)
+# finetune.rqe keys the selection (main(selection=True)) replaces: analysis.rqe's sets, every row; the others it reads as
+# they are, and analysis/dvc.yaml's rqe_selection declares exactly those (tests/test_layout.py)
+SELECTION_OVERRIDES = ("extra_sets", "bi_encoder_sets", "val_only_rows", "val_stages")
 SELECTION_RULE = "best mean CV accuracy over the validation folds (grouped by CHQ); a tie keeps the earlier, simpler row"
 
 
@@ -63,7 +66,9 @@ def main(params_path: str = "params.yaml", selection: bool = False) -> None:
     tp = p.finetune.rqe
     trained = {"extra_sets": tp.extra_sets, "bi_encoder_sets": tp.bi_encoder_sets, "val_stages": tp.val_stages}
     if selection:  # every candidate row (analysis.rqe), validation-only and every "> val" row included
-        tp = tp.model_copy(update={**p.analysis.rqe.model_dump(), "val_only_rows": True, "val_stages": ["cross_encoder", "bi_encoder"]})
+        update = {**p.analysis.rqe.model_dump(), "val_only_rows": True, "val_stages": ["cross_encoder", "bi_encoder"]}
+        assert set(update) == set(SELECTION_OVERRIDES), update
+        tp = tp.model_copy(update=update)
     table = read_parquet(layout.CLEAN_RQE_PAIRS)
     task = rqe_task(table).capped(tp.max_eval_pairs)
     chq, faq = [a for a, _ in task.eval_pairs], [b for _, b in task.eval_pairs]

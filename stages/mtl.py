@@ -53,7 +53,8 @@ def main(params_path: str = "params.yaml", ablations: bool = False, confirm: boo
     scores = read_answer_scores(answers, set().union(*(r.feature_groups for r in configs)))
     data = mtl.build_mtl_data(answers, read_parquet(L.NLI_GRID), retrieved, n_candidates=p.n_candidates, scores=scores)
     tfidf = {r.tfidf_max_features: medquad_tfidf(r.tfidf_max_features) for r in configs if "bow" in r.feature_groups}
-    mtl.check_augmentation(data, {f"analysis.mtl.rows ({n})": r for n, (_, r) in rows.items()} if rows else {"mtl.augment": mp}, params_path)
+    named = {"mtl.augment" if n == "default" else f"analysis.mtl.rows ({n})": r for n, (_, r) in rows.items()} if rows else {"mtl.augment": mp}
+    mtl.check_augmentation(data, named, params_path)
 
     def builder(r):
         return mtl.builder_factory(r.feature_groups, p.n_candidates, tfidf.get(r.tfidf_max_features))

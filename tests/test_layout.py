@@ -150,3 +150,13 @@ def test_score_declares_exactly_the_saved_inference_recipe():
     expanded = {k for k in keys(recipe) if k.split(".")[0] not in sections} | sections
     assert declared == expanded
     assert "backend" not in recipe["embed"] and "ray" not in recipe["retrieve"]
+
+
+def test_rqe_selection_declares_the_finetune_rqe_keys_it_reads():
+    """rqe_selection replaces finetune.rqe's row sets (stages.finetune_rqe.SELECTION_OVERRIDES) and reads every other
+    key: declared exactly, so a new training knob cannot go undeclared and a default's sets cannot make it stale."""
+    from medrank.params import FinetuneRqeParams
+    from stages.finetune_rqe import SELECTION_OVERRIDES
+
+    declared = {k for k in yaml.safe_load((REPO / "analysis/dvc.yaml").read_text())["stages"]["rqe_selection"]["params"] if k.startswith("finetune.")}
+    assert declared == {f"finetune.rqe.{k}" for k in FinetuneRqeParams.model_fields if k not in SELECTION_OVERRIDES}
