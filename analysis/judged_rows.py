@@ -2,7 +2,8 @@
 
 Each mode (none | ranker | all) of the default baseline is run under question-grouped CV and LOSO for
 `baseline.spread_seeds` seeds (the stage's seed and the next ones), paired by seed, on the committed outputs (no
-stage is re-run; nothing but metrics/judged_rows.json is written). Per mode: the rule's filter score (mean of CV and
+stage is re-run; nothing but metrics/judged_rows.json is written; the judged answers' bi-encoder scores, which stage
+bienc writes only with `bienc.judged`, are computed here through its cache). Per mode: the rule's filter score (mean of CV and
 LOSO mean accuracy) and order score (`evaluation.order_score`: MRR and Spearman), their paired difference to `none`,
 and `win` when that difference exceeds the sd of `none`'s score over the seeds. `medrank report` renders it.
 
@@ -27,8 +28,12 @@ from medrank import layout as L  # noqa: E402
 from medrank.evaluation import confirm_table, order_score, rounded  # noqa: E402
 from medrank.io import write_json  # noqa: E402
 from medrank.models import baseline as B  # noqa: E402
-from medrank.params import load_params  # noqa: E402
+from medrank.data.judged import judged_answers  # noqa: E402
+from medrank.features import cap_questions  # noqa: E402
+from medrank.io import read_parquet  # noqa: E402
+from medrank.params import BIENC_GROUPS, load_params  # noqa: E402
 from stages.baseline import load_tables  # noqa: E402
+from stages.bienc import score_answers  # noqa: E402
 
 OUT = ROOT / "metrics" / "judged_rows.json"
 MODES = ("none", "ranker", "all")
@@ -46,11 +51,15 @@ def main() -> None:
     p = load_params("params.yaml")
     bp = p.baseline
     seeds = [p.seed + i for i in range(bp.spread_seeds)]
+    extra = None
+    if set(bp.features) & set(BIENC_GROUPS) and not p.bienc.judged:  # stage bienc left them out: scored here, the same way
+        answers = cap_questions(read_parquet(L.ANSWERS), p.max_questions_per_split)
+        extra = {L.BIENC: score_answers(judged_answers(read_parquet(L.JUDGED), answers), p)[0]}
     runs: dict[str, list[dict]] = {}
     bar = tqdm(total=len(MODES) * len(seeds), desc="judged_rows runs", unit="run")
     for mode in MODES:
         cfg = B.BaselineConfig(bp.model_copy(update={"judged_rows": mode}), tuple(bp.features), p.n_candidates, p.seed)
-        _, labelled, *_ , tfidf = load_tables(p, set(bp.features), mode != "none")
+        _, labelled, *_ , tfidf = load_tables(p, set(bp.features), mode != "none", extra)
         runs[mode] = []
         for seed in seeds:
             r = B.protocols(labelled, replace(cfg, seed=seed), tfidf, L.LABELLED_SPLITS)

@@ -147,13 +147,18 @@ def question_chars_median(answers: pd.DataFrame) -> dict[str, int]:
 def per_question_scores(decided: pd.DataFrame, cand: pd.DataFrame) -> pd.DataFrame:
     """Official accuracy and Spearman (official + true; 0 with fewer than 2 kept correct answers, the paper's
     convention) of each question, with its number of valid answers."""
-    rows = []
-    for g, d in decided.groupby("gid", sort=False):
-        truth = cand[cand["gid"] == g]
-        sub = ranked_rows(d)[["gid", "aid", "label"]].rename(columns={"gid": "qid"})
-        m = score_task3(gold_of(truth), sub)
-        rows.append({"gid": g, "n_valid": int(truth["label"].sum()), "accuracy": m["accuracy"], "spearman": m["spearman"], "spearman_true": m["spearman_true"]})
-    return pd.DataFrame(rows)
+    gids = pd.unique(decided["gid"])
+    truth = cand[cand["gid"].isin(set(gids))]
+    sub = ranked_rows(decided)[["gid", "aid", "label"]].rename(columns={"gid": "qid"})
+    q = task3_by_question(gold_of(truth), sub).set_index("qid").loc[gids]  # one question's score_task3, per question
+    defined = q["rho"].notna()
+    return pd.DataFrame({
+        "gid": gids,
+        "n_valid": truth.groupby("gid")["label"].sum().loc[gids].astype(int).to_numpy(),
+        "accuracy": (q["matches"] / q["gold_rows"]).to_numpy(),
+        "spearman": q["rho"].where(defined, 0.0).to_numpy(),
+        "spearman_true": q["rho_true"].where(defined, 0.0).to_numpy(),
+    })  # fmt: skip
 
 
 def error_analysis(decided: pd.DataFrame, cand: pd.DataFrame) -> dict[str, pd.DataFrame]:

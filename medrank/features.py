@@ -170,13 +170,17 @@ def answer_scores(answers: pd.DataFrame, scores: pd.DataFrame, column: str, sour
     return merged[column].to_numpy(dtype=float)
 
 
-def read_answer_scores(answers: pd.DataFrame, groups: set[str] | Sequence[str]) -> dict[str, np.ndarray]:
-    """The per-answer scores other stages wrote (medrank.layout.SCORE_FILES) that `groups` read, aligned to `answers`."""
+def read_answer_scores(answers: pd.DataFrame, groups: set[str] | Sequence[str], extra: dict | None = None) -> dict[str, np.ndarray]:
+    """The per-answer scores other stages wrote (medrank.layout.SCORE_FILES) that `groups` read, aligned to `answers`;
+    `extra` ({score file: more rows of it}) adds rows the file lacks (analysis/judged_rows.py: the judged answers')."""
     from medrank.io import read_parquet
     from medrank.layout import SCORE_FILES
 
     wanted = [(col, path) for group, (_, path) in SCORE_FILES.items() if group in groups for col in _GROUP_COLUMNS[group]]
     tables = {path: read_parquet(path) for _, path in wanted}  # bienc, heading and qtype share one file: read once
+    for path, rows in (extra or {}).items():
+        if path in tables:
+            tables[path] = pd.concat([tables[path], rows], ignore_index=True)
     return {col: answer_scores(answers, tables[path], col, str(path)) for col, path in wanted}
 
 

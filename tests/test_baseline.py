@@ -9,7 +9,7 @@ from medrank.decision import em_prior_shift, grouped_folds, keep_labels, select_
 from medrank.errors import MedrankError
 from medrank.evaluation import evaluate, ranked_rows
 from medrank.models.baseline import BaselineConfig, FittedBaseline, RankSVM, cross_validate, fit_baseline, leave_one_source_out, pairwise_differences, protocols
-from medrank.params import BaselineParams
+from medrank.params import BaselineParams, Params
 
 
 def config(groups=None, seed=13, ranker="svm", **params) -> BaselineConfig:
@@ -256,3 +256,11 @@ def test_judged_rows_need_groups_with_inputs():
         BaselineParams(features=["metadata", "anli"], judged_rows="all")
     assert BaselineParams(features=["metadata", "anli"], judged_rows="none").judged_rows == "none"
     assert BaselineParams(features=["metadata", "bienc"], judged_rows="ranker").judged_rows == "ranker"
+
+
+def test_judged_rows_need_the_judged_answers_bienc_scores():
+    # stage bienc scores the judged answers only with bienc.judged (the default systems never read them)
+    with pytest.raises(ValueError, match="baseline.judged_rows: 'ranker' .* bienc scores stage bienc writes only with bienc.judged: true"):
+        Params(baseline={"features": ["metadata", "bienc"], "judged_rows": "ranker"})
+    assert Params(baseline={"features": ["metadata", "bienc"], "judged_rows": "ranker"}, bienc={"judged": True}).bienc.judged
+    assert Params(baseline={"features": ["metadata", "rqe"], "judged_rows": "all"}).baseline.judged_rows == "all"  # no bienc input read

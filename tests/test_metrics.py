@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from medrank.errors import MedrankError
 from medrank.metrics import (
+    _resampled_scores,
     gold_from_answers,
     ir_metrics,
     paired_bootstrap,
@@ -371,6 +372,23 @@ def test_paired_bootstrap_same_scores_in_another_order_tie():
     counts = [np.bincount(rng.integers(3, size=3), minlength=3) for _ in range(400)]
     assert out["p_better"] == pytest.approx(np.mean([c[2] > c[0] for c in counts]), abs=1e-4)
     assert out["p_worse"] == pytest.approx(np.mean([c[2] < c[0] for c in counts]), abs=1e-4)
+
+
+def test_resampled_scores_are_task3_scores_of_each_resample_bit_for_bit():
+    # paired_bootstrap scores every resample at once: the same floats as scoring each resample's rows one at a time
+    rng = np.random.default_rng(0)
+    n = 40
+    rho = np.where(rng.random(n) < 0.3, np.nan, rng.uniform(-1, 1, n))
+    rows = pd.DataFrame({"qid": [str(i) for i in range(n)], "gold_rows": rng.integers(2, 10, n), "matches": rng.integers(0, 3, n),
+                         "predicted_positive": rng.integers(0, 4, n), "correct_positive": rng.integers(0, 2, n), "rr": rng.random(n),
+                         "rho": rho, "rho_true": np.where(np.isnan(rho), np.nan, rng.uniform(-1, 1, n))})  # fmt: skip
+    rows.loc[:5, "predicted_positive"] = 0
+    idx = np.stack([rng.integers(n, size=n) for _ in range(50)] + [np.zeros(n, dtype=np.int64)])  # the last: q0 only (no rho, no positive)
+    fast = _resampled_scores(rows, idx)
+    for r, i in enumerate(idx):
+        slow = task3_scores_of(rows.iloc[i])
+        for m in fast:
+            assert fast[m][r] == slow[m], (r, m)
 
 
 def test_paired_bootstrap_refuses_unpaired_rows():
