@@ -81,6 +81,7 @@ class CnnParams(_Section):
     train_embeddings: bool = False
     max_train_questions: int | None = Field(default=20000, ge=1)  # SQuAD train questions; None = all
     val_articles: int = Field(default=10, ge=1)  # SQuAD train articles held out to pick the best epoch
+    patience: int | None = Field(default=1, ge=1)  # epochs without a better held-out MAP before stopping (the best is kept); None = all
     sample_questions: int = Field(default=2000, ge=1)  # SQuAD dev questions scored by every system incl. the cross-encoder
     crossenc_train_pairs: int = Field(default=6000, ge=0)  # SQuAD train sentence pairs to fine-tune MiniLM; 0 = skip
     crossenc_epochs: int = Field(default=1, ge=1)

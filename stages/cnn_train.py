@@ -40,7 +40,7 @@ def main(params_path: str = "params.yaml") -> None:
     ranker = CnnRanker.create(WordVectors.load(layout.WORD2VEC_MODEL), idf, arch, seed=p.seed)
     enc_train = ranker.encoder.encode(train["question"].tolist(), train["sentence"].tolist())
     enc_val = ranker.encoder.encode(val["question"].tolist(), val["sentence"].tolist())
-    tc = TrainConfig(optimizer=c.optimizer, lr=c.lr, l2=c.l2, epochs=c.epochs, batch_size=c.batch_size)
+    tc = TrainConfig(optimizer=c.optimizer, lr=c.lr, l2=c.l2, epochs=c.epochs, batch_size=c.batch_size, patience=c.patience)
 
     with Live(str(layout.plots_dir("cnn_train")), save_dvc_exp=False, dvcyaml=None) as live:
 

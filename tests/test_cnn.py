@@ -281,6 +281,12 @@ def test_train_save_load_roundtrip_and_beats_chance(pairs: pd.DataFrame, tmp_pat
         on_epoch=lambda e, loss: seen.append(loss) or -loss,
     )
     assert [h["epoch"] for h in history] == [1, 2, 3] and len(seen) == 3
+    # patience: training stops after `patience` epochs without a better score; the best epoch's weights are kept
+    scores_by_epoch = iter([0.5, 0.7, 0.6, 0.65, 0.9])
+    stopped = CnnRanker.create(loaded, idf, {"n_filters": 8, "hidden_size": 8, "conv_width": 3, "dropout": 0.0}, seed=0)
+    hist = stopped.fit(enc, train["label"].to_numpy(), TrainConfig(epochs=5, batch_size=4, lr=1.0, patience=2), seed=0,
+                       on_epoch=lambda e, loss: next(scores_by_epoch))  # fmt: skip
+    assert [h["epoch"] for h in hist] == [1, 2, 3, 4]
     scores = ranker.predict(dev["question"].tolist(), dev["sentence"].tolist())
     assert ((scores > 0) & (scores < 1)).all()
     # overlap features carry most of the signal: even this tiny model ranks dev above chance

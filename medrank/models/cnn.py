@@ -229,6 +229,7 @@ class TrainConfig:
     l2: float = 1e-5
     epochs: int = 3
     batch_size: int = 50
+    patience: int | None = None  # stop after this many epochs without a better validation score; None = all epochs
 
 
 def make_optimizer(model: nn.Module, tc: TrainConfig) -> torch.optim.Optimizer:
@@ -269,12 +270,13 @@ class CnnRanker:
         seed: int,
         on_epoch: Callable[[int, float], float | None] | None = None,
     ) -> list[dict]:
-        """Train with cross-entropy; `on_epoch(epoch, mean_loss)` may return a validation score to keep the best epoch."""
+        """Train with cross-entropy; `on_epoch(epoch, mean_loss)` may return a validation score to keep the best epoch
+        (and, with `tc.patience`, to stop once that many epochs in a row did not beat it: the kept weights are the same)."""
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)
         opt = make_optimizer(self.model, tc)
         y = torch.tensor(np.asarray(labels, dtype=np.int64))
-        history, best, best_state = [], -math.inf, None
+        history, best, best_state, stale = [], -math.inf, None, 0
         from tqdm import tqdm
 
         for epoch in range(1, tc.epochs + 1):
@@ -292,8 +294,12 @@ class CnnRanker:
             history.append({"epoch": epoch, "train_loss": mean_loss, "val_score": score})
             log.info("cnn epoch %d: loss %.4f val %s", epoch, mean_loss, score)
             if score is not None and score > best:
-                best = score
+                best, stale = score, 0
                 best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            elif score is not None:
+                stale += 1
+                if tc.patience is not None and stale >= tc.patience:
+                    break
         if best_state is not None:
             self.model.load_state_dict(best_state)
         return history
