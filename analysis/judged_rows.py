@@ -3,7 +3,7 @@
 Each mode (none | ranker | all) of the default baseline is run under question-grouped CV and LOSO for
 `baseline.spread_seeds` seeds (the stage's seed and the next ones), paired by seed, on the committed outputs (no
 stage is re-run; nothing but metrics/judged_rows.json is written; the judged answers' bi-encoder scores, which stage
-bienc writes only with `bienc.judged`, are computed here through its cache). Per mode: the rule's filter score (mean of CV and
+bienc writes only with `bienc.judged`, are computed here, read-only through its cache). Per mode: the rule's filter score (mean of CV and
 LOSO mean accuracy) and order score (`evaluation.order_score`: MRR and Spearman), their paired difference to `none`,
 and `win` when that difference exceeds the sd of `none`'s score over the seeds. `medrank report` renders it.
 
@@ -54,7 +54,7 @@ def main() -> None:
     extra = None
     if set(bp.features) & set(BIENC_GROUPS) and not p.bienc.judged:  # stage bienc left them out: scored here, the same way
         answers = cap_questions(read_parquet(L.ANSWERS), p.max_questions_per_split)
-        extra = {L.BIENC: score_answers(judged_answers(read_parquet(L.JUDGED), answers), p)[0]}
+        extra = {L.BIENC: score_answers(judged_answers(read_parquet(L.JUDGED), answers), p, read_only=True)[0]}  # the cache is stage bienc's
     runs: dict[str, list[dict]] = {}
     bar = tqdm(total=len(MODES) * len(seeds), desc="judged_rows runs", unit="run")
     for mode in MODES:

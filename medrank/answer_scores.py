@@ -43,6 +43,7 @@ def bienc_cosines(
     batch_size: int = 32,
     device: str = "auto",
     read_only: bool = False,
+    precision: str = "fp32",
 ) -> tuple[dict[str, np.ndarray], dict]:
     """cosine(question_i, text_i) of mean-pooled, L2-normalised bi-encoder vectors (zero-shot MiniLM) for each
     named list of texts (e.g. answers, their headings), and the encoding stats (texts, unique, cached, computed, texts/s).
@@ -50,7 +51,7 @@ def bienc_cosines(
     One encoding pass over the questions and every text: vectors come from medrank.encoders.extract
     (content-addressed cache under `cache_root`: a re-run encodes only texts it has not seen). Texts are
     truncated to `max_length` tokens. `model`: a name, or a loaded encoder (then `max_length`/`device` are its own).
-    `read_only`: nothing is written under `cache_root`.
+    `read_only`: nothing is written under `cache_root`. `precision`: fp32 | bf16 (its own cache namespace).
     """
     from medrank.encoders.extract import cached_sentence_embeddings
     from medrank.encoders.sentence_encoder import SentenceEncoder
@@ -60,7 +61,7 @@ def bienc_cosines(
             raise MedrankError(f"{len(questions)} questions for {len(values)} {name}")
     bi = model if isinstance(model, SentenceEncoder) else SentenceEncoder(model, device=device, max_length=max_length)
     flat = list(questions) + [t for values in texts.values() for t in values]
-    emb, stats = cached_sentence_embeddings(bi, flat, cache_root, "fp32", batch_size, read_only=read_only)
+    emb, stats = cached_sentence_embeddings(bi, flat, cache_root, precision, batch_size, read_only=read_only)
     log.info("bi-encoder vectors: %s", stats.as_dict())
     n = len(questions)
     q = emb[:n]
@@ -68,13 +69,13 @@ def bienc_cosines(
 
 
 def answer_bienc_scores(answers: pd.DataFrame, model: str | SentenceEncoder, *, cache_root: str | Path, batch_size: int, max_length: int = 256, device: str = "auto",
-                        read_only: bool = False) -> tuple[dict[str, np.ndarray], dict]:  # fmt: skip
+                        read_only: bool = False, precision: str = "fp32") -> tuple[dict[str, np.ndarray], dict]:  # fmt: skip
     """Groups bienc and heading of normalized answers (question_norm, answer_norm): bienc_cos = cosine(question,
     answer), heading_cos = cosine(question, the answer's heading), and the encoding stats (`bienc_cosines`)."""
     answer = answers["answer_norm"].fillna("").astype(str)
     texts = {"bienc_cos": answer.tolist(), "heading_cos": answer.map(answer_heading).tolist()}
     return bienc_cosines(answers["question_norm"].fillna("").tolist(), texts, model, cache_root=cache_root, max_length=max_length,
-                         batch_size=batch_size, device=device, read_only=read_only)  # fmt: skip
+                         batch_size=batch_size, device=device, read_only=read_only, precision=precision)  # fmt: skip
 
 
 # ---------------------------------------------------------------- question type (group qtype)

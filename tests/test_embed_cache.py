@@ -329,6 +329,22 @@ def test_bienc_cosines_one_pass_per_named_text_list(tmp_path, tiny_models):
     assert stats2["computed"] == 0 and all(np.array_equal(cos[k], again[k]) for k in cos)
     with pytest.raises(MedrankError, match="2 questions for 1 heading_cos"):
         bienc_cosines(questions, {"heading_cos": ["x"]}, str(tiny_models["base"]), cache_root=tmp_path, device="cpu")
+    # bienc.precision: bf16 vectors live in their own namespace (a precision change never reads the other's vectors)
+    b16, stats3 = bienc_cosines(questions, texts, str(tiny_models["base"]), cache_root=tmp_path, device="cpu", precision="bf16")
+    assert stats3["computed"] == 6 and "-bf16-" in stats3["namespace"] and "-fp32-" in stats["namespace"]
+    assert all(np.abs(b16[k] - cos[k]).max() < 0.05 for k in cos)
+
+
+def test_hardware_precision_is_the_hardware_not_a_timing(monkeypatch):
+    from medrank.encoders import base
+
+    assert base.hardware_precision("cpu", "fp32") == "fp32" and base.hardware_precision("cpu", "bf16") == "bf16"
+    monkeypatch.setattr(base, "native_bf16", lambda device: True)
+    assert base.hardware_precision("cpu") == "bf16"
+    monkeypatch.setattr(base, "native_bf16", lambda device: False)
+    assert base.hardware_precision("cpu") == "fp32"
+    with pytest.raises(MedrankError, match="precision 'int8': expected auto, fp32 or bf16"):
+        base.hardware_precision("cpu", "int8")
 
 
 # ---------------------------------------------------------------------- the stages, N = 3 -> 5 -> 5

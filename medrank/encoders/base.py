@@ -711,6 +711,17 @@ def pick_threads(step: Callable[[], Any], requested: int | None = None, rounds: 
     return choice
 
 
+def hardware_precision(device: str | torch.device, requested: str = "auto") -> str:
+    """fp32 or bf16 for a pass whose outputs later stages learn from: a requested one, or ('auto') bf16 where `device`
+    computes it natively, else fp32. Decided by the hardware, not by timing: load on shared cores flipped timed
+    choices, and every stage downstream followed the flip."""
+    if requested not in ("auto", "fp32", "bf16"):
+        raise MedrankError(f"precision '{requested}': expected auto, fp32 or bf16")
+    if requested != "auto":
+        return requested
+    return "bf16" if native_bf16(device) else "fp32"
+
+
 def pick_precision(device: str | torch.device, requested: str = "auto", **probe_kw: Any) -> str:
     """The precision to run with on `device`: a requested one, or the probe's fastest ('auto')."""
     return probe_precision(device, requested, **probe_kw).choice

@@ -24,8 +24,8 @@ from medrank.encoders.base import (
     LazyInt8,
     PrecisionReport,
     deterministic_torch,
+    hardware_precision,
     model_fingerprint,
-    native_bf16,
     pick_threads,
     probe_precision,
     quiet_transformers,
@@ -390,10 +390,8 @@ class CrossEncoder(LazyInt8):
     def _train_precision(self, requested: str) -> str:
         if requested != "auto":
             return probe_precision(self.device, requested).choice if requested != "int8" else "fp32"
-        # auto: bf16 where the device computes it natively, else fp32. Decided by the hardware, not by timing a step:
-        # load from other processes on shared cores flipped a timed choice, and the weights (and every stage
-        # downstream) followed the flip. On CPUs without native bf16 the emulated kernels are slower than fp32 anyway.
-        return "bf16" if native_bf16(self.device) else "fp32"
+        # on CPUs without native bf16 the emulated kernels are slower than fp32 anyway
+        return hardware_precision(self.device)
 
     @deterministic_torch()
     def fit(
