@@ -51,8 +51,10 @@ def bienc_cosines(
     One encoding pass over the questions and every text: vectors come from medrank.encoders.extract
     (content-addressed cache under `cache_root`: a re-run encodes only texts it has not seen). Texts are
     truncated to `max_length` tokens. `model`: a name, or a loaded encoder (then `max_length`/`device` are its own).
-    `read_only`: nothing is written under `cache_root`. `precision`: fp32 | bf16 (its own cache namespace).
+    `read_only`: nothing is written under `cache_root`. `precision`: fp32 | bf16 | auto (bf16 where the encoder's
+    device computes it natively: `encoders.base.hardware_precision`); each precision has its own cache namespace.
     """
+    from medrank.encoders.base import hardware_precision
     from medrank.encoders.extract import cached_sentence_embeddings
     from medrank.encoders.sentence_encoder import SentenceEncoder
 
@@ -60,6 +62,7 @@ def bienc_cosines(
         if len(values) != len(questions):
             raise MedrankError(f"{len(questions)} questions for {len(values)} {name}")
     bi = model if isinstance(model, SentenceEncoder) else SentenceEncoder(model, device=device, max_length=max_length)
+    precision = hardware_precision(bi.device, precision)
     flat = list(questions) + [t for values in texts.values() for t in values]
     emb, stats = cached_sentence_embeddings(bi, flat, cache_root, precision, batch_size, read_only=read_only)
     log.info("bi-encoder vectors: %s", stats.as_dict())

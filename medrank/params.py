@@ -304,7 +304,7 @@ class BiencParams(_Section):
     max_length: int = Field(default=256, ge=16, le=512)  # answers are truncated to this many tokens
     batch_size: int = Field(default=32, ge=1)
     # auto: bf16 where the device computes it natively, else fp32 (the hardware decides, not a timing: every later stage
-    # learns from these cosines); `medrank rank` encodes new texts at the stage's recorded precision
+    # learns from these cosines); `medrank rank` resolves it the same way on its machine
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     # also score the judged LiveQA answers (baseline.judged_rows != none needs them; analysis/judged_rows.py scores
     # them itself): ~45% of the texts, which the default systems never read

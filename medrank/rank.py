@@ -264,13 +264,12 @@ class Ranker:
         """Per-answer scores of stages bienc (bienc_cos, heading_cos, qtype_agree, qtype_match), cnn_mediqa (cnn_score) and
         qa (qa_score)."""
         from medrank.answer_scores import answer_bienc_scores
-        from medrank.encoders.base import hardware_precision
 
         p, out = self.recipe, {}
         if groups & {"bienc", "heading"}:
             bp = p.bienc
             cos, _ = answer_bienc_scores(answers, self.bienc, cache_root=layout.CACHE_BIENC, batch_size=bp.batch_size, read_only=True,
-                                         precision=hardware_precision(self.bienc.device, bp.precision))  # as stage bienc  # fmt: skip
+                                         precision=bp.precision)  # as stage bienc resolves it  # fmt: skip
             out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
         if "qtype" in groups:
             from medrank.answer_scores import answer_qtype_scores

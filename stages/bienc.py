@@ -1,5 +1,6 @@
 """DVC stage `bienc`: zero-shot bi-encoder cosines of every MEDIQA answer (with `bienc.judged`, every judged LiveQA
-answer too: medrank.data.judged) and of its heading with the question, and the question-type agreement of the question and the heading.
+answer too: medrank.data.judged) and of its heading with the question, and the question-type agreement of the
+question and the heading.
 
 One pass of the packaged MiniLM (mean pooling, unit vectors) over the normalized questions, answers
 (truncated to `bienc.max_length` tokens) and answer headings (`answer_scores.answer_heading`: the "focus (aspect)"
@@ -22,7 +23,7 @@ import pyarrow as pa
 from medrank import layout
 from medrank.answer_scores import answer_bienc_scores, answer_qtype_scores
 from medrank.data.judged import judged_answers, with_judged
-from medrank.encoders.base import BLAS_THREADS, hardware_precision, resolve_device, runtime_info
+from medrank.encoders.base import BLAS_THREADS, resolve_device, runtime_info
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
@@ -53,7 +54,7 @@ def score_answers(answers: pd.DataFrame, p, bi: SentenceEncoder | None = None, r
     if not read_only:
         layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
     cos, stats = answer_bienc_scores(answers, bi, cache_root=layout.CACHE_BIENC, batch_size=bp.batch_size, read_only=read_only,
-                                     precision=hardware_precision(bi.device, bp.precision))  # fmt: skip
+                                     precision=bp.precision)  # fmt: skip
     qtype = answer_qtype_scores(answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed))  # BLAS threads fixed inside
     return answers[["split", "qid", "aid"]].assign(**cos, **qtype), stats
 
