@@ -263,6 +263,23 @@ def test_int8_and_bf16_stay_close_to_fp32(tiny_base, fixture_pairs):
     assert ce.last_predict_stats["precision"] == "bf16"
 
 
+def test_bf16_predict_casts_weights_once_with_the_same_bits(tiny_base, fixture_pairs):
+    """predict runs every batch in one autocast region (each weight cast to bf16 once, not once per batch): the
+    probabilities and pooled vectors are bit for bit those of an autocast region per batch."""
+    from medrank.encoders.batching import length_sorted_batches
+
+    pairs = list(dict.fromkeys(fixture_pairs[0]))  # unique: predict scores each pair once
+    ce = CrossEncoder.from_base(str(tiny_base), 3, 32, device="cpu", seed=4, precision="fp32")
+    got = ce.predict(pairs, batch_size=4, show_progress=False, precision="bf16")
+    enc = ce._encode(pairs)
+    want = np.zeros_like(got)
+    with torch.inference_mode():
+        for idx in length_sorted_batches([len(x) for x in enc["input_ids"]], 4, max_tokens=16384):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                want[idx] = ce._probs(ce.model(**ce._collate(enc, idx)).logits).numpy()
+    assert np.array_equal(got, want)
+
+
 def test_bad_inputs_are_medrank_errors(tiny_base):
     ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=2, precision="fp32")
     with pytest.raises(MedrankError, match=r"pairs\[1\]"):

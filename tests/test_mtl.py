@@ -339,6 +339,30 @@ def test_training_is_seeded(data):
     assert np.allclose(fa["prob"], fb["prob"]) and np.allclose(pa_["prob"], pb["prob"])
 
 
+@pytest.mark.parametrize("pair_scope", ["all", "valid_both"])
+def test_inner_eval_in_one_pass_equals_a_batch_per_question(data, pair_scope):
+    """Early stopping reads the inner split's loss: one forward over every question must give what a forward per
+    question (each its own batch) gives, to float rounding."""
+    from medrank.models.mtl import training as T
+
+    model = mtl.fit_mtl(data, gids_of(data, "train"), tiny_config(max_epochs=2), mtl.builder_factory(["metadata"], 2)(), seed=4)
+    prep = model.prepare(data)
+    rows = data.pair_rows(gids_of(data, "val"), augmented=False)
+    gid_of = data.pairs["gid"].to_numpy()
+    batcher = T._Batcher(data, prep, torch.device("cpu"), T.MAX_CELLS_PER_CHUNK)
+    got = T._inner_eval(model.net, batcher, prep, rows, gid_of, 2.0, torch.device("cpu"), pair_scope)
+    losses, right, n, pright, pn = [], 0, 0, 0, 0
+    with torch.no_grad():
+        for idx in pd.Series(rows).groupby(gid_of[rows], sort=False).indices.values():
+            loss, lf, lp, fl, y, pl, t = T._batch_loss(model.net, batcher, prep, rows[idx], 2.0, 1, torch.device("cpu"), pair_scope)
+            losses.append((float(loss), float(lf), float(lp)))
+            right, n = right + int(((fl > 0).float() == y).sum()), n + len(idx)
+            pright, pn = pright + int(((pl > 0).float().numpy() == t).sum()), pn + len(t)
+    want = np.mean(losses, axis=0)
+    assert np.allclose([got["val_loss"], got["val_filter_loss"], got["val_pair_loss"]], want, rtol=1e-5, atol=1e-7)
+    assert got["val_filter_accuracy"] == right / n and got["val_pair_accuracy"] == pright / max(pn, 1)
+
+
 def test_fixed_epochs_train_that_many_epochs_on_every_question(data):
     train = gids_of(data, "train")
     model = mtl.fit_mtl(data, train, tiny_config(max_epochs=9, patience=1, fixed_epochs=3), mtl.builder_factory(["metadata"], 2)(), seed=2)

@@ -132,6 +132,7 @@ def fit_many(data: MTLData, jobs: Sequence[FitJob], *, device: str | torch.devic
     if str(device).startswith("cuda") or workers == 1 or not jobs:
         workers = 1
     data.grids32()  # converted once here: the forked workers share it
+    import torch._dynamo  # noqa: F401  (the first AdamW imports it, 1.6 s: once here, not in every forked worker)
     _POOL_STATE.update(data=data, jobs=jobs, device=device, threads=torch.get_num_threads())
     out: list[FitResult | None] = [None] * len(jobs)
     bar = tqdm(total=len(jobs), desc="mtl fits", unit="fit", disable=not jobs)

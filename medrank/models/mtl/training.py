@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from torch.nn import functional as F
 
 from medrank.encoders.base import set_seed
 from medrank.errors import MedrankError
@@ -39,17 +40,14 @@ def pair_index(groups: np.ndarray, ranks: np.ndarray | None) -> tuple[np.ndarray
     """
     codes = pd.factorize(np.asarray(groups))[0]  # group ids in order of first appearance
     order = np.argsort(codes, kind="stable")  # by group, rows ascending within it
-    ii: list[np.ndarray] = []
-    jj: list[np.ndarray] = []
-    for rows in np.split(order, np.flatnonzero(np.diff(codes[order])) + 1):
-        if len(rows) < 2:
-            continue
-        a, b = np.triu_indices(len(rows), k=1)
-        ii.append(rows[a])
-        jj.append(rows[b])
-    if not ii:
+    sizes = np.bincount(codes) if len(codes) else np.zeros(0, np.int64)
+    # every group's (a, b) with a < b < its size, row-major: the (a, b) of triu(largest size) with b < size, in order
+    a, b = np.triu_indices(int(sizes.max()) if len(sizes) else 0, k=1)
+    keep = b[None, :] < sizes[:, None]  # (groups, pairs of the largest group)
+    if not keep.any():
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
-    i, j = np.concatenate(ii), np.concatenate(jj)
+    start = (np.cumsum(sizes) - sizes)[:, None]  # each group's first position in `order`
+    i, j = order[(start + a[None, :])[keep]], order[(start + b[None, :])[keep]]
     if ranks is None:
         return i, j, np.zeros(len(i), np.float32)
     keep = ranks[i] != ranks[j]
@@ -290,15 +288,21 @@ def _split_inner(gids: Sequence[str], frac: float, seed: int) -> tuple[list[str]
     return [g for g in gids if g not in inner], [g for g in gids if g in inner]
 
 
-def _batch_loss(net: MTLNet, batcher: _Batcher, prep: _Prepared, rows: np.ndarray, alpha: float, n_q: int, dev: torch.device, pair_scope: str = "all"):
-    joint = batcher.joint(net, rows)
-    fl = net.filter_logits(joint)
-    y = torch.as_tensor(prep.labels[rows], dtype=torch.float32, device=dev)
+def _training_pairs(prep: _Prepared, rows: np.ndarray, pair_scope: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """pair_index of `rows` (positions into rows) restricted to `pair_scope` (all | valid_any | valid_both)."""
     i, j, t = pair_index(prep.groups[rows], prep.ranks[rows])
     if pair_scope != "all" and len(i):
         lab = prep.labels[rows]
         keep = (lab[i] + lab[j] >= 1) if pair_scope == "valid_any" else (lab[i] + lab[j] == 2)
         i, j, t = i[keep], j[keep], t[keep]
+    return i, j, t
+
+
+def _batch_loss(net: MTLNet, batcher: _Batcher, prep: _Prepared, rows: np.ndarray, alpha: float, n_q: int, dev: torch.device, pair_scope: str = "all"):
+    joint = batcher.joint(net, rows)
+    fl = net.filter_logits(joint)
+    y = torch.as_tensor(prep.labels[rows], dtype=torch.float32, device=dev)
+    i, j, t = _training_pairs(prep, rows, pair_scope)
     pl = net.pair_logits(joint, torch.as_tensor(i, device=dev), torch.as_tensor(j, device=dev))
     loss, lf, lp = mtl_loss(fl, y, pl, torch.as_tensor(t, device=dev), alpha, n_q)
     return loss, lf, lp, fl, y, pl, t
@@ -402,25 +406,28 @@ def fit_mtl(
 
 @torch.no_grad()
 def _inner_eval(net, batcher, prep, rows, gid_of, alpha, dev, pair_scope="all") -> dict:
+    """Inner-split losses (each question's loss as a batch of its own, averaged over questions) and accuracies.
+
+    One forward pass over every inner question: in eval mode rows do not interact (BatchNorm on running statistics,
+    masked grids), so this is the per-question loop's arithmetic at a fraction of its calls."""
     net.eval()
-    by_q = pd.Series(rows).groupby(gid_of[rows], sort=False).indices
-    tot = tf = tp = 0.0
-    correct = n = pc = pn = 0
-    for q, idx in by_q.items():
-        r = rows[idx]
-        loss, lf, lp, fl, y, pl, t = _batch_loss(net, batcher, prep, r, alpha, 1, dev, pair_scope)
-        tot += float(loss)
-        tf += float(lf)
-        tp += float(lp)
-        correct += int(((fl > 0).float() == y).sum())
-        n += len(r)
-        pc += int(((pl > 0).float().cpu().numpy() == t).sum())
-        pn += len(t)
-    nq = max(len(by_q), 1)
+    q_of = torch.as_tensor(pd.factorize(gid_of[rows])[0], device=dev)
+    nq = max(int(q_of.max()) + 1, 1) if len(rows) else 1
+    joint = batcher.joint(net, rows)
+    fl = net.filter_logits(joint)
+    y = torch.as_tensor(prep.labels[rows], dtype=torch.float32, device=dev)
+    i, j, t = _training_pairs(prep, rows, pair_scope)  # pairs never cross questions (groups are question x entailed)
+    ti, tj = torch.as_tensor(i, device=dev), torch.as_tensor(j, device=dev)
+    pl = net.pair_logits(joint, ti, tj)
+    tt = torch.as_tensor(t, device=dev)
+    lf = torch.zeros(nq, device=dev).index_add_(0, q_of, F.binary_cross_entropy_with_logits(fl, y, reduction="none"))
+    lp = torch.zeros(nq, device=dev)
+    if len(i):
+        lp.index_add_(0, q_of[ti], F.binary_cross_entropy_with_logits(pl, tt, reduction="none"))
     return {
-        "val_loss": tot / nq,
-        "val_filter_loss": tf / nq,
-        "val_pair_loss": tp / nq,
-        "val_filter_accuracy": correct / max(n, 1),
-        "val_pair_accuracy": pc / max(pn, 1),
+        "val_loss": float((lf + alpha * lp).sum()) / nq,
+        "val_filter_loss": float(lf.sum()) / nq,
+        "val_pair_loss": float(lp.sum()) / nq,
+        "val_filter_accuracy": int(((fl > 0).float() == y).sum()) / max(len(rows), 1),
+        "val_pair_accuracy": int(((pl > 0).float().cpu().numpy() == t).sum()) / max(len(t), 1),
     }
