@@ -97,7 +97,10 @@ def scratch_default(work: Path) -> Path:
     local = REPO / ".dvc" / "config.local"
     if local.is_file():
         shutil.copy2(local, work / ".dvc" / "config.local")
-    subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q"], cwd=work, check=True)
+    else:  # this checkout's own cache (a machine without a shared cache dir)
+        subprocess.run([sys.executable, "-m", "dvc", "cache", "dir", "--local", str((REPO / ".dvc" / "cache").resolve())], cwd=work, check=True)
+    # --allow-missing: the analysis pipeline's outputs may never have been built here; the experiment does not read them
+    subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q", "--allow-missing"], cwd=work, check=True)
     return work
 
 

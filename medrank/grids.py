@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from medrank import layout
 from medrank.encoders.cross_encoder import CrossEncoder, label_index
-from medrank.encoders.distributed import RayBackend
+from medrank.encoders.distributed import LocalPool, RayBackend
 from medrank.encoders.extract import ExtractStats, cached_extract, cached_sentence_embeddings, choose_precision, open_cache
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.errors import MedrankError
@@ -184,12 +184,12 @@ def nli_grids(
     shard_size: int = 4096,
     read_only: bool = False,
     show_progress: bool = True,
-    backend: RayBackend | None = None,
+    backend: LocalPool | RayBackend | None = None,
 ) -> tuple[pd.DataFrame, GridPlan, dict[str, ExtractStats]]:
     """NLI_GRID rows for answer pairs (from `answer_pairs`): prefilter, plan, cached extraction, assembly.
 
     `read_only`: the cache under `cache_root` is only read; missing pairs are computed in memory. `backend`: the
-    cells are computed on a Ray actor pool (same cache content)."""
+    cells are computed on forked processes or a Ray actor pool (same cache content)."""
     stats: dict[str, ExtractStats] = {}
     vectors = None
     if top_k is not None:

@@ -161,6 +161,7 @@ class RetrieveParams(_Section):
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"  # auto: reuse the cache's, else a start-up probe
     shard_size: int = Field(default=4096, ge=1)  # pairs per cache shard (lost work on a kill is < 1 shard)
     backend: Backend = "local"  # where the RQE pairs are computed: here, or a Ray Data actor pool (same cache)
+    workers: int | Literal["auto"] = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
     ray: RayParams = RayParams()
     coverage_thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.7, 0.9])
 
@@ -178,6 +179,7 @@ class EmbedParams(_Section):
     precision_check_pairs: int = Field(default=256, ge=0)  # sample for max |dp| of the chosen precision vs fp32
     shard_size: int = Field(default=4096, ge=1)
     backend: Backend = "local"  # where the NLI grid cells are computed: here, or a Ray Data actor pool (same cache)
+    workers: int | Literal["auto"] = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
     ray: RayParams = RayParams()
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
@@ -498,8 +500,8 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 _RECIPE_SECTIONS = ("seed", "device", "n_candidates", "rqe_threshold", "normalize", "retrieve", "embed", "bienc", "qa")  # seed: group qtype
 
 
-# where an extraction pass runs (local | a Ray pool), not what it computes: the outputs are the same either way
-_PLACEMENT = {"retrieve": {"backend", "ray"}, "embed": {"backend", "ray"}}
+# where an extraction pass runs (here, forked workers, a Ray pool), not what it computes: the outputs are the same either way
+_PLACEMENT = {"retrieve": {"backend", "workers", "ray"}, "embed": {"backend", "workers", "ray"}}
 
 
 def inference_recipe(p: Params) -> dict:

@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 
 from medrank.encoders.cross_encoder import CrossEncoder, label_index
-from medrank.encoders.distributed import RayBackend
+from medrank.encoders.distributed import LocalPool, RayBackend
 from medrank.encoders.extract import ExtractStats, cached_extract, choose_precision, open_cache
 from medrank.errors import MedrankError
 
@@ -159,7 +159,7 @@ def score_candidates(
     shard_size: int = 4096,
     read_only: bool = False,
     show_progress: bool = True,
-    backend: RayBackend | None = None,
+    backend: LocalPool | RayBackend | None = None,
 ) -> ScoredCandidates:
     """The `bm25_top_k` MedQuAD candidates of each question (split, qid, question), each scored by the RQE
     cross-encoder: P(question entails the MedQuAD question `docs[question_col]`) and its [CLS] vector (float16);
@@ -168,7 +168,7 @@ def score_candidates(
 
     `docs` come from `medquad_documents`. `precision` is a request (auto | fp32 | bf16 | int8): auto reuses the
     precision cached for this model under `cache_root`, else probes (`choose_precision`). `read_only`: nothing is
-    written under `cache_root`; missing pairs are computed in memory. `backend`: a Ray actor pool computes them.
+    written under `cache_root`; missing pairs are computed in memory. `backend`: forked processes or a Ray actor pool compute them.
     """
     t0 = time.perf_counter()
     idx, bm25 = bm25_candidates(questions["question"].tolist(), docs[question_col].tolist(), bm25_top_k)

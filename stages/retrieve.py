@@ -13,7 +13,7 @@ import time
 from medrank import layout
 from medrank.encoders.base import read_json, runtime_info, set_threads
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
-from medrank.encoders.distributed import RayBackend
+from medrank.encoders.distributed import extraction_backend
 from medrank.errors import MedrankError
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
@@ -45,10 +45,11 @@ def main(params_path: str = "params.yaml") -> None:
     questions = questions_table(answers, qcol, p.max_questions_per_split)
     docs = medquad_documents(read_parquet(layout.MEDQUAD), qcol, "answer_norm")
     log.info("%d MEDIQA questions, %d MedQuAD question-answer pairs", len(questions), len(docs))
+    backend = extraction_backend(rp.backend, rp.ray, rp.workers)
     model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision)
     scored = score_candidates(questions, docs, model, layout.CACHE_RQE, question_col=qcol, bm25_top_k=rp.bm25_top_k,
                               precision=rp.precision, batch_size=rp.batch_size, shard_size=rp.shard_size,
-                              backend=RayBackend.from_params(rp.backend, rp.ray))  # fmt: skip
+                              backend=backend)  # fmt: skip
     cands = scored.table
     write_parquet(cands[CANDIDATES.names], layout.RQE_CANDIDATES, CANDIDATES)
     chosen = attach_entailed(select_entailed(cands, p.n_candidates, p.rqe_threshold), docs, qcol)
@@ -72,6 +73,7 @@ def main(params_path: str = "params.yaml") -> None:
         "precision": scored.precision,
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
         "threads": model.threads or threads,
+        "workers": getattr(backend, "workers", None),  # backend local: processes of 1 thread each (only with >= 2 shards)
         "runtime": runtime_info(model.device, precision=scored.precision),
         "extract": scored.extract.as_dict(),
         "seconds": {"bm25": round(scored.bm25_seconds, 2), "total": round(time.perf_counter() - t0, 2)},

@@ -499,38 +499,80 @@ def _cache_content(root: Path, kind: str, model: CrossEncoder, precision: str) -
     return {k: tuple(got[c][i].tobytes() for c in sorted(got)) for i, k in enumerate(cache.keys())}
 
 
+def _both_passes(root: Path, tables, models: dict, nli_model: CrossEncoder, backend) -> tuple:
+    """The RQE pass and the NLI grid cells with small shards (several each) under `backend`: (scored, grids, rqe model)."""
+    answers, medquad = tables
+    rqe = CrossEncoder.load(models["rqe"], device="cpu", precision="fp32")
+    questions = questions_table(answers, "question_norm", None)
+    docs = medquad_documents(medquad, "question_norm", "answer_norm")
+    scored = score_candidates(questions, docs, rqe, root / "rqe", question_col="question_norm", bm25_top_k=4, precision="fp32",
+                              shard_size=7, show_progress=False, backend=backend)  # fmt: skip
+    retrieved = scored.table.groupby(["split", "qid"]).head(2).rename(columns={"bm25_rank": "rank"})
+    retrieved = retrieved.assign(sentences=[list(s) for s in docs["answer_sentences"].iloc[retrieved["doc"]]])
+    grids = answer_grids(answers.rename(columns={"answer_sentences": "sentences"}), retrieved, nli_model, root / "embed", max_sentences=3,
+                         prefilter_top_k=None, augment_top=1, precision="fp32", shard_size=16, show_progress=False, backend=backend)  # fmt: skip
+    return scored, grids, rqe
+
+
+def _assert_same_passes(tmp_path: Path, local: tuple, other: tuple, name: str, nli_model: CrossEncoder) -> None:
+    """Byte-identical cache content, candidate scores and grid rows (what every downstream stage reads)."""
+    assert other[0].extract.computed == local[0].extract.computed > 7 and other[1].stats["nli"].computed == local[1].stats["nli"].computed > 16
+    pd.testing.assert_frame_equal(other[0].table.drop(columns="rqe_cls"), local[0].table.drop(columns="rqe_cls"))
+    np.testing.assert_array_equal(np.stack(other[0].table["rqe_cls"]), np.stack(local[0].table["rqe_cls"]))
+    pd.testing.assert_frame_equal(other[1].rows, local[1].rows)
+    for kind, model in (("rqe", local[2]), ("embed", nli_model)):
+        ns_kind = "rqe" if kind == "rqe" else "nli"
+        assert _cache_content(tmp_path / name / kind, ns_kind, model, "fp32") == _cache_content(tmp_path / "local" / kind, ns_kind, model, "fp32")
+
+
 def test_ray_backend_fills_the_same_cache_and_rows_as_local(tmp_path, tiny_models, nli_model, fixture_tables, local_ray):
     """backend ray: the RQE pass and the NLI grid cells on a 2-actor pool, several shards each → byte-identical cache
     content, candidate scores and grid rows (what every downstream stage reads)."""
-    answers, medquad = fixture_tables
-    rqe = CrossEncoder.load(tiny_models["rqe"], device="cpu", precision="fp32")
-    bi = SentenceEncoder(str(tiny_models["base"]), device="cpu")
-    questions = questions_table(answers, "question_norm", None)
-    docs = medquad_documents(medquad, "question_norm", "answer_norm")
-    ans = answers.rename(columns={"answer_sentences": "sentences"})
     backend = RayBackend(actors=2, cpus_per_actor=1)
-
-    def run(root: Path, backend: RayBackend | None):
-        scored = score_candidates(questions, docs, rqe, root / "rqe", question_col="question_norm", bm25_top_k=4, precision="fp32",
-                                  shard_size=7, show_progress=False, backend=backend)  # fmt: skip
-        retrieved = scored.table.groupby(["split", "qid"]).head(2).rename(columns={"bm25_rank": "rank"})
-        retrieved = retrieved.assign(sentences=[list(s) for s in docs["answer_sentences"].iloc[retrieved["doc"]]])
-        grids = answer_grids(ans, retrieved, nli_model, root / "embed", max_sentences=3, prefilter_top_k=None, augment_top=1,
-                             precision="fp32", shard_size=16, show_progress=False, backend=backend)  # fmt: skip
-        return scored, grids
-
-    local, ray = run(tmp_path / "local", None), run(tmp_path / "ray", backend)
-    assert ray[0].extract.computed == local[0].extract.computed > 7 and ray[1].stats["nli"].computed == local[1].stats["nli"].computed > 16
-    pd.testing.assert_frame_equal(ray[0].table.drop(columns="rqe_cls"), local[0].table.drop(columns="rqe_cls"))
-    np.testing.assert_array_equal(np.stack(ray[0].table["rqe_cls"]), np.stack(local[0].table["rqe_cls"]))
-    pd.testing.assert_frame_equal(ray[1].rows, local[1].rows)
-    for kind, model in (("rqe", rqe), ("embed", nli_model)):
-        ns_kind = "rqe" if kind == "rqe" else "nli"
-        assert _cache_content(tmp_path / "ray" / kind, ns_kind, model, "fp32") == _cache_content(tmp_path / "local" / kind, ns_kind, model, "fp32")
+    local = _both_passes(tmp_path / "local", fixture_tables, tiny_models, nli_model, None)
+    ray = _both_passes(tmp_path / "ray", fixture_tables, tiny_models, nli_model, backend)
+    _assert_same_passes(tmp_path, local, ray, "ray", nli_model)
     # a rerun finds everything cached: no actor is started
-    again = score_candidates(questions, docs, rqe, tmp_path / "ray" / "rqe", question_col="question_norm", bm25_top_k=4, precision="fp32",
+    answers, medquad = fixture_tables
+    again = score_candidates(questions_table(answers, "question_norm", None), medquad_documents(medquad, "question_norm", "answer_norm"),
+                             ray[2], tmp_path / "ray" / "rqe", question_col="question_norm", bm25_top_k=4, precision="fp32",
                              show_progress=False, backend=backend)  # fmt: skip
     assert again.extract.computed == 0
+
+
+def test_local_pool_fills_the_same_cache_and_rows_as_one_process(tmp_path, tiny_models, nli_model, fixture_tables, monkeypatch):
+    """backend local with 2 workers: whole shards on 2 forked one-thread processes → byte-identical cache content,
+    candidate scores and grid rows to the in-process pass on 2 threads."""
+    import torch
+
+    from medrank.encoders import distributed
+
+    real = distributed._pool_shard
+    pids = tmp_path / "pids"
+    pids.mkdir()
+
+    def spy(i: int):  # runs in the forked workers: leaves its process id
+        (pids / str(os.getpid())).touch()
+        return real(i)
+
+    spy.__module__, spy.__qualname__ = distributed.__name__, "_pool_shard"  # the pool pickles it by module and name
+    monkeypatch.setattr(distributed, "_pool_shard", spy)
+    torch.set_num_threads(2)  # the one_thread fixture restores the count
+    local = _both_passes(tmp_path / "local", fixture_tables, tiny_models, nli_model, None)
+    pool = _both_passes(tmp_path / "pool", fixture_tables, tiny_models, nli_model, distributed.LocalPool(2))
+    _assert_same_passes(tmp_path, local, pool, "pool", nli_model)
+    workers = {int(f.name) for f in pids.iterdir()}
+    assert len(workers) == 4 and os.getpid() not in workers  # each pass (RQE, NLI) forked its own two
+    assert torch.get_num_threads() == 2  # the caller's threads are untouched
+
+
+def test_extraction_backend_from_params():
+    from medrank.encoders.distributed import LocalPool, extraction_backend
+    from medrank.params import RayParams
+
+    assert extraction_backend("local", RayParams(), 3) == LocalPool(3)
+    assert extraction_backend("local", RayParams(), "auto") == LocalPool(len(os.sched_getaffinity(0)))
+    assert extraction_backend("ray", RayParams(actors=4), "auto") == RayBackend(actors=4)
 
 
 def test_ray_backend_needs_a_saved_model_and_the_extra(tmp_path, nli_model, monkeypatch):

@@ -1,11 +1,17 @@
-"""Extraction on Ray Data: the same `extract_pairs` over the same shards, in an actor pool (one model per actor).
+"""Where an extraction pass computes its shards: forked processes on this machine (`LocalPool`), or Ray Data.
 
-`cached_extract(..., backend=RayBackend(...))` hands the shards it would compute locally to `ray_extract`; each
-actor loads the saved model from its folder (weights verified against the driver's fingerprint), computes whole
-shards with the local batch size, and the driver writes the results into the same content-addressed cache. So
-the cache content, and everything downstream, is the local backend's (tests/test_embed_cache.py, test_pipeline_smoke.py).
+`cached_extract(..., backend=...)` cuts the pairs it must compute into the same shards whatever the backend, and
+every backend computes a whole shard with `extract_pairs` (the same length-sorted batches), so the cache content, and
+everything downstream, is the in-process path's (tests/test_embed_cache.py, test_pipeline_smoke.py).
 
-`address=None` starts a local Ray on this machine's cores; "auto" or "ray://head:10001" joins an existing
+`LocalPool(workers)`: shards on `workers` forked processes, one torch thread each. On 2 cores a MiniLM cross-encoder
+scales 1.5x from 1 to 2 threads in one process (its small GEMMs and the attention, LayerNorm and GELU between them
+do not split well), so two one-thread processes compute ~1.3x the pairs of one two-thread process
+(benchmarks/extraction.py); a batch's outputs do not depend on the thread count (tested), so neither do the bits.
+
+`RayBackend`: each actor loads the saved model from its folder (weights verified against the driver's fingerprint),
+computes whole shards with the local batch size, and the driver writes the results into the same content-addressed
+cache. `address=None` starts a local Ray on this machine's cores; "auto" or "ray://head:10001" joins an existing
 cluster, whose workers need medrank installed and the model folder at the same path (shared storage).
 """
 
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -35,12 +42,63 @@ class RayBackend:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
 
-    @classmethod
-    def from_params(cls, backend: str, ray: Any) -> "RayBackend | None":
-        """None for `backend: local`; else the params section's `ray` settings."""
-        if backend == "local":
-            return None
-        return cls(address=ray.address, actors=ray.actors, cpus_per_actor=ray.cpus_per_actor, gpus_per_actor=ray.gpus_per_actor)
+
+@dataclass(frozen=True)
+class LocalPool:
+    """Shards computed side by side by `workers` forked processes with one torch thread each (CPU only)."""
+
+    workers: int
+
+
+def extraction_backend(backend: str, ray: Any, workers: int | str) -> "LocalPool | RayBackend":
+    """The backend an extraction params section names: `backend: local` with its `workers` (auto = every core this
+    process may use), or `backend: ray` with its `ray` settings."""
+    if backend == "ray":
+        return RayBackend(address=ray.address, actors=ray.actors, cpus_per_actor=ray.cpus_per_actor, gpus_per_actor=ray.gpus_per_actor)
+    if workers == "auto":
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return LocalPool(max(1, int(workers)))
+
+
+_POOL_STATE: dict = {}  # the forked workers' view of the encoder and shards (set before the fork: shared, not pickled)
+
+
+def _pool_shard(i: int) -> tuple[int, dict[str, np.ndarray]]:
+    import torch
+
+    from medrank.encoders.extract import extract_pairs
+
+    encoder, shards, precision, batch_size = (_POOL_STATE[k] for k in ("encoder", "shards", "precision", "batch_size"))
+    torch.set_num_threads(1)
+    return i, extract_pairs(encoder, shards[i][1], precision, batch_size)
+
+
+def pool_extract(
+    encoder: Any,
+    shards: Sequence[tuple[list[bytes], list[Pair]]],
+    precision: str,
+    batch_size: int,
+    pool: LocalPool,
+    put: Callable[[list[bytes], dict[str, np.ndarray]], None],
+) -> None:
+    """Compute each (keys, pairs) shard and `put(keys, arrays)` its result, in shard order: on `pool.workers` forked
+    processes when there are several shards on a CPU, else here (the caller's threads)."""
+    from medrank.encoders.extract import extract_pairs
+
+    workers = min(pool.workers, len(shards))
+    if workers <= 1 or encoder.device.type != "cpu":  # CUDA cannot be forked; one shard needs no second process
+        for keys, pairs in shards:
+            put(keys, extract_pairs(encoder, pairs, precision, batch_size))
+        return
+    import multiprocessing as mp
+
+    _POOL_STATE.update(encoder=encoder, shards=shards, precision=precision, batch_size=batch_size)
+    try:
+        with mp.get_context("fork").Pool(workers) as procs:
+            for i, out in procs.imap(_pool_shard, range(len(shards))):  # in order: the cache's files are written as here
+                put(shards[i][0], out)
+    finally:
+        _POOL_STATE.clear()
 
 
 class ExtractActor:

@@ -3,8 +3,8 @@ bi-encoder vectors per text.
 
 `extract_pairs` is a pure function over a batch of text pairs (in: pairs + a loaded model; out: arrays);
 `cached_extract` wraps it with the content-addressed parquet cache so an experiment computes only pairs it has
-not seen, one shard at a time: here, or (`backend=RayBackend(...)`) the same shards in a Ray Data actor pool
-(`medrank.encoders.distributed`). A cache opened `read_only` computes the missing pairs in memory and writes nothing.
+not seen, one shard at a time: here, on forked processes (`backend=LocalPool(workers)`) or in a Ray Data actor pool
+(`backend=RayBackend(...)`), the same shards either way (`medrank.encoders.distributed`). A cache opened `read_only` computes the missing pairs in memory and writes nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from medrank.encoders.batching import dedup
 from medrank.encoders.cache import PairCache, existing_precisions, namespace_name, pair_key
 from medrank.encoders.cross_encoder import CrossEncoder
-from medrank.encoders.distributed import RayBackend, ray_extract
+from medrank.encoders.distributed import LocalPool, RayBackend, pool_extract, ray_extract
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.errors import MedrankError
 
@@ -89,10 +89,11 @@ def cached_extract(
     shard_size: int = 4096,
     desc: str = "extract",
     show_progress: bool = True,
-    backend: RayBackend | None = None,
+    backend: LocalPool | RayBackend | None = None,
 ) -> tuple[dict[str, np.ndarray], ExtractStats]:
     """Outputs for `pairs` in input order; only pairs missing from `cache` are computed, one shard per chunk
-    (`backend`: the same shards on a Ray actor pool, which loads the model from `encoder.path`)."""
+    (`backend`: None here; LocalPool: the same shards on forked processes; RayBackend: on a Ray actor pool, which
+    loads the model from `encoder.path`)."""
     stats = ExtractStats(kind=desc, namespace=cache.dir.name, precision=precision, pairs=len(pairs))
     unique, inverse = dedup([(a, b) for a, b in pairs])
     keys = [pair_key(a, b) for a, b in unique]
@@ -111,14 +112,13 @@ def cached_extract(
             stats.computed += len(chunk_keys)
             bar.update(len(chunk_keys))
 
-        if backend is None:
-            for chunk in chunks:
-                put([keys[i] for i in chunk], extract_pairs(encoder, [unique[i] for i in chunk], precision, batch_size))
-        elif chunks:
-            if encoder.path is None:
+        shards = [([keys[i] for i in c], [unique[i] for i in c]) for c in chunks]
+        if isinstance(backend, RayBackend):
+            if shards and encoder.path is None:
                 raise MedrankError(f"{desc}: backend ray loads the model from its folder; this one was never saved")
-            shards = [([keys[i] for i in c], [unique[i] for i in c]) for c in chunks]
             ray_extract(encoder.path, encoder.fingerprint, shards, precision, batch_size, backend, put)
+        else:
+            pool_extract(encoder, shards, precision, batch_size, backend or LocalPool(1), put)
     stats.seconds = round(time.perf_counter() - t0, 2)
     stats.pairs_per_s = round(stats.computed / stats.seconds, 1) if stats.computed and stats.seconds > 0 else 0.0
     log.info(
