@@ -152,6 +152,16 @@ def test_score_declares_exactly_the_saved_inference_recipe():
     assert "backend" not in recipe["embed"] and "ray" not in recipe["retrieve"]
 
 
+@pytest.mark.parametrize("stage", ["mtl_ablations", "mtl_confirm"])
+def test_mtl_analysis_stages_declare_every_mtl_key_but_the_noise_band(stage):
+    """The ablation rows and the confirmation fit mtl's recipe (rows override some keys); spread_seeds is only the mtl
+    stage's noise band: declared exactly, so a new mtl knob cannot go undeclared and the band's seeds cannot make them stale."""
+    from medrank.params import MtlParams
+
+    declared = {k for k in yaml.safe_load((REPO / "analysis/dvc.yaml").read_text())["stages"][stage]["params"] if k.split(".")[0] == "mtl"}
+    assert declared == {f"mtl.{k}" for k in MtlParams.model_fields if k != "spread_seeds"}
+
+
 def test_rqe_selection_declares_the_finetune_rqe_keys_it_reads():
     """rqe_selection replaces finetune.rqe's row sets (stages.finetune_rqe.SELECTION_OVERRIDES) and reads every other
     key: declared exactly, so a new training knob cannot go undeclared and a default's sets cannot make it stale."""
