@@ -6,7 +6,8 @@ run back to back in one process:
   (b) sentence-transformers CrossEncoder.predict (batch 32) on the same checkpoint, loaded offline
   (c) medrank CrossEncoder.predict: dedup, length-sorted dynamic padding, inference_mode, probed precision,
       with the pooled [CLS] vectors as well (what the embed stage stores); also at each precision, and on CPU
-      int8 once more with the old recipe (torch.ao dynamic quantization of every Linear, per-tensor scales)
+      int8 once more with the old recipe (torch.ao dynamic quantization of every Linear, per-tensor scales), and at the
+      probe's choice on one-thread forked workers, one length-sorted shard each (the stages' `workers: auto` path)
 Methods take turns on slices of the pairs (best of --repeats per slice), so load from other processes on
 shared cores hits all of them alike. Prints pairs/s side by side, max |Δp| against (a), and the share of this CPU's measured matmul peak
 (useful FLOPs/pair from the real token counts x pairs/s / torch.matmul GFLOP/s, on CPU also / torch._int_mm GOP/s), and
@@ -155,6 +156,22 @@ def ray_vs_local(ours: CrossEncoder, pairs, precision: str, actors: int) -> dict
     return {"local_pairs_per_s": round(len(pairs) / ls, 1), "ray_pairs_per_s": round(len(pairs) / rs, 1), "actors": actors, "identical": same}
 
 
+def pooled_predict(ours: CrossEncoder, pairs: list, precision: str, workers: int) -> np.ndarray:
+    """Probabilities as stage embed computes them with `workers` one-thread workers: length-sorted shards, one each."""
+    from medrank.encoders.distributed import LocalPool, pool_extract
+
+    order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
+    size = -(-len(pairs) // workers)
+    shards = [(order[s : s + size], [pairs[i] for i in order[s : s + size]]) for s in range(0, len(pairs), size)]
+    out = np.zeros((len(pairs), ours.num_labels), dtype=np.float32)
+
+    def put(idx: list, arrays: dict) -> None:
+        out[idx] = arrays["probs"]
+
+    pool_extract(ours, shards, precision, 64, LocalPool(workers), put)
+    return out
+
+
 def timed(fn):
     t = time.perf_counter()
     r = fn()
@@ -222,6 +239,8 @@ def main() -> None:
     for prec in precs:
         name = "(c) medrank (probe's choice)" if prec == chosen else f"    medrank {prec}"
         methods[name] = (prec, lambda ps, prec=prec: ours.predict(ps, batch_size=64, return_embeddings=True, show_progress=False, precision=prec)[0])
+    if device == "cpu" and threads > 1:  # the stages' default path (backend local, workers auto): shards on one-thread workers
+        methods[f"    medrank {threads} x 1-thread procs"] = (chosen, lambda ps: pooled_predict(ours, ps, chosen, threads))
     if device == "cpu":
         old = legacy_int8(ours.model)
         predict_with_int8_model(ours, old, warm)

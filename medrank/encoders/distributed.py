@@ -4,10 +4,11 @@
 every backend computes a whole shard with `extract_pairs` (the same length-sorted batches), so the cache content, and
 everything downstream, is the in-process path's (tests/test_embed_cache.py, test_pipeline_smoke.py).
 
-`LocalPool(workers)`: shards on `workers` forked processes, one torch thread each. On 2 cores a MiniLM cross-encoder
-scales 1.5x from 1 to 2 threads in one process (its small GEMMs and the attention, LayerNorm and GELU between them
-do not split well), so two one-thread processes compute ~1.3x the pairs of one two-thread process
-(benchmarks/extraction.py); a batch's outputs do not depend on the thread count (tested), so neither do the bits.
+`LocalPool(workers)`: shards on `workers` forked processes, one torch thread each. A MiniLM cross-encoder gains only
+1.5x from 1 to 2 threads in one process (its small GEMMs and the attention, LayerNorm and GELU between them do not
+split well), yet on the 2-core development machine two one-thread processes computed only 3-6% more pairs/s than one
+two-thread process (retrieve 246 -> 262, embed 241 -> 247). A batch's outputs do not depend on the thread count, so
+the bits are the in-process path's (tests/test_embed_cache.py) whatever the number of cores.
 
 `RayBackend`: each actor loads the saved model from its folder (weights verified against the driver's fingerprint),
 computes whole shards with the local batch size, and the driver writes the results into the same content-addressed
