@@ -241,7 +241,7 @@ def test_ray_backend_embed_equals_local(tiny_repo, tiny_repro, tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
         assert grid.read_bytes() == saved[grid]
         assert _cache_rows(cache) == local_rows and sum(len(v) for v in local_rows.values()) > 0
-        timing = {"seconds", "pairs_per_s"}
+        timing = {"seconds", "pairs_per_s", "workers"}  # workers: the local backend's processes (None on Ray)
 
         def drop_timing(d):
             return {k: drop_timing(v) for k, v in d.items() if k not in timing} if isinstance(d, dict) else d
@@ -258,7 +258,7 @@ def test_ray_backend_embed_equals_local(tiny_repo, tiny_repro, tmp_path):
 # ---------------------------------------------------------------- reproducibility (docs/reproducibility.md)
 
 # keys that record how a run went (time, thread count, where it ran), not what it computed
-_HOW = {"seconds", "seconds_total", "pairs_per_s", "timings_s", "train_seconds", "train_pairs_per_s", "threads", "runtime"}
+_HOW = {"seconds", "seconds_total", "pairs_per_s", "timings_s", "train_seconds", "train_pairs_per_s", "threads", "workers", "runtime"}
 
 
 def _what(d):
