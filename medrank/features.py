@@ -23,7 +23,7 @@ from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
-GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded")
+GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded", "qa_bienc")
 # answer-table columns each group reads (rqe_i / anli_i for i = 1..n_candidates are added per builder)
 _GROUP_COLUMNS = {
     "metadata": ["source", "n_sentences", "chiqa_rank"],
@@ -37,10 +37,12 @@ _GROUP_COLUMNS = {
     "cnn": ["cnn_score"],
     "qa": ["qa_score"],
     "qa_graded": ["qa_graded_score"],
+    "qa_bienc": ["qa_bienc_cos"],
 }
 # groups of per-answer scores: the score is expanded into itself and its position among the question's answers,
 # the group's other columns (qtype_match) are used as they are
-_ANSWER_SCORES = {"bienc": "bienc_cos", "heading": "heading_cos", "qtype": "qtype_agree", "cnn": "cnn_score", "qa": "qa_score", "qa_graded": "qa_graded_score"}
+_ANSWER_SCORES = {"bienc": "bienc_cos", "heading": "heading_cos", "qtype": "qtype_agree", "cnn": "cnn_score", "qa": "qa_score", "qa_graded": "qa_graded_score",
+                  "qa_bienc": "qa_bienc_cos"}
 
 
 # ---------------------------------------------------------------- answer table
@@ -72,6 +74,7 @@ def answer_table(
     cnn_score: np.ndarray | None = None,
     qa_score: np.ndarray | None = None,
     qa_graded_score: np.ndarray | None = None,
+    qa_bienc_cos: np.ndarray | None = None,
     n_candidates: int = 3,
 ) -> pd.DataFrame:
     """One row per candidate answer (input order kept) with the raw inputs of every available group.
@@ -138,7 +141,8 @@ def answer_table(
         for i in ranks:
             t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["qkey"], t["aid"])]
     per_answer = {"bienc_cos": bienc_cos, "heading_cos": heading_cos, "qtype_agree": qtype_agree, "qtype_match": qtype_match,
-                  "cnn_score": cnn_score, "qa_score": qa_score, "qa_graded_score": qa_graded_score}
+                  "cnn_score": cnn_score, "qa_score": qa_score, "qa_graded_score": qa_graded_score,
+                  "qa_bienc_cos": qa_bienc_cos}
     for col, values in per_answer.items():
         if values is not None:
             if len(values) != len(t):

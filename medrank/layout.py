@@ -44,9 +44,11 @@ NLI_GRID = EMBEDDINGS / "nli_grid.parquet"
 BIENC = PROCESSED / "bienc.parquet"  # bienc: bienc_cos, heading_cos, qtype_agree, qtype_match per answer
 QA_SCORES = PROCESSED / "qa_scores.parquet"  # qa (analysis/dvc.yaml): qa_score per answer
 QA_GRADED_SCORES = PROCESSED / "qa_graded_scores.parquet"  # qa_graded (analysis/dvc.yaml): qa_graded_score per answer
+QA_BIENC_SCORES = PROCESSED / "qa_bienc_scores.parquet"  # qa_bienc (analysis/dvc.yaml): qa_bienc_cos per answer, cross-fitted
 CNN_SCORES = PROCESSED / "cnn_mediqa_scores.parquet"  # cnn_mediqa: cnn_score per answer
 BASELINE_PREDICTIONS = PROCESSED / "baseline" / "predictions.parquet"
 MTL_PREDICTIONS = PROCESSED / "mtl_predictions.parquet"
+TASK2_PROBS = PROCESSED / "task2_probs.parquet"  # finetune_rqe: P(entailed) of every val (out-of-fold) and test pair
 
 # content-addressed extraction caches (persist: reused by `dvc exp run`)
 CACHE_RQE = Path("data/cache/rqe")
@@ -66,10 +68,12 @@ SCORE_FILES = {
     "cnn": ("cnn_score", CNN_SCORES),
     "qa": ("qa_score", QA_SCORES),
     "qa_graded": ("qa_graded_score", QA_GRADED_SCORES),
+    "qa_bienc": ("qa_bienc_cos", QA_BIENC_SCORES),
 }
 
 # ---------------------------------------------------------------- models
 MODELS = Path("models")
+BASE_MODELS = MODELS / "base"  # acquire_models: pinned pretrained encoders by name (<name>/, MANIFEST.json)
 NLI_MODEL = MODELS / "nli"  # finetune_nli
 RQE_MODEL = MODELS / "rqe"  # finetune_rqe
 RQE_BI_MODEL = RQE_MODEL / "bi_encoder"  # the fine-tuned RQE bi-encoder, when the chosen recipe uses one (outside the CE's fingerprint)

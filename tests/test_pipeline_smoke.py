@@ -81,14 +81,16 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
     the default stages' protocols (the MTL row on the mtl stage's folds, the RQE rows with the chosen sets' verdict,
     the confirmed row paired with the default seed by seed)."""
     assert tiny_repro.returncode == 0
-    tables = {tiny_repo / f"metrics/{m}.json" for m in ("rqe_selection", "baseline_ablations", "mtl_ablations", "mtl_confirm", "qa", "qa_graded", "cnn_crossenc")}
+    tables = {tiny_repo / f"metrics/{m}.json" for m in ("rqe_selection", "baseline_ablations", "mtl_ablations", "mtl_confirm", "qa", "qa_graded", "cnn_crossenc",
+                                                               "nested_loso", "qa_bienc")}
     before = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))
                                             if p not in tables}  # fmt: skip
     r = _dvc("repro", "analysis/dvc.yaml", cwd=tiny_repo)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
     assert ran == ["analysis/dvc.yaml:baseline_ablations", "analysis/dvc.yaml:cnn_crossenc", "analysis/dvc.yaml:mtl_ablations", "analysis/dvc.yaml:mtl_confirm",
-                   "analysis/dvc.yaml:qa", "analysis/dvc.yaml:qa_graded", "analysis/dvc.yaml:rqe_selection"], r.stdout
+                   "analysis/dvc.yaml:nested_loso", "analysis/dvc.yaml:qa", "analysis/dvc.yaml:qa_bienc", "analysis/dvc.yaml:qa_graded",
+                   "analysis/dvc.yaml:rqe_selection"], r.stdout
     after = _md5s(tiny_repo / "models") | {str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))}
     assert {k: v for k, v in after.items() if k in before} == before  # no default output touched
     mtl_rows = json.loads((tiny_repo / "metrics/mtl_ablations.json").read_text())["rows"]
@@ -107,6 +109,13 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
     for name, col in (("qa", "qa_score"), ("qa_graded", "qa_graded_score")):
         scores = pd.read_parquet(tiny_repo / f"data/processed/{name}_scores.parquet")
         assert len(scores) and scores[col].between(0, 1).all(), name
+    qa_bienc = pd.read_parquet(tiny_repo / "data/processed/qa_bienc_scores.parquet")
+    assert len(qa_bienc) and qa_bienc["qa_bienc_cos"].between(-1, 1).all()
+    assert len(json.loads((tiny_repo / "metrics/qa_bienc.json").read_text())["folds"]) == 2
+    # nested LOSO: every source held out once, picked without it; the QA bi-encoder row beside the default
+    nested = json.loads((tiny_repo / "metrics/nested_loso.json").read_text())
+    assert set(nested["final_system"]["nested_loso"]["by_source"]) == {"train_liveqa", "train_alexa", "val"}
+    assert 0 <= nested["final_system"]["nested_loso"]["accuracy"]["mean"] <= 1 and "with_qa_bienc" in nested["variants"]
     graded = json.loads((tiny_repo / "metrics/qa_graded.json").read_text())
     assert graded["n_judged_questions"] == 2 and all(f["n_train_judged"] > 0 for f in graded["folds"])
     # the cross-encoder's SQuAD row: the dev sample of the default cnn_squad table, the same questions

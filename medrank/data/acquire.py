@@ -12,7 +12,7 @@ import tarfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterable
+from typing import IO, Iterable
 
 from tqdm import tqdm
 
@@ -51,15 +51,23 @@ def _pack_deterministic(members: list[tuple[str, bytes]], prefix: str, dest: Pat
                 tar.addfile(info, io.BytesIO(data))
 
 
-def _download(url: str, timeout_s: float) -> bytes:
+def download_to(url: str, out: IO[bytes], timeout_s: float) -> str:
+    """Stream `url` into `out` (nothing held whole in memory); returns the sha256 of the bytes written."""
     req = urllib.request.Request(url, headers={"User-Agent": "medrank-acquire"})
+    h = hashlib.sha256()
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 (pinned https URLs)
         total = int(resp.headers.get("Content-Length") or 0) or None
-        buf = io.BytesIO()
         with tqdm(total=total, unit="B", unit_scale=True, desc=url.rsplit("/", 1)[-1], leave=False) as bar:
-            while chunk := resp.read(1 << 16):
-                buf.write(chunk)
+            while chunk := resp.read(1 << 20):
+                out.write(chunk)
+                h.update(chunk)
                 bar.update(len(chunk))
+    return h.hexdigest()
+
+
+def _download(url: str, timeout_s: float) -> bytes:
+    buf = io.BytesIO()
+    download_to(url, buf, timeout_s)
     return buf.getvalue()
 
 

@@ -148,3 +148,25 @@ def medquad_qa_pairs(medquad: pd.DataFrame, n_pairs: int, rng: np.random.Generat
         pairs.append((question, answer))
         labels.append(label)
     return pairs, np.asarray(labels, dtype=np.int64)
+
+
+def medquad_qa_triplets(medquad: pd.DataFrame, n: int, rng: np.random.Generator) -> list[tuple[str, str, str]]:
+    """(question, its answer, a hard negative) triplets mined from MedQuAD for a question -> answer bi-encoder: the
+    question is a MedQuAD question or, half the time, a pseudo consumer question about its focus and type (as in
+    medquad_qa_pairs); the negative answers the same focus but another question type (MEDIQA's typical wrong answer:
+    right topic, wrong aspect). In-batch negatives supply the other foci."""
+    if n <= 0:
+        return []
+    by_focus, multi, _, _, pick = _mining_pools(medquad, "answer_norm", "QA", rng)
+    out: list[tuple[str, str, str]] = []
+    while len(out) < n:
+        g = by_focus[multi[int(rng.integers(len(multi)))]]
+        qtype = pick(sorted(g["question_type"].unique()))
+        focus = str(g["focus"].iloc[0])
+        f = focus if rng.random() < 0.5 else focus.lower()
+        asked = g[g["question_type"] == qtype]
+        row = asked.iloc[int(rng.integers(len(asked)))]
+        question = f"{focus}. " + pick(CONTEXTS).format(f=f) + pick(CONSUMER_ASKS[qtype]).format(f=f) if rng.random() < 0.5 else str(row["question"])
+        negative = pick(g[g["question_type"] != qtype]["answer_norm"].tolist())
+        out.append((question, str(row["answer_norm"]), str(negative)))
+    return out

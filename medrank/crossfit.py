@@ -1,0 +1,25 @@
+"""Cross-fitting over question folds: a score for every row from a model that never learned that row's question."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence, TypeVar
+
+import numpy as np
+
+M = TypeVar("M")
+
+
+def crossfit(
+    n_folds: int, scored_fold: np.ndarray, train_folds: Sequence[np.ndarray], fit: Callable[[int, list[np.ndarray]], M],
+    score: Callable[[M, np.ndarray], np.ndarray],
+) -> np.ndarray:  # fmt: skip
+    """For each fold f: `fit(f, [rows of each training table whose question is outside f])` -> a model, then
+    `score(model, rows to score whose question is in f)`. `scored_fold` / `train_folds[i]`: the question fold of each
+    row (the same question -> the same fold in every table). Returns the scores of every scored row."""
+    out = np.full(len(scored_fold), np.nan)
+    for f in range(n_folds):
+        model = fit(f, [np.flatnonzero(np.asarray(t) != f) for t in train_folds])
+        rows = np.flatnonzero(np.asarray(scored_fold) == f)
+        if len(rows):
+            out[rows] = score(model, rows)
+    return out

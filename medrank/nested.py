@@ -1,0 +1,87 @@
+"""Nested leave-one-source-out: the estimate of the *selection procedure*, not of the system it picked.
+
+Plain LOSO scores each held-out source with the system that the written rule picked on all three sources, so the
+held-out source's labels took part in the pick. Here, for each held-out source s, everything the score stage selects
+is selected again on the other two sources only: both models are refitted on them (question-grouped CV over the two,
+and leave-one-of-the-two-out), the written rule (evaluation.candidate_systems: MTL weight x keep rule, then order)
+picks on those rows, and s is scored by the two models trained on both other sources, decided by the pick (keep rule
+fitted on the inner CV rows). s's labels reach no selection step and no fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from medrank.evaluation import METRICS, candidate_systems, evaluate_decided, loso_summary, rounded_scores
+
+# one system's held-out rows for a held-out source: (inner questions, inner sources, the held-out questions) ->
+# rows with part oof (inner CV), loso (fold = index in the inner sources), test (the held-out questions)
+RowsFn = Callable[[list[str], list[str], list[str]], pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What the written rule decides (the score stage's grid)."""
+
+    weights: tuple[float, ...]
+    keep_rules: tuple[str, ...]
+    orders: tuple[str, ...]
+    band: dict  # {"accuracy": ..., "order": ...}: the noise band of `pick`
+
+
+def held_out_source(
+    source: str, sources: Sequence[str], cand: pd.DataFrame, mtl_rows: RowsFn, base_rows: RowsFn, sel: Selection, per_rule: bool = True
+) -> dict:
+    """Select on the sources other than `source`, score `source`: {"chosen", "selection_score", "scores" (official
+    metrics), "by_keep_rule" (with `per_rule`: each keep rule's scores when it is the only one the rule may pick)}."""
+    split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
+    inner = [s for s in sources if s != source]
+    inner_gids = [g for g in pd.unique(cand["gid"]) if split_of[g] in inner]
+    outer_gids = [g for g in pd.unique(cand["gid"]) if split_of[g] == source]
+    mine, theirs = mtl_rows(inner_gids, inner, outer_gids), base_rows(inner_gids, inner, outer_gids)
+    for name, rows in (("mtl", mine), ("baseline", theirs)):
+        _check_isolation(name, rows, set(inner_gids), set(outer_gids))
+    # the held-out source's rows carry no label into the choice: candidate_systems reads part oof / loso only,
+    # and the truth it joins is cut to the inner questions for those parts (the test part is scored below)
+    out = _select_and_score(mine, theirs, cand, inner_gids, inner, sel)
+    # each keep rule alone (weight and order still chosen inside): how it transfers to a source it never saw
+    out["by_keep_rule"] = {r: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, keep_rules=(r,)))["scores"]
+                           for r in sel.keep_rules} if per_rule else {}  # fmt: skip
+    return out
+
+
+def _select_and_score(mine: pd.DataFrame, theirs: pd.DataFrame, cand: pd.DataFrame, inner_gids: list[str], inner: list[str],
+                      sel: Selection) -> dict:  # fmt: skip
+    got = candidate_systems(mine, theirs, cand, inner_gids, sel.weights, sel.keep_rules, sel.orders, inner, sel.band)
+    decided = got["decided"]
+    scores = evaluate_decided(decided[decided["part"] == "test"], cand)
+    return {"chosen": {"mtl_weight": got["weight"], "keep_rule": got["rule"], "order": got["order"]},
+            "selection_score": round(0.5 * (got["cv"]["accuracy"]["mean"] + got["loso"]["accuracy"]["mean"]), 4),
+            "scores": rounded_scores(scores)}  # fmt: skip
+
+
+def _check_isolation(name: str, rows: pd.DataFrame, inner: set[str], outer: set[str]) -> None:
+    """The inner parts hold inner questions only; the test part the held-out ones (a wiring error is loud)."""
+    held = rows[rows["part"].isin(("oof", "loso"))]
+    if not set(held["gid"]) <= inner or not set(rows.loc[rows["part"] == "test", "gid"]) <= outer:
+        raise AssertionError(f"nested LOSO: {name} rows mix the held-out source into the selection")
+
+
+def nested_loso(sources: Sequence[str], cand: pd.DataFrame, mtl_rows: RowsFn, base_rows: RowsFn, sel: Selection) -> dict:
+    """held_out_source for every source -> per source (chosen, scores) and loso_summary (mean, worst) per metric."""
+    per = {s: held_out_source(s, sources, cand, mtl_rows, base_rows, sel) for s in sources}
+    summary = loso_summary({s: r["scores"] for s, r in per.items()})
+    rules = {r: loso_summary({s: per[s]["by_keep_rule"][r] for s in sources}) for r in sel.keep_rules}
+    by_rule = {r: {m: rules[r][m] for m in METRICS} for r in sel.keep_rules}
+    return {"by_source": {s: {k: v for k, v in r.items() if k != "by_keep_rule"} for s, r in per.items()},
+            "by_keep_rule": by_rule, **{m: summary[m] for m in METRICS}}  # fmt: skip
+
+
+def overstatement(plain: dict, nested: dict) -> dict:
+    """How far plain LOSO (selection-time) exceeds nested LOSO, per metric: mean and worst source."""
+    return {m: {"mean": round(float(plain[m]["mean"]) - float(nested[m]["mean"]), 4),
+                "worst": round(float(plain[m]["worst"]) - float(nested[m]["worst"]), 4)} for m in METRICS}  # fmt: skip
+

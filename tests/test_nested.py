@@ -1,0 +1,106 @@
+"""Nested leave-one-source-out (medrank.nested): the held-out source never reaches a selection step or a fit."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from medrank import nested
+
+SOURCES = ["train_liveqa", "train_alexa", "val"]
+
+
+def _cand(seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in SOURCES:
+        for q in range(15):
+            scores = rng.integers(1, 5, 5)
+            for a, r in enumerate(np.argsort(-scores, kind="stable").argsort() + 1):
+                rows.append({"gid": f"{s}:{q}", "qid": f"{s}:{q}", "aid": f"{s}:{q}.{a}", "split": s, "reference_rank": int(r),
+                             "reference_score": int(scores[a])})  # fmt: skip
+    out = pd.DataFrame(rows)
+    return out.assign(label=(out["reference_score"] >= 3).astype(int))
+
+
+def _fake_models(truth: pd.DataFrame, calls: list):
+    """Two 'systems' whose scores are fixed functions of the truth they were built with (so a later change of the
+    candidate table's labels cannot reach them), recording what they are asked to fit on."""
+    noise = np.random.default_rng(1).normal(0, 0.25, len(truth))
+    p = pd.Series(np.clip(0.3 + 0.4 * truth["label"].to_numpy() + noise, 0.01, 0.99), index=truth["aid"])
+    split_of = truth.drop_duplicates("gid").set_index("gid")["split"]
+
+    def rows(inner, inner_sources, outer, shift: float):
+        calls.append((set(inner), set(outer)))
+        t = truth[truth["gid"].isin(set(inner) | set(outer))]
+        fold_cv = t["gid"].map({g: i % 3 for i, g in enumerate(inner)})
+        fold_lo = t["gid"].map(lambda g: list(inner_sources).index(split_of[g]) if g in set(inner) else -1)
+        prob = np.clip(p.loc[t["aid"]].to_numpy() + shift, 0.01, 0.99)
+        base = pd.DataFrame({"gid": t["gid"].to_numpy(), "aid": t["aid"].to_numpy(), "prob": prob, "rank_key": prob})
+        is_in = t["gid"].isin(set(inner)).to_numpy()
+        parts = [base[is_in].assign(part="oof", fold=fold_cv[is_in].astype(int).to_numpy()), base[is_in].assign(part="loso", fold=fold_lo[is_in].astype(int).to_numpy()),
+                 base[~is_in].assign(part="test", fold=-1)]  # fmt: skip
+        return pd.concat(parts, ignore_index=True)
+
+    def mtl_rows(inner, inner_sources, outer):
+        out = rows(inner, inner_sources, outer, 0.05)
+        return out.assign(prob_mean=out["prob"])
+
+    def base_rows(inner, inner_sources, outer):
+        out = rows(inner, inner_sources, outer, -0.05)
+        return out.rename(columns={"rank_key": "rank_score"})
+
+    return mtl_rows, base_rows
+
+
+SEL = nested.Selection((0.0, 1.0), ("threshold", "fixed_0.5", "top_k"), ("rank", "prob"), {"accuracy": 0.0, "order": 0.0})
+
+
+def test_nested_loso_never_lets_the_held_out_source_reach_a_selection_step():
+    cand = _cand()
+    calls: list = []
+    mtl_rows, base_rows = _fake_models(cand, calls)
+    got = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, SEL)
+    # every fit request: the inner questions are the other sources', the held-out questions only predicted
+    for inner, outer in calls:
+        assert inner and outer and not inner & outer
+        assert len({g.split(":")[0] for g in outer}) == 1 and not any(g.split(":")[0] == next(iter(outer)).split(":")[0] for g in inner)
+    assert set(got["by_source"]) == set(SOURCES)
+    assert got["accuracy"]["worst"] == min(r["scores"]["accuracy"] for r in got["by_source"].values())
+    for source in SOURCES:
+        # scramble the held-out source's labels in the candidate table: its pick must not move, its score must
+        flipped = cand.copy()
+        mask = flipped["split"] == source
+        flipped.loc[mask, "reference_score"] = 5 - flipped.loc[mask, "reference_score"]
+        flipped["label"] = (flipped["reference_score"] >= 3).astype(int)
+        again = nested.held_out_source(source, SOURCES, flipped, mtl_rows, base_rows, SEL, per_rule=False)
+        assert again["chosen"] == got["by_source"][source]["chosen"]
+        assert again["selection_score"] == got["by_source"][source]["selection_score"]
+        assert again["scores"]["accuracy"] != got["by_source"][source]["scores"]["accuracy"]
+
+
+def test_rows_that_mix_the_held_out_source_into_the_selection_are_refused():
+    cand = _cand()
+    mtl_rows, base_rows = _fake_models(cand, [])
+
+    def leaky(inner, inner_sources, outer):
+        out = base_rows(inner, inner_sources, outer)
+        return out.assign(part=out["part"].replace({"test": "oof"}))
+
+    with pytest.raises(AssertionError, match="baseline rows mix the held-out source"):
+        nested.held_out_source("val", SOURCES, cand, mtl_rows, leaky, SEL, per_rule=False)
+
+
+def test_overstatement_is_plain_minus_nested():
+    plain = {m: {"mean": 0.8, "worst": 0.7} for m in nested.METRICS}
+    inner = {m: {"mean": 0.75, "worst": 0.6} for m in nested.METRICS}
+    assert nested.overstatement(plain, inner)["accuracy"] == {"mean": 0.05, "worst": 0.1}
+
+
+def test_each_keep_rule_is_scored_alone_with_mean_and_worst_source():
+    cand = _cand()
+    mtl_rows, base_rows = _fake_models(cand, [])
+    got = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, SEL)
+    assert set(got["by_keep_rule"]) == set(SEL.keep_rules)
+    for r in SEL.keep_rules:
+        acc = got["by_keep_rule"][r]["accuracy"]
+        assert acc["worst"] <= acc["mean"] and acc["worst_source"] in SOURCES
