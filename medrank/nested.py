@@ -5,7 +5,8 @@ held-out source's labels took part in the pick. Here, for each held-out source s
 is selected again on the other two sources only: both models are refitted on them (question-grouped CV over the two,
 and leave-one-of-the-two-out), the written rule (evaluation.candidate_systems: MTL weight x keep rule, then order)
 picks on those rows, and s is scored by the two models trained on both other sources, decided by the pick (keep rule
-fitted on the inner CV rows). s's labels reach no selection step and no fit.
+fitted on the inner CV rows). s's labels reach no step of that selection and no fit. What stays fixed: the recipes
+(feature groups, N and T, the encoders), the candidate lists and the noise band, set earlier on all three sources.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ class Selection:
     keep_rules: tuple[str, ...]
     orders: tuple[str, ...]
     band: dict  # {"accuracy": ..., "order": ...}: the noise band of `pick`
+    select_on: tuple[str, ...] = ("accuracy",)  # the metrics whose selection scores the rule averages (weight x keep rule)
 
 
 def held_out_source(
-    source: str, sources: Sequence[str], cand: pd.DataFrame, mtl_rows: RowsFn, base_rows: RowsFn, sel: Selection, per_rule: bool = True
+    source: str, sources: Sequence[str], cand: pd.DataFrame, mtl_rows: RowsFn, base_rows: RowsFn, sel: Selection,
+    per_rule: Sequence[str] = (),
 ) -> dict:
     """Select on the sources other than `source`, score `source`: {"chosen", "selection_score", "scores" (official
-    metrics), "by_keep_rule" (with `per_rule`: each keep rule's scores when it is the only one the rule may pick)}."""
+    metrics), "by_keep_rule" (each keep rule of `per_rule`: its scores when it is the only one the rule may pick)}."""
     split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
     inner = [s for s in sources if s != source]
     inner_gids = [g for g in pd.unique(cand["gid"]) if split_of[g] in inner]
@@ -49,13 +52,13 @@ def held_out_source(
     out = _select_and_score(mine, theirs, cand, inner_gids, inner, sel)
     # each keep rule alone (weight and order still chosen inside): how it transfers to a source it never saw
     out["by_keep_rule"] = {r: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, keep_rules=(r,)))["scores"]
-                           for r in sel.keep_rules} if per_rule else {}  # fmt: skip
+                           for r in per_rule}  # fmt: skip
     return out
 
 
 def _select_and_score(mine: pd.DataFrame, theirs: pd.DataFrame, cand: pd.DataFrame, inner_gids: list[str], inner: list[str],
                       sel: Selection) -> dict:  # fmt: skip
-    got = candidate_systems(mine, theirs, cand, inner_gids, sel.weights, sel.keep_rules, sel.orders, inner, sel.band)
+    got = candidate_systems(mine, theirs, cand, inner_gids, sel.weights, sel.keep_rules, sel.orders, inner, sel.band, sel.select_on)
     decided = got["decided"]
     scores = evaluate_decided(decided[decided["part"] == "test"], cand)
     return {"chosen": {"mtl_weight": got["weight"], "keep_rule": got["rule"], "order": got["order"]},
@@ -70,12 +73,14 @@ def _check_isolation(name: str, rows: pd.DataFrame, inner: set[str], outer: set[
         raise AssertionError(f"nested LOSO: {name} rows mix the held-out source into the selection")
 
 
-def nested_loso(sources: Sequence[str], cand: pd.DataFrame, mtl_rows: RowsFn, base_rows: RowsFn, sel: Selection) -> dict:
-    """held_out_source for every source -> per source (chosen, scores) and loso_summary (mean, worst) per metric."""
-    per = {s: held_out_source(s, sources, cand, mtl_rows, base_rows, sel) for s in sources}
+def nested_loso(sources: Sequence[str], cand: pd.DataFrame, mtl_rows: RowsFn, base_rows: RowsFn, sel: Selection,
+                per_rule: Sequence[str] = ()) -> dict:  # fmt: skip
+    """held_out_source for every source -> per source (chosen, scores) and loso_summary (mean, worst) per metric, and
+    the same per keep rule of `per_rule` alone."""
+    per = {s: held_out_source(s, sources, cand, mtl_rows, base_rows, sel, per_rule) for s in sources}
     summary = loso_summary({s: r["scores"] for s, r in per.items()})
-    rules = {r: loso_summary({s: per[s]["by_keep_rule"][r] for s in sources}) for r in sel.keep_rules}
-    by_rule = {r: {m: rules[r][m] for m in METRICS} for r in sel.keep_rules}
+    rules = {r: loso_summary({s: per[s]["by_keep_rule"][r] for s in sources}) for r in per_rule}
+    by_rule = {r: {m: v[m] for m in METRICS} for r, v in rules.items()}
     return {"by_source": {s: {k: v for k, v in r.items() if k != "by_keep_rule"} for s, r in per.items()},
             "by_keep_rule": by_rule, **{m: summary[m] for m in METRICS}}  # fmt: skip
 

@@ -251,7 +251,10 @@ class QaBiencParams(_Section):
     epochs: int = Field(default=1, ge=1)
     lr: float = Field(default=3e-5, gt=0, allow_inf_nan=False)
     batch_size: int = Field(default=16, ge=2)  # in-batch negatives: the larger, the more negatives per query
-    folds: int = Field(default=3, ge=2)  # fold model f learns the answers of the questions outside fold f, scores fold f
+    # source: one fold per labelled source (its questions scored by a model that never saw a label of that source, as
+    # LOSO and nested LOSO assume; test questions dealt over the fold models); question: `folds` random question folds
+    fold_by: Literal["source", "question"] = "source"
+    folds: int = Field(default=3, ge=2)  # fold_by question: fold model f learns the answers of the questions outside fold f, scores fold f
     crossfit_epochs: int = Field(default=1, ge=0)  # 0 = no step two (the MedQuAD model scores every answer)
     crossfit_lr: float = Field(default=2e-5, gt=0, allow_inf_nan=False)
     judged: bool = True  # step two also learns the judged LiveQA answers (grade >= 3) of the questions outside fold f
@@ -338,6 +341,8 @@ class ScoreParams(_Section):
     # keep rules (medrank.decision.KEEP_RULES) and orders (ORDERS) compared under CV and LOSO, simplest first
     keep_rules: list[KeepRule] = Field(default_factory=lambda: list(get_args(KeepRule)), min_length=1)
     orders: list[OrderRule] = Field(default_factory=lambda: list(get_args(OrderRule)), min_length=1)
+    # the metrics whose selection scores (mean of CV and LOSO mean) the written rule averages to pick weight x keep rule
+    select_on: list[Literal["accuracy", "precision", "mrr", "spearman"]] = Field(default_factory=lambda: ["accuracy"], min_length=1)
     cv_folds: int = Field(default=5, ge=2)  # the CV folds the CHiQA row is scored on (the models' own: baseline/mtl cv_folds)
     # final system minus the baseline, paired question bootstrap (validation and CV questions); 0 = not computed
     bootstrap_resamples: int = Field(default=2000, ge=0)
@@ -400,17 +405,21 @@ class MtlAnalysisParams(_Section):
 
 
 class NestedVariant(_Section):
-    """A row beside the default under nested LOSO: other feature groups for the baseline and the MTL."""
+    """A row beside the default under nested LOSO: other feature groups for the baseline and the MTL, or another
+    `select_on` for the written rule (None: the default's)."""
 
     name: str = Field(min_length=1)
-    baseline_features: list[FeatureGroup] = Field(min_length=1)
-    mtl_feature_groups: list[FeatureGroup] = Field(min_length=1)
+    baseline_features: list[FeatureGroup] | None = Field(default=None, min_length=1)
+    mtl_feature_groups: list[FeatureGroup] | None = Field(default=None, min_length=1)
+    select_on: list[Literal["accuracy", "precision", "mrr", "spearman"]] | None = Field(default=None, min_length=1)
 
 
 class NestedAnalysisParams(_Section):
-    """analysis/dvc.yaml stage nested_loso: the default's selection procedure under nested LOSO, and these variants."""
+    """analysis/dvc.yaml stage nested_loso: the default's selection procedure under nested LOSO, these variants, and
+    each of `keep_rules` alone (the evidence score.keep_rules is chosen on)."""
 
     variants: list[NestedVariant] = Field(default_factory=list)
+    keep_rules: list[KeepRule] = Field(default_factory=lambda: list(get_args(KeepRule)), min_length=1)
 
 
 class ConfirmAnalysisParams(_Section):

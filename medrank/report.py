@@ -109,8 +109,8 @@ def _headline(metrics: dict[str, dict]) -> list[str]:
     out += _table(head, rows) + _final_line(final, short=True)
     over = ((metrics.get("nested_loso") or {}).get("final_system") or {}).get("overstatement")
     if over:
-        out += [f"Plain LOSO over-states the nested estimate by {over['accuracy']['mean']:+.3f} accuracy (worst source "
-                f"{over['accuracy']['worst']:+.3f}), {over['mrr']['mean']:+.3f} MRR, {over['spearman']['mean']:+.3f} official Spearman.", ""]  # fmt: skip
+        out += [f"Plain LOSO (selection-time) minus nested LOSO, positive where plain LOSO over-states: accuracy {over['accuracy']['mean']:+.3f} "
+                f"(worst source {over['accuracy']['worst']:+.3f}), MRR {over['mrr']['mean']:+.3f}, official Spearman {over['spearman']['mean']:+.3f}.", ""]  # fmt: skip
     out += _task2_line(metrics)
     return out
 
@@ -224,9 +224,12 @@ def _nested(m: dict) -> list[str]:
     rules = n.get("by_keep_rule") or {}
     if rules:
         rows = [[f"`{r}`", _loso(v), _loso(v, "precision"), _loso(v, "mrr"), _loso(v, "spearman")] for r, v in rules.items()]
+        kp = m.get("keep_rule_pick") or {}
+        verdict = (f" The written rule on these figures ({kp.get('on')}) picks `{kp['rule']}`; `score.keep_rules` holds "
+                   + ", ".join(f"`{r}`" for r in kp.get("score_keep_rules", [])) + ".") if kp.get("rule") else ""  # fmt: skip
         out += ["**Keep rules under an unknown prior** (nested LOSO, each rule the only one the written rule may pick; weight and "
                 "order still chosen inside; mean over the three held-out sources (worst source)). A question with nothing kept "
-                "scores 0 on the official MRR: `min_keep_1` and `top_k` always keep each question's best answer.", ""]  # fmt: skip
+                "scores 0 on the official MRR: `min_keep_1` and `top_k` always keep each question's best answer." + verdict, ""]  # fmt: skip
         out += _table(["keep rule", "Accuracy", "Precision", "MRR", "Spearman (official)"], rows)
     return out
 
@@ -459,14 +462,19 @@ def _options(m: dict) -> list[str]:
         rows.append([name + at, sets, f"`{r['system']}` w {r['mtl_weight']:g}", f"{r['cv']['accuracy']:.3f}",
                      f"{r['loso']['accuracy']:.3f} ({r['loso_worst']['accuracy']:.3f} {r['loso_worst']['source']})", f"**{r['score']:.3f}** ({diff})",
                      f"{r['baseline']['cv_accuracy']:.3f} / {r['baseline']['loso_accuracy']:.3f} / {r['baseline']['score']:.3f}{bdiff}",
-                     "—" if name == "default" else f"{r['seconds']:.0f} ({stages})"])  # fmt: skip
+                     _nested_cell(r.get("nested")), "—" if name == "default" else f"{r['seconds']:.0f} ({stages})"])  # fmt: skip
     out = [f"**Model options beside the default** (analysis/options.py at commit {m['commit']}, {m['date']}: one `dvc exp run -S ...` per option "
            "from the committed outputs, so its seconds are what it re-runs; an option measured at an earlier commit is compared with that "
            "commit's default; score = mean of CV accuracy and LOSO mean accuracy; an option "
            f"beats the default only beyond the noise band {base['noise_band']:.3f}; a larger model is measured here, adopted only by a "
            "decision written in the notes below)", ""]  # fmt: skip
     return out + _table(["option", "params", "final system", "CV accuracy", "LOSO accuracy (worst)", "score (vs default)",
-                         "baseline CV / LOSO / score", "experiment s (stages)"], rows)  # fmt: skip
+                         "baseline CV / LOSO / score", "nested LOSO accuracy (worst) / MRR", "experiment s (stages)"], rows)  # fmt: skip
+
+
+def _nested_cell(n: dict | None) -> str:
+    """An options cell: the final system's nested LOSO accuracy (worst source) / MRR, or — where it was not run."""
+    return "—" if not n else f"{n['accuracy']['mean']:.3f} ({n['accuracy']['worst']:.3f}) / {n['mrr']['mean']:.3f}"
 
 
 def _judged_rows(m: dict) -> list[str]:

@@ -2,12 +2,13 @@
 then cos(question, answer) of every MEDIQA answer (feature group qa_bienc): Task 3's counterpart of the RQE bi-encoder.
 
 Step one learns MedQuAD: (question, its answer, an answer of the same focus and another question type) triplets
-with in-batch negatives (`qa_bienc.medquad_triplets`; no MEDIQA text). Step two is cross-fitted: the questions of
-every split are dealt into `qa_bienc.folds` folds; fold model f starts from step one and learns the labelled MEDIQA
-answers of the questions outside fold f (label: reference score >= 3) and, with `qa_bienc.judged`, the judged LiveQA
-answers of the train_liveqa questions outside fold f (grade >= 3); it scores the answers of the questions in fold f.
-So no question's answers are scored by a model that learned them: in CV, LOSO and nested LOSO alike (test questions
-are dealt into folds like the rest, unlabelled). Writes data/processed/qa_bienc_scores.parquet (split, qid, aid,
+with in-batch negatives (`qa_bienc.medquad_triplets`; no MEDIQA text). Step two is cross-fitted: with `fold_by:
+source` (default) each labelled source is a fold and the test questions are dealt over the folds; fold model f starts
+from step one, learns the labelled MEDIQA answers outside fold f (label: reference score >= 3) and, with
+`qa_bienc.judged`, the judged LiveQA answers of the train_liveqa questions outside fold f (grade >= 3), and scores the
+answers of the questions in fold f. So no question is scored by a model that learned it, and no labelled source by a
+model that saw any of its labels (what LOSO and nested LOSO assume: with random question folds, `fold_by: question`,
+a source's other questions' labels reach its scores). Writes data/processed/qa_bienc_scores.parquet (split, qid, aid,
 qa_bienc_cos), metrics/qa_bienc.json (AUC of each step's cosine on each labelled source beside the zero-shot
 bi-encoder's) and plots/qa_bienc (dvclive: training loss per step and fold).
 """
@@ -24,7 +25,7 @@ import pyarrow as pa
 
 from medrank import layout
 from medrank.answer_scores import qa_pairs
-from medrank.crossfit import crossfit
+from medrank.crossfit import crossfit, source_folds
 from medrank.data.judged import judged_answers, question_folds
 from medrank.data.mining import medquad_qa_triplets
 from medrank.encoders.sentence_encoder import SentenceEncoder
@@ -78,12 +79,14 @@ def main(params_path: str = "params.yaml") -> None:
     a_label = (answers["reference_score"].fillna(0).to_numpy(dtype=float) >= 3).astype(int)
     judged = judged_answers(read_parquet(layout.JUDGED), answers) if qp.judged else answers.iloc[:0]
     keys = answers[["split", "qid"]].drop_duplicates()
-    fold_of = dict(zip(zip(keys["split"], keys["qid"]), question_folds(keys, qp.folds, p.seed)))
+    folds = source_folds(keys, layout.LABELLED_SPLITS, p.seed) if qp.fold_by == "source" else question_folds(keys, qp.folds, p.seed)
+    n_folds = int(folds.max()) + 1
+    fold_of = dict(zip(zip(keys["split"], keys["qid"]), folds))
     a_fold = np.array([fold_of[k] for k in zip(answers["split"], answers["qid"])])
     j_fold = np.array([fold_of[("train_liveqa", q)] for q in judged["qid"]], dtype=int)
     j_pairs, j_label = qa_pairs(judged), (judged["reference_score"].to_numpy(dtype=float) >= 3).astype(int)
     seconds: dict[str, float] = {}
-    knobs = dict(warmup_ratio=qp.warmup_ratio, weight_decay=qp.weight_decay, precision=qp.train_precision, show_progress=False)
+    knobs = dict(warmup_ratio=qp.warmup_ratio, weight_decay=qp.weight_decay, precision=qp.train_precision, show_progress=True)
 
     with Live(dir=str(layout.plots_dir("qa_bienc")), dvcyaml=None, save_dvc_exp=False) as live:
         live.log_params(qp.model_dump())
@@ -98,7 +101,7 @@ def main(params_path: str = "params.yaml") -> None:
                 live.log_metric("medquad/train/loss", h["train_loss"], plot=False)
             seconds["step one (MedQuAD)"] = round(time.perf_counter() - ts, 1)
         step_one = cosines(base, a_pairs, qp.batch_size_encode)
-        folds: list[dict] = []
+        fold_stats: list[dict] = []
 
         def fit_fold(f: int, train: list[np.ndarray]) -> SentenceEncoder:
             ts = time.perf_counter()
@@ -106,11 +109,11 @@ def main(params_path: str = "params.yaml") -> None:
             pairs = [a_pairs[i] for i in a_train] + [j_pairs[i] for i in j_train]
             y = np.concatenate([a_label[a_train], j_label[j_train]])
             if len(np.unique(y)) < 2:
-                raise MedrankError(f"qa_bienc.folds: fold {f} leaves {len(y)} training answers of one class (use fewer folds)")
+                raise MedrankError(f"qa_bienc: fold {f} leaves {len(y)} training answers of one class (use fewer folds)")
             model = copy.deepcopy(base)
             for h in model.fit(pairs, y, epochs=qp.crossfit_epochs, lr=qp.crossfit_lr, batch_size=qp.batch_size, seed=p.seed + f, **knobs):
                 live.log_metric(f"fold{f}/train/loss", h["train_loss"], plot=False)
-            folds.append({"fold": f, "n_mediqa_learned": int(len(a_train)), "n_judged_learned": int(len(j_train)),
+            fold_stats.append({"fold": f, "n_mediqa_learned": int(len(a_train)), "n_judged_learned": int(len(j_train)),
                           "n_scored": int((a_fold == f).sum()), "seconds": round(time.perf_counter() - ts, 1)})  # fmt: skip
             log.info("qa_bienc fold %d: learned %d MEDIQA + %d judged answers (%.0fs)", f, len(a_train), len(j_train), time.perf_counter() - ts)
             return model
@@ -118,7 +121,7 @@ def main(params_path: str = "params.yaml") -> None:
         def score_fold(model: SentenceEncoder, rows: np.ndarray) -> np.ndarray:
             return cosines(model, [a_pairs[i] for i in rows], qp.batch_size_encode)
 
-        score = crossfit(qp.folds, a_fold, [a_fold, j_fold], fit_fold, score_fold) if qp.crossfit_epochs else step_one
+        score = crossfit(n_folds, a_fold, [a_fold, j_fold], fit_fold, score_fold) if qp.crossfit_epochs else step_one
     write_parquet(answers[["split", "qid", "aid"]].assign(qa_bienc_cos=score), layout.QA_BIENC_SCORES, QA_BIENC_SCORES)
     bienc = read_parquet(layout.BIENC).merge(answers[["split", "qid", "aid"]], on=["split", "qid", "aid"], how="right")
     columns = {f"zero-shot {qp.base_model}": zero_shot, "step one (MedQuAD)": step_one, "cross-fitted (qa_bienc_cos)": score}
@@ -127,7 +130,8 @@ def main(params_path: str = "params.yaml") -> None:
     write_json(layout.metrics_file("qa_bienc"), {
         "auc": auc_by_source(answers, columns),
         "n_triplets": len(triplets),
-        "folds": folds,
+        "fold_by": qp.fold_by,
+        "folds": fold_stats,
         "train_precision": qp.train_precision,
         "threads": qp.threads,
         "seconds": {**seconds, "total": round(time.perf_counter() - t0, 1)},

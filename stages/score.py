@@ -18,8 +18,8 @@ import time
 from medrank.runner import run
 
 log = logging.getLogger("stages.score")
-SELECTION_RULE = ("MTL weight and keep rule: the highest mean of CV accuracy and LOSO mean accuracy; candidates within the noise "
-                  "band (the larger seed spread of the two systems' defaults) of the best count as tied and the simplest wins "
+SELECTION_RULE = ("MTL weight and keep rule: the highest mean of CV and LOSO mean of score.select_on (default: accuracy); candidates "
+                  "within the noise band (the larger seed spread of the two systems' defaults) of the best count as tied and the simplest wins "
                   "(keep rules in the listed order, a single system before an ensemble). Order of the kept answers: the same rule "
                   "on the mean of MRR and official Spearman.")
 
@@ -55,8 +55,9 @@ def main(params_path: str = "params.yaml") -> None:
     base_metrics = json.loads(L.metrics_file("task3_val_baseline").read_text(encoding="utf-8"))
     mtl_metrics = json.loads(L.metrics_file("mtl").read_text(encoding="utf-8"))
     # the noise band of the written rule: the larger seed spread of the two systems' defaults
-    band = {k: max(float(base_metrics["seed_spread"][k]), float(mtl_metrics["seed_spread"][k])) for k in ("accuracy", "order")}
-    sel = E.candidate_systems(pred, base, cand, E.split_questions(cand, L.TRAIN_SPLITS), weights, sp.keep_rules, sp.orders, L.LABELLED_SPLITS, band)
+    band = E.noise_band([base_metrics["seed_spread"], mtl_metrics["seed_spread"]], ("accuracy", *sp.select_on, "order"))
+    sel = E.candidate_systems(pred, base, cand, E.split_questions(cand, L.TRAIN_SPLITS), weights, sp.keep_rules, sp.orders, L.LABELLED_SPLITS, band,
+                              sp.select_on)  # fmt: skip
     final = E.system_name(sel["weight"])
     chosen = sel["decided"]
     q_order = {g: i for i, g in enumerate(pd.unique(cand["gid"]))}
@@ -94,7 +95,7 @@ def main(params_path: str = "params.yaml") -> None:
     write_json(L.metrics_file("task3_val"), {
         **E.rounded_scores(final_val), "system": final, "mtl_weight": sel["weight"], "keep_rule": sel["rule"], "order": sel["order"],
         "selection": {"rule": SELECTION_RULE, "noise_band": band, "weights": [float(w) for w in weights], "keep_rules": list(sp.keep_rules),
-                      "orders": list(sp.orders)},
+                      "orders": list(sp.orders), "select_on": list(sp.select_on)},
         "n_predicted_positive": final_val["n_predicted_positive"], "systems": rows, "candidates": candidates, "orders": orders,
         "keep_fits": sel["fits"],
         "vs_baseline": E.vs_baseline(val_q, cv_q, sp.bootstrap_resamples, p.seed), "cv_by_split": cv_by_split, "cv_by_order": cv_by_order,

@@ -264,3 +264,19 @@ def test_judged_rows_need_the_judged_answers_bienc_scores():
         Params(baseline={"features": ["metadata", "bienc"], "judged_rows": "ranker"})
     assert Params(baseline={"features": ["metadata", "bienc"], "judged_rows": "ranker"}, bienc={"judged": True}).bienc.judged
     assert Params(baseline={"features": ["metadata", "rqe"], "judged_rows": "all"}).baseline.judged_rows == "all"  # no bienc input read
+
+
+def test_an_inner_fold_of_one_class_gets_that_class_rate_and_a_single_class_training_set_is_refused():
+    from medrank.models.baseline import oof_probabilities
+
+    table = synthetic_table(4, seed=2)
+    table.loc[table["gid"] == table["gid"].iloc[0], "label"] = 0.0  # a question without a correct answer
+    table.loc[table["gid"] != table["gid"].iloc[0], "label"] = 1.0  # the others: every answer correct
+    p = oof_probabilities(table, config(), None, 2, seed=0)
+    folds = np.asarray(grouped_folds(table["gid"].to_numpy(), 2, 0))
+    single = [f for f in (0, 1) if table.loc[folds != f, "label"].nunique() == 1]
+    assert single  # two questions of all-correct answers share a fold: the other fold trains on one class
+    for f in single:  # ... and gets that class's rate (1), no error
+        assert (p[folds == f] == 1.0).all()
+    with pytest.raises(MedrankError, match="single class"):
+        fit_baseline(table[table["label"] == 1.0], config(threshold=0.5))

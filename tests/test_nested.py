@@ -72,7 +72,7 @@ def test_nested_loso_never_lets_the_held_out_source_reach_a_selection_step():
         mask = flipped["split"] == source
         flipped.loc[mask, "reference_score"] = 5 - flipped.loc[mask, "reference_score"]
         flipped["label"] = (flipped["reference_score"] >= 3).astype(int)
-        again = nested.held_out_source(source, SOURCES, flipped, mtl_rows, base_rows, SEL, per_rule=False)
+        again = nested.held_out_source(source, SOURCES, flipped, mtl_rows, base_rows, SEL)
         assert again["chosen"] == got["by_source"][source]["chosen"]
         assert again["selection_score"] == got["by_source"][source]["selection_score"]
         assert again["scores"]["accuracy"] != got["by_source"][source]["scores"]["accuracy"]
@@ -87,7 +87,7 @@ def test_rows_that_mix_the_held_out_source_into_the_selection_are_refused():
         return out.assign(part=out["part"].replace({"test": "oof"}))
 
     with pytest.raises(AssertionError, match="baseline rows mix the held-out source"):
-        nested.held_out_source("val", SOURCES, cand, mtl_rows, leaky, SEL, per_rule=False)
+        nested.held_out_source("val", SOURCES, cand, mtl_rows, leaky, SEL)
 
 
 def test_overstatement_is_plain_minus_nested():
@@ -99,8 +99,29 @@ def test_overstatement_is_plain_minus_nested():
 def test_each_keep_rule_is_scored_alone_with_mean_and_worst_source():
     cand = _cand()
     mtl_rows, base_rows = _fake_models(cand, [])
-    got = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, SEL)
+    got = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, SEL, per_rule=SEL.keep_rules)
     assert set(got["by_keep_rule"]) == set(SEL.keep_rules)
     for r in SEL.keep_rules:
         acc = got["by_keep_rule"][r]["accuracy"]
         assert acc["worst"] <= acc["mean"] and acc["worst_source"] in SOURCES
+
+
+def test_the_rule_can_average_accuracy_and_mrr_and_takes_the_larger_band():
+    from dataclasses import replace
+
+    from medrank.evaluation import noise_band
+
+    band = noise_band([{"accuracy": 0.01, "mrr": 0.03, "order": 0.02}, {"accuracy": 0.02, "mrr": 0.01, "order": 0.05}], ("accuracy", "mrr", "order"))
+    assert band == {"accuracy": 0.02, "mrr": 0.03, "order": 0.05}
+    cand = _cand()
+    mtl_rows, base_rows = _fake_models(cand, [])
+    both = replace(SEL, band=band, select_on=("accuracy", "mrr"))
+    got = nested.held_out_source("val", SOURCES, cand, mtl_rows, base_rows, both)
+    assert got["chosen"]["keep_rule"] in SEL.keep_rules and 0 <= got["scores"]["mrr"] <= 1
+
+
+def test_without_per_rule_tables_the_summary_still_holds_every_metric():
+    cand = _cand()
+    mtl_rows, base_rows = _fake_models(cand, [])
+    got = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, SEL)
+    assert got["by_keep_rule"] == {} and all(m in got for m in nested.METRICS)

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.crossfit import crossfit
+from medrank.crossfit import crossfit, source_folds
 from medrank.data.mining import medquad_qa_triplets
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from tests.test_encoders import FIXTURES, make_tiny_bert
@@ -60,3 +60,10 @@ def test_medquad_triplets_negatives_share_the_focus_not_the_question_type():
     for _, positive, negative in triplets:
         assert by_answer.loc[positive, "focus"] == by_answer.loc[negative, "focus"]
         assert by_answer.loc[positive, "question_type"] != by_answer.loc[negative, "question_type"]
+
+
+def test_source_folds_hold_each_labelled_source_out_whole_and_deal_the_test_questions():
+    keys = pd.DataFrame({"split": ["train_liveqa"] * 4 + ["train_alexa"] * 3 + ["val"] * 2 + ["test"] * 6, "qid": [str(i) for i in range(15)]})
+    folds = source_folds(keys, ("train_liveqa", "train_alexa", "val"), seed=0)
+    assert folds[:9].tolist() == [0] * 4 + [1] * 3 + [2] * 2
+    assert sorted(folds[9:].tolist()) == [0, 0, 1, 1, 2, 2]  # dealt evenly
