@@ -18,7 +18,7 @@ import time
 from medrank.runner import run
 
 log = logging.getLogger("stages.score")
-SELECTION_RULE = ("MTL weight and keep rule: the highest mean of CV and LOSO mean of score.select_on (default: accuracy); candidates "
+SELECTION_RULE = ("MTL weight and keep rule: the highest mean, over the metrics of score.select_on, of CV and LOSO mean; candidates "
                   "within the noise band (the larger seed spread of the two systems' defaults) of the best count as tied and the simplest wins "
                   "(keep rules in the listed order, a single system before an ensemble). Order of the kept answers: the same rule "
                   "on the mean of MRR and official Spearman.")
