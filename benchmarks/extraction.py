@@ -4,14 +4,15 @@ Same pairs (MedQuAD answer sentence, MEDIQA answer sentence), same checkpoint, s
 run back to back in one process:
   (a) naive: fp32, input order, every batch padded to max_length, batch 32, torch.no_grad
   (b) sentence-transformers CrossEncoder.predict (batch 32) on the same checkpoint, loaded offline
-  (c) medrank CrossEncoder.predict: dedup, length-sorted dynamic padding, inference_mode, probed precision,
+  (c) medrank CrossEncoder.predict: dedup, length-sorted dynamic padding, inference_mode, the auto precision,
       with the pooled [CLS] vectors as well (what the embed stage stores); also at each precision, and on CPU
       int8 once more with the old recipe (torch.ao dynamic quantization of every Linear, per-tensor scales), and at the
-      probe's choice on one-thread forked workers, one length-sorted shard each (the stages' `workers: auto` path)
+      auto choice on one-thread forked workers, one length-sorted shard each (the stages' `workers: auto` path)
 Methods take turns on slices of the pairs (best of --repeats per slice), so load from other processes on
 shared cores hits all of them alike. Prints pairs/s side by side, max |Δp| against (a), and the share of this CPU's measured matmul peak
 (useful FLOPs/pair from the real token counts x pairs/s / torch.matmul GFLOP/s, on CPU also / torch._int_mm GOP/s), and
-whether each int8 recipe is kept: max |Δp| within the precision probe's tolerance (0.02) and faster than medrank fp32.
+whether each int8 recipe is kept: max |Δp| within the precision tolerance (0.02) and faster than medrank fp32; and the
+fastest precision within that tolerance on this machine, to set as the stages' precision params (`auto` never times).
 
 On a GPU (`--device cuda`) the peak is the GPU's matmul peak and int8 (a CPU path) is left out. `--ray N`
 also runs the embed stage's cached extraction of the same pairs on the local backend and on a local Ray Data pool
@@ -237,7 +238,7 @@ def main() -> None:
         "(b) sentence-transformers": ("fp32", lambda ps: np.asarray(st.predict(ps, batch_size=32, show_progress_bar=False, apply_softmax=True))),
     }
     for prec in precs:
-        name = "(c) medrank (probe's choice)" if prec == chosen else f"    medrank {prec}"
+        name = "(c) medrank (auto's choice)" if prec == chosen else f"    medrank {prec}"
         methods[name] = (prec, lambda ps, prec=prec: ours.predict(ps, batch_size=64, return_embeddings=True, show_progress=False, precision=prec)[0])
     if device == "cpu" and threads > 1:  # the stages' default path (backend local, workers auto): shards on one-thread workers
         methods[f"    medrank {threads} x 1-thread procs"] = (chosen, lambda ps: pooled_predict(ours, ps, chosen, threads))
@@ -291,11 +292,16 @@ def main() -> None:
             print(f"{r['method']}: int8 {'kept' if r['kept'] else 'rejected'}: max |dp| {r['max_abs_dp']:.4f} "
                   f"{'<=' if r['max_abs_dp'] <= TOLERANCE else '>'} {TOLERANCE}, {r['pairs_per_s']:.1f} pairs/s = "
                   f"{r['pairs_per_s'] / fp32_rate:.2f}x medrank fp32")  # fmt: skip
-    print(f"\nprecision probe: {ours.precision_report.as_dict() if ours.precision_report else None}")
+    print(f"\nprecision auto: {ours.precision_report.as_dict() if ours.precision_report else None}")
+    ok = [r for r in results if r["method"].startswith(("(c)", "medrank")) and "procs" not in r["method"] and "old recipe" not in r["method"]
+          and r["max_abs_dp"] <= TOLERANCE]  # fmt: skip
+    fastest = max(ok, key=lambda r: r["pairs_per_s"])
+    print(f"fastest precision here within |dp| <= {TOLERANCE}: {fastest['precision']} ({fastest['pairs_per_s']} pairs/s); to use it set "
+          f"embed.precision / retrieve.precision / finetune.*.predict_precision: {fastest['precision']} in params.yaml")
     ray_row = ray_vs_local(ours, pairs, chosen, args.ray) if args.ray and Path(args.model).exists() else None
     if args.json:
         Path(args.json).write_text(json.dumps({"pairs": len(pairs), "mean_tokens": float(tokens.mean()), "threads": threads,
-                                               "load": load, "load_end": load_end, "peak_gflops": peak, "flops_per_pair": fpp, "rows": results, "device": device, "ray": ray_row}, indent=2))  # fmt: skip
+                                               "load": load, "load_end": load_end, "peak_gflops": peak, "flops_per_pair": fpp, "rows": results, "fastest_precision": fastest["precision"], "device": device, "ray": ray_row}, indent=2))  # fmt: skip
 
 
 if __name__ == "__main__":

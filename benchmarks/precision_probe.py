@@ -3,8 +3,8 @@
     python benchmarks/precision_probe.py [--pairs 2000] [--model models/rqe] [--threads 1]
 
 Pairs: MEDIQA Task 2 validation+test and SICK dev/test from data/interim/clean (run `dvc repro clean` first).
-Prints pairs/s per variant, the ratio to the naive loop, the max probability difference to fp32, and what the
-start-up probe picks on this machine.
+Prints pairs/s per variant, the ratio to the naive loop, the max probability difference to fp32, and what a
+precision `auto` picks on this machine (the hardware's flags; set the stage's precision param to the fastest one).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -34,6 +35,29 @@ os.umask(_UMASK)
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:[a-z0-9_]{8}\.(?:tmp|staging)|(?P<old>old)-[0-9a-f]{8})$")
 
 
+def _hold(path: Path) -> int:
+    """Open `path` (a file or a folder) and take an exclusive flock on it: the mark of a live owner, which
+    sweep_leftovers respects; the kernel drops it when the process dies. Returns the fd (close it to let go)."""
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # just created by us: nobody else can hold it
+    return fd
+
+
+def _owner_alive(path: Path) -> bool:
+    """True if a running process holds `path`'s flock (an atomic_path / atomic_dir still being written)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() and not path.is_symlink() else 0) | os.O_NOFOLLOW)
+    except OSError:
+        return False  # gone, or a link: not ours to judge by its target
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we took
+    return False
+
+
 def _fsync_path(path: Path) -> None:
     """fsync a file or a folder (some filesystems refuse folder fsync: nothing more can be done there)."""
     fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
@@ -52,7 +76,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held to the rename: a concurrent sweep leaves this file alone
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -63,6 +87,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+        os.close(fd)
 
 
 # ---------------------------------------------------------------- whole folders
@@ -194,6 +219,7 @@ def atomic_dir(path: str | os.PathLike, owns: Callable[[Path], bool], what: str 
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".staging", dir=path.parent))
     os.chmod(staging, 0o777 & ~_UMASK)  # mkdtemp makes 0700; the swapped-in folder gets normal permissions
+    held = _hold(staging)  # to the swap and the clean-up: a second run's sweep leaves a live staging folder alone
     replaced = None
     try:
         yield staging
@@ -204,10 +230,12 @@ def atomic_dir(path: str | os.PathLike, owns: Callable[[Path], bool], what: str 
         for p in (staging, replaced):
             if p is not None and p.exists():
                 shutil.rmtree(p, ignore_errors=True)
+        os.close(held)
 
 
 def sweep_leftovers(outputs: Iterable[str | os.PathLike]) -> list[Path]:
-    """Remove what killed atomic_path/atomic_dir runs left beside or inside `outputs` (only our temp names)."""
+    """Remove what killed atomic_path/atomic_dir runs left beside or inside `outputs` (only our temp names, and only
+    those no running process holds: a second run beside a live one never deletes the live one's temp files)."""
     removed = []
     for out in map(Path, outputs):
         _recover(out)
@@ -223,7 +251,9 @@ def sweep_leftovers(outputs: Iterable[str | os.PathLike]) -> list[Path]:
                     else:
                         found.append(p)
         for p in found:
-            if p.exists() or p.is_symlink():
+            if _owner_alive(p):
+                log.info("leaving %s: a running process is still writing it", p)
+            elif p.exists() or p.is_symlink():
                 log.info("removing leftover of an interrupted run: %s", p)
                 _remove(p)
                 removed.append(p)

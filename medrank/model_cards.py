@@ -224,7 +224,7 @@ def _encoder_rows(m: dict) -> list[list[str]]:
 def _precision_line(m: dict, file: str) -> str:
     probe = m.get("precision_probe") or {}
     pred = m.get("predict_precision") or _get(m, "predict_speed", "precision")
-    reason = f" (start-up probe on {probe['device']}: {probe['reason']})" if probe.get("reason") else ""
+    reason = f" (precision choice on {probe['device']}: {probe['reason']})" if probe.get("reason") else ""
     return (f"- Numerics: trained in `{m.get('train_precision') or NOT_MEASURED}`, scores in `{pred or NOT_MEASURED}`{reason}, "
             f"{m.get('threads') or NOT_MEASURED} CPU threads (`{file}`).")  # fmt: skip
 

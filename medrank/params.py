@@ -18,8 +18,50 @@ from medrank.layout import DISEASE_ONTOLOGY
 
 
 class _Section(BaseModel):
-    # strict: YAML `true` is not the int 1 and "yes" is not a bool (DVC hashes the file as written, so must we)
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # strict: YAML `true` is not the int 1 and "yes" is not a bool (DVC hashes the file as written, so must we);
+    # allow_inf_nan=False: `.inf` passes `gt=0` but trains NaN weights (every float of every section is finite)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+Workers = Annotated[int, Field(ge=1)] | Literal["auto"]  # processes side by side; "auto" = every core
+MAX_LIST_BYTES = 64 * 2**20  # a user-supplied word list larger than this is a mistake (a wrong path, /dev/zero, a dump)
+
+
+def user_file(value: str | None, text: bool = True) -> str | None:
+    """A user-supplied input file, checked when params are read (check_params, and each stage's start: before DVC has
+    deleted anything): it exists and is a regular file; a text list is also under MAX_LIST_BYTES and UTF-8."""
+    if value is None:
+        return value
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise ValueError(f"{value}: no such file")
+    if not path.is_file():
+        raise ValueError(f"{value}: not a regular file")
+    if text:
+        size = path.stat().st_size
+        if size > MAX_LIST_BYTES:
+            raise ValueError(f"{value}: {size} bytes, a word list is expected under {MAX_LIST_BYTES // 2**20} MiB")
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{value}: not UTF-8 text (byte offset {e.start})") from None
+    return value
+
+
+def user_folder(value: str | None) -> str | None:
+    if value is not None and not Path(value).expanduser().is_dir():
+        raise ValueError(f"{value}: no such folder")
+    return value
+
+
+def _ray_installed(cls: type, backend: str) -> str:
+    """backend ray needs the package: refused here, not after DVC has deleted the stage's outputs."""
+    import importlib.util
+
+    if backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("backend ray needs the package ray (pip install -e '.[ray]'), which is not installed")
+    return backend
 
 
 # The models medrank.data.sources.MODEL_SOURCES pins (a test holds the two equal): importing it here would make the
@@ -45,6 +87,13 @@ class CleanParams(_Section):
     squad_max_articles: int | None = Field(default=None, ge=1)  # None = all; tiny profiles cap it
     mednli_dir: str | None = None  # optional licence-gated MedNLI jsonl folder/file (never shipped)
 
+    @field_validator("mednli_dir")
+    @classmethod
+    def _mednli(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).expanduser().exists():
+            raise ValueError(f"{v}: no such file or folder")
+        return v
+
 
 class ChiqaParams(_Section):
     pass
@@ -63,6 +112,21 @@ class NormalizeParams(_Section):
     sentence_splitter: Literal["rule", "pysbd", "stanza"] = "rule"
     coref: Literal[False, "stanza"] = False  # stanza needs its English coref model installed
     stanza_dir: str | None = None  # stanza_resources folder; None = $STANZA_RESOURCES_DIR or ~/stanza_resources
+
+    @field_validator("abbreviation_list", "concept_stoplist")
+    @classmethod
+    def _word_lists(cls, v: str | None) -> str | None:
+        return user_file(v)
+
+    @field_validator("umls_mrconso")
+    @classmethod
+    def _mrconso(cls, v: str | None) -> str | None:
+        return user_file(v, text=False)  # licensed, several GB: present and a file, read by the stage
+
+    @field_validator("stanza_dir")
+    @classmethod
+    def _stanza(cls, v: str | None) -> str | None:
+        return user_folder(v)
 
     @field_validator("coref", mode="before")
     @classmethod
@@ -171,12 +235,14 @@ class RetrieveParams(_Section):
     question_text: Literal["normalized", "clean"] = "normalized"  # question texts the RQE model scores
     bm25_top_k: int = Field(default=50, ge=1)  # MedQuAD candidates per question, all scored (and cached) by RQE
     batch_size: int = Field(default=64, ge=1)
-    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"  # auto: reuse the cache's, else a start-up probe
+    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"  # auto: reuse the cache's, else the hardware's (no timing)
     shard_size: int = Field(default=4096, ge=1)  # pairs per cache shard (lost work on a kill is < 1 shard)
     backend: Backend = "local"  # where the RQE pairs are computed: here, or a Ray Data actor pool (same cache)
-    workers: int | Literal["auto"] = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
+    workers: Workers = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
     ray: RayParams = RayParams()
-    coverage_thresholds: list[float] = Field(default_factory=lambda: [0.5, 0.7, 0.9])
+    coverage_thresholds: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.5, 0.7, 0.9])
+
+    _ray = field_validator("backend")(_ray_installed)
 
 
 class EmbedParams(_Section):
@@ -192,8 +258,9 @@ class EmbedParams(_Section):
     precision_check_pairs: int = Field(default=256, ge=0)  # sample for max |dp| of the chosen precision vs fp32
     shard_size: int = Field(default=4096, ge=1)
     backend: Backend = "local"  # where the NLI grid cells are computed: here, or a Ray Data actor pool (same cache)
-    workers: int | Literal["auto"] = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
+    workers: Workers = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
     ray: RayParams = RayParams()
+    _ray = field_validator("backend")(_ray_installed)
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 
@@ -271,10 +338,10 @@ class MtlParams(_Section):
     feature_groups: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc", "heading"])
     tfidf_max_features: int = Field(default=2000, ge=1)  # bow group: vocabulary fitted on MedQuAD answers
     proj_channels: int = Field(default=64, ge=1)  # the paper's 1x1 conv width (768 there)
-    conv_channels: list[int] = Field(default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4)  # paper: 512 512 256 256
+    conv_channels: list[PositiveInt] = Field(default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4)  # paper: 512 512 256 256
     rqe_dim: int = Field(default=32, ge=0)  # projection of the RQE vector; 0 = leave it out
-    filter_hidden: list[int] = Field(default_factory=lambda: [128, 32])
-    pair_hidden: list[int] = Field(default_factory=lambda: [128, 32])
+    filter_hidden: list[PositiveInt] = Field(default_factory=lambda: [128, 32])
+    pair_hidden: list[PositiveInt] = Field(default_factory=lambda: [128, 32])
     dropout: float = Field(default=0.2, ge=0.0, lt=1.0)
     alpha: float = Field(default=2.0, ge=0.0)  # weight of the pairwise loss
     pair_scope: Literal["all", "valid_any", "valid_both"] = "valid_both"  # training pairs: all, or with >= 1 / 2 valid answers

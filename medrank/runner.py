@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import hashlib
 import logging
 import os
 import sys
-from typing import Callable
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
 
 
 def setup_logging(level: int = logging.INFO) -> None:
@@ -31,9 +36,11 @@ def run(main: Callable[[], object]) -> None:
     flushing = False
     try:
         stage = stage_name(main)
-        if stage:  # temp files / staging folders a killed run of this stage left beside or inside its outputs
-            sweep_leftovers(declared_outputs(stage))
-        main()
+        with stage_lock(stage) if stage else contextlib.nullcontext():
+            if stage:  # temp files / staging folders a killed run of this stage left beside or inside its outputs
+                gate_params(stage)
+                sweep_leftovers(declared_outputs(stage))
+            main()
         flushing = True  # stdout is buffered: a full device or a closed pipe shows at this flush, not at the print
         sys.stdout.flush()
     except MedrankError as e:
@@ -53,6 +60,46 @@ def run(main: Callable[[], object]) -> None:
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def lock_dir() -> Path:
+    """Where stage locks live: the project's .dvc/tmp (git- and DVC-ignored; each `dvc exp` workspace has its own), else
+    a folder in the temp dir keyed by the project's path."""
+    if Path(".dvc").is_dir():
+        return Path(".dvc", "tmp", "medrank-locks")
+    return Path(tempfile.gettempdir(), f"medrank-locks-{hashlib.sha256(str(Path.cwd()).encode()).hexdigest()[:12]}")
+
+
+@contextlib.contextmanager
+def stage_lock(stage: str) -> Iterator[None]:
+    """One run of a stage at a time in a project: a second one (by hand beside `dvc repro`, say) refuses with one line
+    before it sweeps or writes anything. The flock goes with the process, so a killed run never leaves it stuck."""
+    from medrank.errors import MedrankError
+
+    path = lock_dir() / f"{stage}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise MedrankError(f"stage {stage} is already running in this project (process {owner}, lock {path}): wait for it to finish") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def gate_params(stage: str) -> None:
+    """The check_params gate again at the stage's own start (`dvc repro -s X` and `python -m stages.X` skip the
+    check_params stage): params.yaml whole, every value the schema bounds, before anything is swept or written."""
+    from medrank import layout
+    from medrank.params import load_params
+
+    if stage != "check_params" and layout.PARAMS_FILE.is_file():
+        load_params(layout.PARAMS_FILE)
 
 
 def _fail(message: str) -> None:

@@ -43,8 +43,8 @@ def main(params_path: str = "params.yaml") -> None:
         seed=p.seed,
         threads=c.crossenc_threads,
     )
-    # scored at the training precision (as fit's evaluation is): a timed start-up probe could pick another one
-    # under load, and the dev scores (the cross-encoder's row in metrics/cnn_squad.json) with it
+    # scored at the training precision (as fit's evaluation is), so the dev scores (the cross-encoder's row in
+    # metrics/cnn_squad.json) are those of the model as trained
     probs = model.predict(list(zip(dev["question"], dev["sentence"])), batch_size=64, precision=model.train_precision)
     out = dev[["question_id", "sent_idx"]].assign(score=probs[:, 1].astype("float64"))
     write_parquet(out, layout.CROSSENC_DEV_SCORES, SCORES_SCHEMA)

@@ -92,8 +92,8 @@ def main(params_path: str = "params.yaml", selection: bool = False) -> None:
         set_seed(p.seed)
         return SentenceEncoder(tp.bi_encoder, device=p.device, max_length=BI_MAX_LENGTH)
 
-    # training precision: the cross-encoder's start-up probe (fp32 vs bf16 on a real batch) decides, for the
-    # bi-encoder too (the cross-encoder family trains first); an explicit train_precision is used as it is
+    # training precision: the cross-encoder's (`auto`: the hardware's flags) is the bi-encoder's too (the
+    # cross-encoder family trains first); an explicit train_precision is used as it is
     precision = {"train": None if tp.train_precision == "auto" else tp.train_precision}
 
     def fit_ce(model: CrossEncoder, pairs, y, epochs: int, lr: float, **kw) -> CrossEncoder:

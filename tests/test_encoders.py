@@ -144,38 +144,45 @@ def test_fingerprint_tracks_weights_and_config(tiny_base, tmp_path):
     assert model_fingerprint(other) != fp
 
 
-def test_precision_probe_requested_and_auto(monkeypatch):
+def test_precision_auto_is_the_hardware_never_a_timing(monkeypatch):
     assert pick_precision("cpu", "fp32") == "fp32"
     assert pick_precision("cpu", "int8") == "int8"
     with pytest.raises(MedrankError, match="precision 'fp16'"):
         pick_precision("cpu", "fp16")
-    assert pick_precision("cpu") in ("fp32", "bf16")  # matmul probe: no int8 without a model
-
-    # the probe picks the fastest candidate, but rejects one whose outputs drift from fp32
-    fake_t = {"fp32": 0.03, "bf16": 0.02, "int8": 0.01}
-    clock = {"t": 0.0}
-    current = {"p": "fp32"}
-
-    def fake_perf_counter():
-        return clock["t"]
+    calls = []
 
     def forward(p: str) -> torch.Tensor:
-        current["p"] = p
-        clock["t"] += fake_t[p]
-        return torch.tensor([[0.5, 0.5]]) + (0.1 if p == "int8" else 0.0)
+        calls.append(p)
+        return torch.tensor([[0.5, 0.5]]) + (0.1 if p == "bf16" else 0.0)
 
-    monkeypatch.setattr(base.time, "perf_counter", fake_perf_counter)
-    rep = probe_precision("cpu", forward=forward)
-    assert rep.choice == "bf16" and "int8 rejected" in rep.reason
-    fake_t["bf16"] = 0.029  # less than 10% faster than fp32: not worth it
-    assert probe_precision("cpu", forward=forward).choice == "fp32"
-    rep = probe_precision("cpu", forward=forward, tolerance=0.5)
-    assert rep.choice == "int8" and rep.as_dict()["timings_s"]["int8"] == pytest.approx(0.01)
-    # a less precise candidate must beat the more precise choice by 10%, not only fp32
-    fake_t.update(bf16=0.02, int8=0.019)
-    assert probe_precision("cpu", forward=forward, tolerance=0.5).choice == "bf16"
-    fake_t.update(bf16=0.029, int8=0.019)  # bf16 not worth it, int8 is (against fp32)
-    assert probe_precision("cpu", forward=forward, tolerance=0.5).choice == "int8"
+    # machine load cannot change the choice: nothing is timed (a clock that jumps at random changes nothing)
+    rng = np.random.default_rng(0)
+    monkeypatch.setattr(base.time, "perf_counter", lambda: float(rng.uniform(0, 100)))
+    for fast in (True, False):
+        monkeypatch.setattr(base, "bf16_faster", lambda device, fast=fast: fast)
+        assert {pick_precision("cpu") for _ in range(5)} == {"bf16" if fast else "fp32"}
+        calls.clear()
+        rep = probe_precision("cpu", forward=forward, tolerance=0.5)
+        assert rep.choice == ("bf16" if fast else "fp32") and rep.timings == {} and "int8" not in calls  # int8: only when asked
+        # bf16 is kept only while a real batch stays within the tolerance of fp32
+        rep = probe_precision("cpu", forward=forward, tolerance=0.05)
+        assert rep.choice == "fp32" and ("bf16 rejected" in rep.reason) == fast
+
+
+def test_bf16_faster_by_the_flags(monkeypatch):
+    """AMX-bf16 or an AMD CPU with AVX-512-bf16: bf16; an Intel CPU with AVX-512-bf16 but no AMX (bf16 matmul peak half
+    of fp32's on the Xeon measured): fp32."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    for flags, vendor, want in [(["avx512_bf16", "amx_bf16"], "GenuineIntel", True), (["avx512_bf16"], "GenuineIntel", False),
+                                (["avx512_bf16"], "AuthenticAMD", True), (["avx2"], "AuthenticAMD", False)]:  # fmt: skip
+        monkeypatch.setattr(base, "cpu_flags", lambda flags=flags: flags)
+        monkeypatch.setattr(base, "cpu_vendor", lambda vendor=vendor: vendor)
+        assert base.bf16_faster("cpu") is want and base.hardware_precision("cpu") == ("bf16" if want else "fp32")
+    monkeypatch.setattr(base, "cpu_flags", lambda: ["avx512_bf16", "amx_bf16"])
+    monkeypatch.setattr(base, "cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # AMX capped off: the slow bf16 path
+    assert not base.bf16_faster("cpu")
 
 
 # ---------------------------------------------------------------- cross-encoder on a tiny BERT

@@ -1,4 +1,5 @@
 import copy
+import os
 import re
 from pathlib import Path
 
@@ -178,3 +179,77 @@ def test_every_stage_reports_a_bad_params_file_in_one_line(tmp_path, data):
     r = run_module("stages.normalize", cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
     assert len(error_lines(r.stderr)) == 1 and "params.yaml" in error_lines(r.stderr)[0]
+
+
+# ---------------------------------------------------------------- every value a stage will use (issue 36 #2)
+
+FLOATS = sorted(k for k, v in LEAVES.items() if type(v) is float)
+
+
+@settings(max_examples=30, deadline=None)
+@given(key=st.sampled_from(FLOATS), bad=st.sampled_from([float("inf"), float("-inf"), float("nan")]))
+def test_no_float_param_accepts_inf_or_nan(tmp_path_factory, key, bad):
+    """`mtl.lr: .inf` passed `gt=0` and trained 4,770 NaN weights with exit 0."""
+    p = tmp_path_factory.mktemp("params") / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(REPO_PARAMS, key, bad)))
+    with pytest.raises(MedrankError, match=re.escape(f"{key}: Input should be a finite number")):
+        load_params(p)
+
+
+INT_LISTS = ["mtl.conv_channels", "mtl.filter_hidden", "mtl.pair_hidden"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(key=st.sampled_from(INT_LISTS), bad=st.integers(max_value=0), at=st.integers(0, 3))
+def test_list_elements_are_bounded(tmp_path_factory, key, bad, at):
+    value = list(LEAVES[key])
+    value[at % len(value)] = bad
+    p = tmp_path_factory.mktemp("params") / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(REPO_PARAMS, key, value)))
+    with pytest.raises(MedrankError, match=re.escape(f"{key}.{at % len(value)}: Input should be greater than or equal to 1")):
+        load_params(p)
+
+
+@pytest.mark.parametrize("key", ["embed.workers", "retrieve.workers"])
+@pytest.mark.parametrize("bad", [0, -3])
+def test_worker_counts_are_at_least_one(tmp_path, key, bad):
+    """0 and -3 used to be clamped to 1 silently."""
+    with pytest.raises(MedrankError, match=re.escape(f"{key}: Input should be greater than or equal to 1")):
+        load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, key, bad))))
+
+
+def _path_kinds(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    (tmp_path / "latin1.tsv").write_bytes("caf\xe9\tcoffee\n".encode("latin-1"))
+    (tmp_path / "huge.tsv").write_bytes(b"")
+    os.truncate(tmp_path / "huge.tsv", 65 * 2**20)  # sparse: no disk used
+    (tmp_path / "folder").mkdir()
+    return {"missing": (str(tmp_path / "nope.tsv"), "no such file"), "folder": (str(tmp_path / "folder"), "not a regular file"),
+            "device": ("/dev/zero", "not a regular file"), "latin-1": (str(tmp_path / "latin1.tsv"), "not UTF-8 text (byte offset 3)"),
+            "huge": (str(tmp_path / "huge.tsv"), "a word list is expected under")}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", ["normalize.abbreviation_list", "normalize.concept_stoplist"])
+@pytest.mark.parametrize("kind", ["missing", "folder", "device", "latin-1", "huge"])
+def test_user_word_lists_are_checked_before_any_stage_runs(tmp_path, key, kind):
+    """A missing, latin-1, /dev/zero or folder abbreviation list failed only inside normalize, after DVC had deleted
+    data/interim/normalized (traceback, or MemoryError)."""
+    path, message = _path_kinds(tmp_path)[kind]
+    with pytest.raises(MedrankError) as e:
+        load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, key, path))))
+    assert f"{key}: Value error, " in str(e.value) and message in str(e.value) and path in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_good_word_list_passes(tmp_path):
+    (tmp_path / "abbr.tsv").write_text("MI\tmyocardial infarction\n", encoding="utf-8")
+    p = load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, "normalize.abbreviation_list", str(tmp_path / "abbr.tsv")))))
+    assert p.normalize.abbreviation_list == str(tmp_path / "abbr.tsv")
+
+
+@pytest.mark.parametrize("key", ["embed.backend", "retrieve.backend"])
+def test_backend_ray_needs_ray_installed(tmp_path, monkeypatch, key):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(MedrankError, match=re.escape(f"{key}: Value error, backend ray needs the package ray")):
+        load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, key, "ray"))))

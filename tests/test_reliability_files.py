@@ -162,6 +162,84 @@ def test_a_swap_killed_between_the_fallback_renames_is_undone(project):
     assert _tree(project / "data/raw") == NEW and os.listdir(project / "data") == ["raw"]
 
 
+_SLOW_WRITER = """
+import sys, time
+from pathlib import Path
+from medrank import io as mio
+with mio.atomic_dir("data/raw", owns=lambda p: (p / "MANIFEST.json").is_file()) as staging:
+    (staging / "MANIFEST.json").write_text("[1]")
+    (staging / "first.txt").write_text("1")
+    with mio.atomic_path("metrics/data.json") as tmp:
+        tmp.write_text("{}")
+        Path("ready").touch()
+        while not Path("go").exists():
+            time.sleep(0.02)
+    (staging / "sub").mkdir(parents=True, exist_ok=True)
+    (staging / "sub/second.txt").write_text("2")
+"""
+
+
+def test_a_second_run_never_sweeps_a_live_runs_temp_files(project):
+    """Issue 36 #1: a sweep beside a live run (a stage run by hand beside `dvc repro`) used to delete its staging
+    folder, and the live run then published a partial folder with exit 0. Live temp files carry their owner's flock."""
+    writer = subprocess.Popen([sys.executable, "-c", _SLOW_WRITER], cwd=project, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.time() + 60
+        while not (project / "ready").exists():
+            assert writer.poll() is None and time.time() < deadline
+            time.sleep(0.02)
+        live = [p.name for p in (project / "data").iterdir() if p.name.endswith(".staging")]
+        live += [p.name for p in (project / "metrics").iterdir() if p.name.endswith(".tmp")]
+        assert len(live) == 2
+        assert mio.sweep_leftovers(["data/raw", "metrics/data.json"]) == []  # the second run's sweep
+        (project / "go").touch()
+        assert writer.wait(60) == 0
+    finally:
+        writer.kill()
+    assert _tree(project / "data/raw") == {"MANIFEST.json": b"[1]", "first.txt": b"1", "sub/second.txt": b"2"}
+    assert (project / "metrics/data.json").read_text() == "{}"
+    # the same names left by a dead owner (no flock) are swept
+    _fill(project, {f"data/{live[0]}/x.txt": b"x", f"metrics/{live[1]}": b"x"})
+    assert sorted(p.name for p in mio.sweep_leftovers(["data/raw", "metrics/data.json"])) == sorted(live)
+
+
+def test_a_second_run_of_a_stage_refuses_with_one_line(tmp_path, monkeypatch):
+    from medrank.runner import lock_dir, stage_lock
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".dvc").mkdir()
+    with stage_lock("acquire"):
+        with pytest.raises(MedrankError, match=rf"stage acquire is already running in this project \(process {os.getpid()}, lock "):
+            with stage_lock("acquire"):
+                pass
+        with stage_lock("clean"):  # another stage runs beside it
+            pass
+    with stage_lock("acquire"):  # released with its run (a killed run's flock goes with its process)
+        pass
+    assert lock_dir() == Path(".dvc/tmp/medrank-locks")
+
+
+def test_stage_start_gates_params_before_sweeping_or_running(tmp_path, monkeypatch, capsys):
+    """`dvc repro -s X` and `python -m stages.X` skip check_params: each stage checks params.yaml itself, first."""
+    from medrank.runner import run
+
+    monkeypatch.chdir(tmp_path)
+    base = yaml.safe_load((REPO / "params.yaml").read_text())
+    base["mtl"]["lr"] = float("inf")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(base))
+    _fill(tmp_path, {"data/.raw.ab_d12z4.staging/x.txt": b"x"})
+    ran = []
+
+    def main() -> None:
+        ran.append(1)
+
+    main.__module__ = "stages.acquire"
+    with pytest.raises(SystemExit) as e:
+        run(main)
+    assert e.value.code == 2 and not ran and (tmp_path / "data/.raw.ab_d12z4.staging/x.txt").exists()
+    assert capsys.readouterr().err.strip() == "error: params.yaml: mtl.lr: Input should be a finite number (got inf)"
+
+
 def test_atomic_path_fsyncs_file_before_rename_and_folder_after(tmp_path, monkeypatch):
     calls = []
     real_fsync, real_replace = os.fsync, os.replace

@@ -55,7 +55,7 @@ def test_training_is_run_to_run_identical_at_a_fixed_thread_count(tiny_base, pai
 
 
 def test_train_precision_auto_follows_the_hardware_not_a_timing(tiny_base, pairs, monkeypatch, restore_threads):
-    """`auto` trains in bf16 exactly where the CPU has native bf16 kernels; nothing is timed (a timed choice flipped
+    """`auto` trains in bf16 exactly where the CPU's flags say bf16 beats fp32 (base.bf16_faster); nothing is timed (a timed choice flipped
     with the load on shared cores, and the weights with it)."""
 
     def no_timing(*a, **kw):
@@ -65,7 +65,7 @@ def test_train_precision_auto_follows_the_hardware_not_a_timing(tiny_base, pairs
 
     monkeypatch.setattr("medrank.encoders.cross_encoder.probe_precision", no_timing)
     ce = _fit(tiny_base, pairs, 1, precision="auto")
-    assert ce.train_precision == ("bf16" if native_bf16("cpu") else "fp32")
+    assert ce.train_precision == ("bf16" if base.bf16_faster("cpu") else "fp32")
     # a CPU whose oneDNN is capped below bf16 (an emulated older CPU) trains in fp32
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
     assert not native_bf16("cpu") and _fit(tiny_base, pairs, 1, precision="auto").train_precision == "fp32"

@@ -1,8 +1,9 @@
 """A small sequence-pair classifier (cross-encoder): from_base / load / fit / predict / save.
 
 Inference is built for CPUs: identical pairs are scored once, pairs are tokenized once and batched by
-length with dynamic padding, under torch.inference_mode, at the precision a start-up probe found fastest
-here (fp32, bf16 autocast, or int8 dynamic quantization of Linear layers when accuracy holds).
+length with dynamic padding, under torch.inference_mode, at an explicit precision (fp32, bf16 autocast, or int8
+dynamic quantization of Linear layers); `auto` is the hardware's choice (encoders.base.probe_precision: flags, never a
+timing), and benchmarks/extraction.py says which precision is fastest on a machine.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from medrank.errors import MedrankError
+from medrank.io import decode_utf8
 from medrank.text.matcher import PhraseMatcher
 
 _WORDS = re.compile(r"[^\W_]+")
@@ -31,7 +32,7 @@ def load_abbreviations(path: str | Path | None = None) -> dict[str, str]:
     if not path.exists():
         raise MedrankError(f"{path}: abbreviation list not found")
     out: dict[str, str] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(decode_utf8(path.read_bytes(), path).splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         cols = line.split("\t")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from medrank.errors import MedrankError
+from medrank.io import decode_utf8
 from medrank.text.matcher import PhraseMatcher, tokens
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def load_stoplist(path: str | Path | None = None) -> frozenset[str]:
     path = Path(path) if path is not None else default_stoplist_path()
     words = {
         line.split("#", 1)[0].strip().lower()
-        for line in path.read_text(encoding="utf-8").splitlines()
+        for line in decode_utf8(path.read_bytes(), path).splitlines()
     }
     return frozenset(w for w in words if w) | frozenset(ENGLISH_STOP_WORDS)
 
