@@ -115,9 +115,18 @@ def format_result(question: str, result: pd.DataFrame, fmt: str = "json", show_a
     lines = [f"{'rank':>4}  {'id':<20} {'filter':>7} {'rank_score':>10}  url"]
     for _, r in table.iterrows():
         rk = "-" if pd.isna(r["rank"]) else str(int(r["rank"]))
-        lines.append(f"{rk:>4}  {str(r['id'])[:20]:<20} {r['prob']:7.3f} {r['rank_score']:10.3f}  {r['url']}")
+        lines.append(f"{rk:>4}  {printable(str(r['id']))[:20]:<20} {r['prob']:7.3f} {r['rank_score']:10.3f}  {printable(r['url'])}")
     lines.append(f"{len(kept)} of {len(result)} answers kept")
     return "\n".join(lines)
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (ESC, OSC, CR, NUL, ...) escaped, as JSON output escapes them: ids and URLs come
+    from the user's input, and a raw escape sequence in a terminal can rewrite what the table shows."""
+    import unicodedata
+
+    unsafe = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format characters, line/paragraph separators
+    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in unsafe else ch for ch in text)
 
 
 COMMANDS: dict[str, Command] = {

@@ -48,8 +48,36 @@ class RankInput:
     answers: tuple[Candidate, ...]
 
 
-MAX_ANSWERS = 1000  # more candidates than any MEDIQA question by far; bounds the pairwise work (n²)
-MAX_INPUT_BYTES = 16 << 20  # a thousand long answers fit; refused before it is read or parsed
+MAX_ANSWERS = 100  # MEDIQA questions come with at most 11 candidates; bounds the pairwise work (n²)
+MAX_INPUT_BYTES = 16 << 20  # refused before it is read or parsed
+# the work bound (issue 36: a 15 MB question took 405 s and 6.8 GB): normalisation, sentence splitting and retrieval
+# run over the whole text, so the text is capped, not only the model's tokens (MEDIQA: questions <= 931 characters,
+# answers <= 55,065)
+MAX_QUESTION_CHARS = 10_000
+MAX_ANSWER_CHARS = 100_000
+MAX_TOTAL_CHARS = 1_000_000  # question + every answer: about half a minute of work on 2 cores
+MAX_INT_DIGITS = 30  # an integer id longer than this is not an id
+
+
+def _no_duplicate_keys(where: str):
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise MedrankError(f"{where}: duplicate key {k!r} in a JSON object (the last would win silently)")
+            out[k] = v
+        return out
+
+    return hook
+
+
+def _int(where: str):
+    def parse(digits: str) -> int:
+        if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+            raise MedrankError(f"{where}: an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+        return int(digits)
+
+    return parse
 
 
 def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
@@ -59,7 +87,7 @@ def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
     if not raw.strip():
         raise MedrankError(f"{where}: empty input (expected a JSON object with 'question' and 'answers')")
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, object_pairs_hook=_no_duplicate_keys(where), parse_int=_int(where))
     except json.JSONDecodeError as e:
         raise MedrankError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
@@ -72,6 +100,8 @@ def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
     q = obj.get("question")
     if not isinstance(q, str) or not q.strip():
         raise MedrankError(f"{where}: 'question' must be a non-empty string")
+    if len(q) > MAX_QUESTION_CHARS:
+        raise MedrankError(f"{where}: 'question' has {len(q)} characters; at most {MAX_QUESTION_CHARS}")
     answers = obj.get("answers")
     if not isinstance(answers, list):
         raise MedrankError(f"{where}: 'answers' must be a list of objects with 'text' (got {type(answers).__name__})")
@@ -87,8 +117,10 @@ def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
         if bad:
             raise MedrankError(f"{what}: unknown key(s) {bad} (expected 'id', 'text', 'url')")
         text = a.get("text")
-        if not isinstance(text, str):
-            raise MedrankError(f"{what}: 'text' must be a string")
+        if not isinstance(text, str) or not text.strip():
+            raise MedrankError(f"{what}: 'text' must be a non-empty string")
+        if len(text) > MAX_ANSWER_CHARS:
+            raise MedrankError(f"{what}: 'text' has {len(text)} characters; at most {MAX_ANSWER_CHARS}")
         aid = a.get("id", str(i))
         if isinstance(aid, bool) or not isinstance(aid, (str, int)) or str(aid).strip() == "":
             raise MedrankError(f"{what}: 'id' must be a non-empty string or an integer")
@@ -102,6 +134,9 @@ def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
         if not isinstance(url, str):
             raise MedrankError(f"{what}: 'url' must be a string")
         out.append(Candidate(aid, text, url))
+    total = len(q) + sum(len(c.text) for c in out)
+    if total > MAX_TOTAL_CHARS:
+        raise MedrankError(f"{where}: {total} characters of question and answers; at most {MAX_TOTAL_CHARS} per call")
     return RankInput(q, tuple(out))
 
 

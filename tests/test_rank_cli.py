@@ -40,8 +40,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
         ('{"question": "q"}', "'answers' must be a list"),
         ('{"question": "q", "answers": {"text": "a"}}', "'answers' must be a list"),
         ('{"question": "q", "answers": ["a"]}', r"answers\[0\]: expected an object"),
-        ('{"question": "q", "answers": [{"id": "x"}]}', r"answers\[0\]: 'text' must be a string"),
-        ('{"question": "q", "answers": [{"text": 5}]}', "'text' must be a string"),
+        ('{"question": "q", "answers": [{"id": "x"}]}', r"answers\[0\]: 'text' must be a non-empty string"),
+        ('{"question": "q", "answers": [{"text": 5}]}', "'text' must be a non-empty string"),
+        ('{"question": "q", "answers": [{"text": " \\n"}]}', "'text' must be a non-empty string"),  # empty text was scored
+        ('{"question": "q", "question": "r", "answers": []}', "duplicate key 'question' in a JSON object"),
+        ('{"question": "q", "answers": [{"text": "a", "text": "b"}]}', "duplicate key 'text'"),
+        ('{"question": "q", "answers": [{"text": "a", "id": 1' + "0" * 5000 + '}]}', "an integer of 5001 digits"),
         ('{"question": "q", "answers": [{"text": "a", "id": true}]}', "'id' must be"),
         ('{"question": "q", "answers": [{"text": "a", "id": "x"}, {"text": "b", "id": "x"}]}', r"answers\[1\]: duplicate id 'x'"),
         ('{"question": "q", "answers": [{"text": "a", "url": 3}]}', "'url' must be a string"),
@@ -77,7 +81,7 @@ def test_oversized_input_is_refused_before_it_is_read(tmp_path, monkeypatch):
 def test_ids_default_to_positions_and_are_strings():
     inp = parse_rank_input((FIXTURES / "rank_input.json").read_text())
     assert [a.id for a in inp.answers] == ["A1", "A2", "3", "4"]
-    assert inp.answers[2].url == "" and inp.answers[3].text == ""
+    assert inp.answers[2].url == "" and inp.answers[3].text == "See a doctor about growth."
 
 
 def test_cli_malformed_input_exits_2_with_one_line(tmp_path):
@@ -85,7 +89,7 @@ def test_cli_malformed_input_exits_2_with_one_line(tmp_path):
     bad.write_text('{"question": "q", "answers": [{"text": 1}]}')
     r = run_module("medrank.cli", "rank", str(bad), cwd=tmp_path)
     assert r.returncode == 2
-    assert error_lines(r.stderr) == [f"error: {bad}: answers[0]: 'text' must be a string"]
+    assert error_lines(r.stderr) == [f"error: {bad}: answers[0]: 'text' must be a non-empty string"]
     r = run_module("medrank.cli", "rank", str(tmp_path / "missing.json"), cwd=tmp_path)
     assert r.returncode == 2 and error_lines(r.stderr) == [f"error: {tmp_path / 'missing.json'}: input file not found"]
 
@@ -206,15 +210,30 @@ def test_rank_stdin_and_table(workdir, monkeypatch, capsys):
     assert len(lines) == 1 + 4 + 1
 
 
-def test_one_megabyte_answer_does_not_crash(workdir, monkeypatch, capsys, tmp_path):
-    big = "Noonan syndrome is a genetic disorder caused by mutations. " * 18000  # ~1 MB
-    assert len(big.encode()) > 1_000_000
-    inp = {"question": "Is Noonan syndrome inherited?", "answers": [{"id": "big", "text": big}, {"id": "small", "text": "It is inherited."}]}
-    path = tmp_path / "big.json"
-    path.write_text(json.dumps(inp))
-    out = json.loads(_rank(workdir, monkeypatch, capsys, str(path), "--all"))
-    assert sorted(a["id"] for a in out["answers"]) == ["big", "small"]
-    assert all(np.isfinite(a["filter_score"]) for a in out["answers"])
+@pytest.mark.parametrize("field, size, message", [
+    ("question", 10_001, "'question' has 10001 characters; at most 10000"),
+    ("answer", 100_001, r"answers\[0\]: 'text' has 100001 characters; at most 100000"),
+    ("total", 11 * 99_000, "1089001 characters of question and answers; at most 1000000 per call"),
+])
+def test_the_work_is_bounded_before_any_model_loads(field, size, message):
+    """A 15 MB question took 405 s and 6.8 GB; 1,000 answers 229 s: text is capped, each part and the whole."""
+    q = "q" * size if field == "question" else "q"
+    answers = [{"text": "a" * size}] if field == "answer" else [{"text": "a" * 99_000} for _ in range(11)] if field == "total" else []
+    with pytest.raises(MedrankError, match=message):
+        parse_rank_input(json.dumps({"question": q, "answers": answers}), "in.json")
+    with pytest.raises(MedrankError, match="101 answers; at most 100 per question"):
+        parse_rank_input(json.dumps({"question": "q", "answers": [{"text": "a"}] * 101}), "in.json")
+
+
+def test_table_output_escapes_control_characters():
+    """ids and URLs come from the input: ESC / OSC / CR / NUL printed raw can rewrite what a terminal shows."""
+    from medrank.cli import format_result
+
+    result = pd.DataFrame({"id": ["a\x1b[2J\rb"], "url": ["http://x\x1b]8;;http://evil\x07\x00"], "kept": [True], "rank": [1.0],
+                           "prob": [0.9], "rank_score": [1.0]})  # fmt: skip
+    out = format_result("q", result, "table")
+    assert "\x1b" not in out and "\r" not in out and "\x00" not in out and "\x07" not in out
+    assert "a\\x1b[2J\\rb" in out and "http://x\\x1b]8;;http://evil\\x07\\x00" in out
 
 
 def test_missing_model_is_a_clear_error(workdir, monkeypatch, capsys):
