@@ -297,6 +297,13 @@ def test_train_save_load_roundtrip_and_beats_chance(pairs: pd.DataFrame, tmp_pat
     np.testing.assert_allclose(back.predict(dev["question"].tolist(), dev["sentence"].tolist()), scores, rtol=1e-6)
     with pytest.raises(MedrankError):
         CnnRanker.load(tmp_path / "missing")
+    # flipped tensor bytes (a valid safetensors file with other weights) are refused, not used
+    w = tmp_path / "cnn" / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-3] ^= 0x01
+    w.write_bytes(bytes(data))
+    with pytest.raises(MedrankError, match="model.safetensors: no sha256 recorded in config.json, or the weights differ from it"):
+        CnnRanker.load(tmp_path / "cnn")
 
 
 # ---------------------------------------------------------------- MEDIQA use

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -221,8 +222,63 @@ def test_damaged_or_foreign_shards_are_skipped(tmp_path, caplog):
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
     reopened = PairCache(tmp_path, "ns", _cols())
     assert len(reopened) == 5
-    assert "unreadable" in caplog.text
+    assert "part-99-truncated.parquet skipped: its pairs are computed again" in caplog.text
+    assert reopened.skipped == ["part-99-truncated.parquet"] and reopened.info()["skipped_shards"] == 1
     assert not stale.exists()  # a dead writer's temp file is swept
+
+
+def _rewrite(shard, table) -> None:
+    pq.write_table(table, shard, compression="zstd")
+
+
+def test_damaged_values_are_skipped_and_recomputed_never_used(tmp_path, monkeypatch, caplog):
+    """Issue 36 #3: only the key column was read at open, so a flipped value, bytes flipped mid-shard (ArrowInvalid on
+    every re-run), or a shard linked to a file outside the project were used (or fatal)."""
+    monkeypatch.chdir(tmp_path)
+    keys = [pair_key("x", str(i)) for i in range(50)]
+    good = _values(keys)
+    shard = PairCache("cache", "ns", _cols()).put(keys, good)
+    table = pq.read_table(shard)
+    # (a) one value changed, the file otherwise valid (its recorded sha256 kept)
+    poisoned = good["probs"].copy()
+    poisoned[7, 1] += 1.0
+    cols = [table.column("key"), pa.FixedSizeListArray.from_arrays(pa.array(poisoned.reshape(-1)), 3), table.column("cls")]
+    _rewrite(shard, pa.Table.from_arrays(cols, schema=table.schema))
+    c = PairCache("cache", "ns", _cols())
+    assert len(c) == 0 and c.skipped == [shard.name] and c.missing(keys) == keys  # every pair computed again
+    assert "content differs from its sha256" in caplog.text
+    c.put(keys, good)
+    np.testing.assert_array_equal(PairCache("cache", "ns", _cols()).get(keys)["probs"], good["probs"])
+    # (b) bytes flipped in the middle of a shard: skipped, not an exception on every run
+    shard.unlink()
+    for f in c.dir.glob("part-*.parquet"):
+        data = bytearray(f.read_bytes())
+        for i in range(len(data) // 3, len(data) // 3 + 40):
+            data[i] ^= 0xFF
+        f.write_bytes(bytes(data))
+    c = PairCache("cache", "ns", _cols())
+    assert len(c) == 0 and len(c.skipped) == 1
+    # (c) a shard linked to a file outside the project
+    for f in c.dir.glob("part-*.parquet"):
+        f.unlink()
+    outside = tmp_path.parent / f"{tmp_path.name}-planted.parquet"
+    PairCache(tmp_path.parent / f"{tmp_path.name}-x", "ns", _cols()).put(keys, good)
+    planted = next((tmp_path.parent / f"{tmp_path.name}-x" / "ns").glob("part-*.parquet"))
+    planted.rename(outside)
+    (c.dir / "part-00000000000000000001-1-000001.parquet").symlink_to(outside)
+    c = PairCache("cache", "ns", _cols())
+    assert len(c) == 0 and len(c.skipped) == 1 and "outside the project and the DVC cache" in caplog.text
+
+
+def test_shards_without_a_checksum_are_decoded_whole_and_counted(tmp_path):
+    """Shards written before checksums: accepted when they decode, counted as unverified."""
+    keys = [pair_key("y", str(i)) for i in range(5)]
+    c = PairCache(tmp_path, "ns", _cols())
+    shard = c.put(keys, _values(keys))
+    table = pq.read_table(shard)
+    _rewrite(shard, table.replace_schema_metadata(None))
+    again = PairCache(tmp_path, "ns", _cols())
+    assert len(again) == 5 and again.unverified == 1 and again.skipped == [] and again.info()["unverified_shards"] == 1
 
 
 _WRITER = textwrap.dedent(

@@ -225,6 +225,28 @@ def test_fit_lowers_loss_and_save_load_round_trips(tiny_base, fixture_pairs, tmp
         CrossEncoder.load(tmp_path / "model", device="cpu")
 
 
+def test_a_saved_model_without_fingerprint_or_head_is_refused(tiny_base, tmp_path):
+    """Issue 36 #3: a medrank_encoder.json without `fingerprint` skipped the check, and a swapped checkpoint without its
+    classifier head then loaded with a random head (exit 0, other outputs on every load)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=5, precision="fp32")
+    ce.save(tmp_path / "model")
+    meta_path = tmp_path / "model" / META_FILE
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "fingerprint"}))
+    with pytest.raises(MedrankError, match=r"no fingerprint recorded .*dvc checkout"):
+        CrossEncoder.load(tmp_path / "model", device="cpu")
+    # a headless checkpoint whose metadata was made to match it
+    w = tmp_path / "model" / "model.safetensors"
+    save_file({k: v for k, v in load_file(w).items() if "classifier" not in k}, w)
+    meta_path.write_text(json.dumps({**meta, "fingerprint": model_fingerprint(tmp_path / "model")}))
+    with pytest.raises(MedrankError, match=r"weights missing from the checkpoint \(e\.g\. classifier"):
+        CrossEncoder.load(tmp_path / "model", device="cpu")
+
+
 def test_training_is_deterministic(tiny_base, fixture_pairs):
     pairs, labels = fixture_pairs
     runs = []

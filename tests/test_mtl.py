@@ -419,10 +419,16 @@ def test_corrupt_model_folder_is_one_error_line(data, tmp_path):
         assert "\n" not in str(e.value), i
     (tmp_path / "m" / "mtl.json").write_text(good)
     weights = (tmp_path / "m" / "model.pt").read_bytes()
-    for torn in (weights[: len(weights) // 2], b"", b"not a zip"):
+    flipped = bytearray(weights)
+    flipped[len(weights) // 2] ^= 0x01  # one bit inside a tensor: a valid zip that loads, with other rankings
+    for torn in (weights[: len(weights) // 2], b"", b"not a zip", bytes(flipped)):
         (tmp_path / "m" / "model.pt").write_bytes(torn)
-        with pytest.raises(MedrankError, match="not a model folder the mtl stage writes"):
+        with pytest.raises(MedrankError, match="not a model folder the mtl stage writes .*model.pt differs from mtl.json's model_sha256"):
             mtl.FittedMTL.load(tmp_path / "m")
+    (tmp_path / "m" / "model.pt").write_bytes(weights)
+    (tmp_path / "m" / "mtl.json").write_text(json.dumps({k: v for k, v in json.loads(good).items() if k != "model_sha256"}))
+    with pytest.raises(MedrankError, match="no model_sha256 in mtl.json"):
+        mtl.FittedMTL.load(tmp_path / "m")
 
 
 def test_seed_bag_averages_its_members_and_round_trips(data, tmp_path):

@@ -7,6 +7,12 @@ the text pair, so the same pair is computed once whatever experiment asks for it
 
 Opened `read_only`, a cache reads the shards it finds and keeps what is put in memory: it creates, writes and
 deletes nothing (`medrank rank` must not touch the DVC-tracked cache folders).
+
+Every shard carries the sha256 of its keys and values in its parquet metadata (`medrank.sha256`), checked when the
+cache is opened: a shard that fails (flipped bytes, a torn write, an undecodable page, another schema) or that is a
+link to a file outside the project and the DVC cache is skipped, so its pairs are computed again; never fatal. Shards
+written before checksums existed are read and decoded whole (a damaged one is skipped the same way) and counted as
+`unverified` in `info()`. The checksum guards against damage, not against someone who can write a whole valid shard.
 """
 
 from __future__ import annotations
@@ -32,7 +38,26 @@ log = logging.getLogger(__name__)
 KEY_BYTES = 16
 SHARD_GLOB = "part-*.parquet"
 META_FILE = "namespace.json"
+DIGEST_KEY = b"medrank.sha256"
 _counter = itertools.count()
+
+
+def shard_digest(keys: Sequence[bytes], arrays: Mapping[str, np.ndarray]) -> str:
+    """sha256 over a shard's keys and its value arrays (in column order, as stored)."""
+    h = hashlib.sha256()
+    h.update(b"".join(keys))
+    for name, arr in arrays.items():
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
+def _outside(shard: Path) -> bool:
+    """A shard that is a link to somewhere other than this project or a DVC cache (`.../files/md5/...`)."""
+    if not shard.is_symlink():
+        return False
+    target = shard.resolve()
+    return not (target.is_relative_to(Path.cwd().resolve()) or "/files/md5/" in target.as_posix())
 
 
 def pair_key(a: str, b: str) -> bytes:
@@ -93,6 +118,8 @@ class PairCache:
         self._loaded: dict[Path, dict[str, np.ndarray]] = {}
         self._seen: set[Path] = set()
         self._memory: set[Path] = set()  # read-only: rows put in this process, never on disk
+        self.skipped: list[str] = []  # shards that failed their check (their pairs are computed again)
+        self.unverified = 0  # shards written before checksums (decoded whole, no sha256 to compare)
         self.read_only = read_only
         if not read_only:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -119,11 +146,21 @@ class PairCache:
                 continue
             self._seen.add(shard)
             try:
-                keys = pq.read_table(shard, columns=["key"]).column("key").to_pylist()
-                if pq.read_schema(shard).remove_metadata() != self.schema:
+                if _outside(shard):
+                    raise ValueError(f"a link to {shard.resolve()}, outside the project and the DVC cache")
+                table = pq.read_table(shard)
+                if table.schema.remove_metadata() != self.schema:
                     raise ValueError("schema differs")
-            except Exception as e:  # a damaged shard (disk full, foreign file) is skipped, never fatal
-                log.warning("cache shard %s unreadable, ignored (%s: %s)", shard.name, type(e).__name__, e)
+                keys = table.column("key").to_pylist()
+                recorded = (table.schema.metadata or {}).get(DIGEST_KEY)
+                arrays = {name: self._column(table, name) for name in self.columns}  # decodes every page
+                if recorded is None:
+                    self.unverified += 1
+                elif recorded.decode() != shard_digest(keys, arrays):
+                    raise ValueError("content differs from its sha256")
+            except Exception as e:  # a damaged or foreign shard is skipped (its pairs computed again), never fatal
+                log.warning("cache shard %s skipped: its pairs are computed again (%s: %s)", shard.name, type(e).__name__, e)
+                self.skipped.append(shard.name)
                 continue
             for row, k in enumerate(keys):
                 self._index.setdefault(k, (shard, row))
@@ -173,12 +210,15 @@ class PairCache:
             for row, i in enumerate(fresh):
                 self._index[keys[i]] = (where, row)
             return None
-        cols = [pa.array([keys[i] for i in fresh], type=pa.binary(KEY_BYTES))]
+        new_keys = [keys[i] for i in fresh]
+        cols = [pa.array(new_keys, type=pa.binary(KEY_BYTES))]
+        stored = {}
         for name, (shape, dt) in self.columns.items():
-            arr = np.ascontiguousarray(arrays[name][idx].astype(dt, copy=False))
+            arr = stored[name] = np.ascontiguousarray(arrays[name][idx].astype(dt, copy=False))
             flat = pa.array(arr.reshape(-1))
             cols.append(pa.FixedSizeListArray.from_arrays(flat, int(np.prod(shape))) if shape else flat)
-        table = pa.Table.from_arrays(cols, schema=self.schema)
+        schema = self.schema.with_metadata({DIGEST_KEY: shard_digest(new_keys, stored).encode()})
+        table = pa.Table.from_arrays(cols, schema=schema)
         shard = self.dir / f"part-{time.time_ns():020d}-{os.getpid()}-{next(_counter):06d}.parquet"
         # atomic_path: temp file beside the shard, renamed only after the write completed
         with atomic_path(shard) as tmp:
@@ -228,4 +268,5 @@ class PairCache:
     def info(self) -> dict[str, object]:
         meta_path = self.dir / META_FILE
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-        return {"namespace": self.dir.name, "rows": len(self), "shards": len(self.shards), **meta}
+        return {"namespace": self.dir.name, "rows": len(self), "shards": len(self.shards), "skipped_shards": len(self.skipped),
+                "unverified_shards": self.unverified, **meta}  # fmt: skip

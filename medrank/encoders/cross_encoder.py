@@ -54,17 +54,22 @@ Pair = tuple[str, str]
 EpochCallback = Callable[[int, dict[str, float]], None]  # (epoch, metrics); also (optimizer step, metrics)
 
 
-def _load_hf(path: Path, **kw: Any) -> tuple[torch.nn.Module, Any]:
+def _load_hf(path: Path, saved: bool = False, **kw: Any) -> tuple[torch.nn.Module, Any]:
+    """Tokenizer + classifier from `path`. `saved` (a medrank fine-tune): every weight must come from the file, since a
+    checkpoint without its classifier head would load with a random one (different outputs on every load)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     with quiet_transformers():
         try:
             tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-            model = AutoModelForSequenceClassification.from_pretrained(
-                str(path), use_safetensors=True, trust_remote_code=False, **kw
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                str(path), use_safetensors=True, trust_remote_code=False, output_loading_info=True, **kw
             )
         except (OSError, ValueError, KeyError) as e:
             raise MedrankError(f"{path}: cannot load a sequence-pair classifier ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if saved and missing:
+        raise MedrankError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[0]}): it would load with random ones")
     return model.float(), tok
 
 
@@ -179,9 +184,13 @@ class CrossEncoder(LazyInt8):
             raise MedrankError(f"{path}: no {META_FILE} (not saved by medrank CrossEncoder.save)")
         meta = read_json(meta_path)
         fp = model_fingerprint(path)
-        if meta.get("fingerprint") and meta["fingerprint"] != fp:
-            raise MedrankError(f"{path}: weights/config changed since save (fingerprint {fp[:12]}… != {meta['fingerprint'][:12]}…)")
-        model, tok = _load_hf(path)
+        recorded = meta.get("fingerprint") if isinstance(meta, dict) else None
+        restore = "restore the folder with `dvc checkout` (or `dvc pull`), or re-run the stage that trained it"
+        if not isinstance(recorded, str) or not recorded:
+            raise MedrankError(f"{meta_path}: no fingerprint recorded (required: the weights are verified against it); {restore}")
+        if recorded != fp:
+            raise MedrankError(f"{path}: weights/config changed since save (fingerprint {fp[:12]}… != {recorded[:12]}…); {restore}")
+        model, tok = _load_hf(path, saved=True)
         out = cls(
             model,
             tok,

@@ -27,7 +27,7 @@ from torch import nn
 from medrank.data import sentence_selection as ss
 from medrank.data.sentence_selection import FEATURE_NAMES, Idf, overlap_features, tokenize
 from medrank.errors import MedrankError
-from medrank.io import atomic_path, write_json
+from medrank.io import atomic_path, sha256_file, write_json
 from medrank.models.word2vec import WordVectors
 
 log = logging.getLogger(__name__)
@@ -323,7 +323,8 @@ class CnnRanker:
         state = {k: v.contiguous() for k, v in self.model.state_dict().items()}
         with atomic_path(out_dir / "model.safetensors") as tmp:
             save_file(state, str(tmp))
-        write_json(out_dir / "config.json", asdict(self.model.cfg))
+        # the weights' sha256 beside the config, checked at every load: flipped tensor bytes are refused
+        write_json(out_dir / "config.json", {**asdict(self.model.cfg), "weights_sha256": sha256_file(out_dir / "model.safetensors")})
         write_json(out_dir / "vocab.json", self.encoder.words)
         write_json(out_dir / "idf.json", {"n_docs": self.encoder.idf.n_docs, "doc_freq": self.encoder.idf.doc_freq})
 
@@ -334,7 +335,11 @@ class CnnRanker:
         out_dir = Path(out_dir)
         if not (out_dir / "model.safetensors").exists():
             raise MedrankError(f"{out_dir}: no trained CNN (run the cnn_train stage)")
-        cfg = CnnConfig(**json.loads((out_dir / "config.json").read_text()))
+        raw = json.loads((out_dir / "config.json").read_text())
+        if raw.pop("weights_sha256", None) != sha256_file(out_dir / "model.safetensors"):
+            raise MedrankError(f"{out_dir}/model.safetensors: no sha256 recorded in config.json, or the weights differ from it; "
+                               "restore them with `dvc checkout` (or `dvc pull`), or re-run the stage that trained them")  # fmt: skip
+        cfg = CnnConfig(**raw)
         words = json.loads((out_dir / "vocab.json").read_text())
         idf_raw = json.loads((out_dir / "idf.json").read_text())
         model = SeverynMoschittiCNN(cfg)

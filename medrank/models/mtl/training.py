@@ -164,7 +164,7 @@ class FittedMTL:
     # ------------------------------------------------------------ persistence
     def save(self, out_dir: str | Path, extra_meta: dict | None = None) -> None:
         """model.pt (state dict only) + mtl.json (config, dims, feature builder state, pair-value scaling)."""
-        from medrank.io import atomic_path, write_json
+        from medrank.io import atomic_path, sha256_file, write_json
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -173,6 +173,7 @@ class FittedMTL:
         with atomic_path(out_dir / "model.pt") as tmp, open(tmp, "wb") as f:
             torch.save({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, f)
         meta = {
+            "model_sha256": sha256_file(out_dir / "model.pt"),  # checked at every load: flipped bytes are refused
             "config": self.config.model_dump(mode="json"),
             "dims": self.dims,
             "builder": builder_to_json(self.builder),
@@ -199,8 +200,12 @@ class FittedMTL:
         path = Path(path)
         if not (path / "model.pt").exists() or not (path / "mtl.json").exists():
             raise MedrankError(f"{path}: no trained MTL model (model.pt + mtl.json; run the mtl stage)")
+        from medrank.io import sha256_file
+
         try:  # a truncated or doctored model folder is one line naming it, not a traceback
             meta = json.loads((path / "mtl.json").read_text(encoding="utf-8"))
+            if meta.get("model_sha256") != sha256_file(path / "model.pt"):  # flipped tensor bytes load fine otherwise
+                raise ValueError("no model_sha256 in mtl.json" if "model_sha256" not in meta else "model.pt differs from mtl.json's model_sha256")
             cfg = MtlParams.model_validate(meta["config"])
             net = MTLNet(cfg, **meta["dims"])
             state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
