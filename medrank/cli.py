@@ -24,6 +24,22 @@ class Command:
     handler: Callable[[argparse.Namespace], None]
 
 
+def emit(text: str, end: str = "\n") -> None:
+    """Print a command's output; a full device or a closed stdout is one line about stdout (also unbuffered, when
+    the write itself fails: with PYTHONUNBUFFERED=1 the error used to blame a temp file)."""
+    import errno
+
+    try:
+        sys.stdout.write(text + end)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO):
+            raise MedrankError(f"cannot write to stdout ({e.strerror})") from None
+        raise
+
+
 # ---------------------------------------------------------------- score
 
 
@@ -39,11 +55,10 @@ def _score(args: argparse.Namespace) -> None:
 
     metrics = (score_task3 if args.task == 3 else score_task2)(args.gold, args.submission)
     if args.json:
-        print(json.dumps(metrics, indent=2))
+        emit(json.dumps(metrics, indent=2))
         return
     width = max(map(len, metrics))
-    for name, value in metrics.items():
-        print(f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}")
+    emit("\n".join(f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}" for name, value in metrics.items()))
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,7 +75,7 @@ def _report(args: argparse.Namespace) -> None:
     from medrank.report import render_headline, render_results, stale_docs, update_docs
 
     if args.print:
-        print(render_headline(args.metrics_dir) + "\n" + render_results(args.metrics_dir), end="")
+        emit(render_headline(args.metrics_dir) + "\n" + render_results(args.metrics_dir), end="")
     elif args.check:
         stale = stale_docs(args.readme, args.results, args.metrics_dir, args.cards)
         if stale:
@@ -70,7 +85,7 @@ def _report(args: argparse.Namespace) -> None:
             raise MedrankError(f"{', '.join(map(str, stale))}: generated blocks differ from {args.metrics_dir}/, dvc.yaml or dvc.lock (run `{fix}`)")
     else:
         changed = update_docs(args.readme, args.results, args.metrics_dir, args.cards)
-        print(f"updated: {', '.join(map(str, changed))}" if changed else "up to date")
+        emit(f"updated: {', '.join(map(str, changed))}" if changed else "up to date")
 
 
 # ---------------------------------------------------------------- rank
@@ -89,7 +104,7 @@ def _rank(args: argparse.Namespace) -> None:
     from medrank.rank import rank_question, read_rank_input
 
     inp = read_rank_input(args.input)  # validate before loading any model
-    print(format_result(inp.question, rank_question(inp, args.models, args.fit), args.format, args.all))
+    emit(format_result(inp.question, rank_question(inp, args.models, args.fit), args.format, args.all))
 
 
 def format_result(question: str, result: pd.DataFrame, fmt: str = "json", show_all: bool = False) -> str:

@@ -307,9 +307,16 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
 def read_text_capped(path: str | os.PathLike, max_bytes: int, what: str) -> str:
     """UTF-8 text of a user-supplied file, refused (one line) when larger than `max_bytes` or not UTF-8; a BOM is dropped."""
     path = Path(path)
+    too_big = f"more than {what} can be (at most {max_bytes / 2**20:.0f} MiB)"
+    if not path.is_file():  # a pipe (/dev/stdin, <(...)): no size to look at; never hold more than the cap
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise MedrankError(f"{path}: {too_big}")
+        return decode_utf8(data, path)
     size = path.stat().st_size
     if size > max_bytes:
-        raise MedrankError(f"{path}: {size / 2**20:.1f} MiB, more than {what} can be (at most {max_bytes / 2**20:.0f} MiB)")
+        raise MedrankError(f"{path}: {size / 2**20:.1f} MiB, {too_big}")
     return decode_utf8(path.read_bytes(), path)
 
 

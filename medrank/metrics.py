@@ -25,8 +25,8 @@ TASK2_COLUMNS = ["pair_id", "label"]
 TASK2_HEADER = ["pair_id", "label"]
 _LABELS = {"0": 0, "1": 1}
 # a gold or submission file is at most a few thousand rows (MEDIQA's largest is under 100 KB): refuse a bigger one
-# before reading it, rather than spend seconds and a GB of rows on a file that cannot be one
-MAX_TABLE_BYTES = 8 << 20
+# before reading it, rather than spend seconds and memory on a file that cannot be one (8 MiB cost 26 s and 947 MB)
+MAX_TABLE_BYTES = 1 << 20
 
 
 # ---------------------------------------------------------------- reading
@@ -38,8 +38,10 @@ def _read_csv_rows(path: Table, n_fields: int, what: str, header: Sequence[str] 
     If `header` is given, a first line equal to it is skipped (it is optional).
     """
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise MedrankError(f"{path}: {what} file not found")
+    if path.is_dir():
+        raise MedrankError(f"{path}: a folder, not a {what} file")
     reader = csv.reader(io.StringIO(read_text_capped(path, MAX_TABLE_BYTES, f"a {what} file"), newline=""))
     rows: list[list[str]] = []
     where: list[str] = []

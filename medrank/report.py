@@ -23,7 +23,20 @@ MEDIQA2019_BEST_TASK2 = {"accuracy": 0.749}
 
 
 def _load(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8"))
+    """A metrics file as a JSON object; a truncated, non-UTF-8 or non-object file (what a merge conflict or a full disk
+    leaves) is one error line naming it and the way back."""
+    from medrank.io import decode_utf8
+
+    fix = f"restore it with `git checkout -- {path}` or re-run its stage (`dvc repro`)"
+    try:
+        obj = json.loads(decode_utf8(path.read_bytes(), path))
+    except json.JSONDecodeError as e:
+        raise MedrankError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {fix}") from None
+    except MedrankError as e:
+        raise MedrankError(f"{e}; {fix}") from None
+    if not isinstance(obj, dict):
+        raise MedrankError(f"{path}: expected a JSON object of metrics, got {type(obj).__name__}; {fix}")
+    return obj
 
 
 def _fmt(v) -> str:

@@ -56,6 +56,33 @@ def test_checksum_mismatch_is_one_clear_error_and_writes_nothing(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["mirror"]  # no staging folder left either
 
 
+def test_a_mirror_file_of_the_wrong_size_is_refused_before_it_is_copied(tmp_path, monkeypatch):
+    """A 3 GB sparse file at a mirror path used to be copied and hashed before it was refused."""
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    with open(mirror / "a.txt", "wb") as f:
+        f.truncate(3 << 30)  # sparse: no disk used
+    monkeypatch.setattr(acq.shutil, "copyfile", lambda *a: pytest.fail("copied before the size was checked"))
+    with pytest.raises(MedrankError, match=rf"a.txt: {3 << 30} bytes, the pinned file has 5; the mirror copy is not the pinned file"):
+        acq.acquire(tmp_path / "raw", [mirror], download=False, sources=(_src("a.txt", b"hello"),))
+
+
+def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch):
+    import errno
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "a.txt").write_bytes(b"hello")
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", str(src))  # what shutil reports: the file it read
+
+    monkeypatch.setattr(acq.shutil, "copyfile", full)
+    with pytest.raises(OSError) as e:
+        acq.acquire(tmp_path / "raw", [mirror], download=False, sources=(_src("a.txt", b"hello"),))
+    assert e.value.errno == errno.ENOSPC and e.value.filename.endswith("a.txt") and str(mirror) not in e.value.filename
+
+
 def test_no_source_reachable(tmp_path, monkeypatch):
     def offline(url, timeout):
         raise acq.urllib.error.URLError("network unreachable")

@@ -80,7 +80,7 @@ def test_oversized_input_is_refused_before_it_is_read(tmp_path, capsys, monkeypa
     read_bytes = Path.read_bytes
     monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self} was read") if self == big else read_bytes(self))
     code, out, err = run_cli(capsys, "score", str(GOLD), str(big))
-    assert code == 2 and out == "" and err == f"error: {big}: 50.0 MiB, more than a submission file can be (at most 8 MiB)\n"
+    assert code == 2 and out == "" and err == f"error: {big}: 50.0 MiB, more than a submission file can be (at most 1 MiB)\n"
 
 
 @pytest.mark.parametrize("prefix", [b"", b"\xef\xbb\xbf"])
@@ -117,6 +117,17 @@ def test_stdout_to_a_full_device_is_one_error_line(unbuffered):
         proc = subprocess.run([sys.executable, "-m", "medrank.cli", "score", str(GOLD), str(SUB)], cwd=REPO, stdout=full, stderr=subprocess.PIPE,
                               text=True, env={**os.environ, "PYTHONUNBUFFERED": unbuffered})  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "No space left on device" in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: cannot write to stdout"), proc.stderr  # unbuffered: it used to blame a temp file
+
+
+def test_a_pipe_is_a_submission_file():
+    """`medrank score GOLD /dev/stdin` (and `<(...)`) said "not found": a pipe is read up to the cap."""
+    proc = subprocess.run([sys.executable, "-m", "medrank.cli", "score", str(GOLD), "/dev/stdin", "--json"], cwd=REPO, input=SUB.read_text(),
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0 and json.loads(proc.stdout)["accuracy"] >= 0, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "medrank.cli", "score", str(GOLD), "/dev/stdin"], cwd=REPO, input="x" * (2 << 20),
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr == "error: /dev/stdin: more than a submission file can be (at most 1 MiB)\n"
 
 
 def test_a_full_disk_while_writing_is_one_error_line(monkeypatch, capsys, tmp_path):

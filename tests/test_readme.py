@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 
 from medrank import cli, report
 from medrank.report import render_headline, render_results, stale_docs
@@ -19,6 +20,17 @@ def test_readme_holds_only_the_headline_table():
     # the limit is on what is written by hand: the DAG block is `dvc dag --md` and grows with the pipelines
     dag = readme[readme.index("<!-- dag:start -->") : readme.index("<!-- dag:end -->")]
     assert len(readme.encode()) - len(dag.encode()) < 10_000, "README grew: detail tables and notes belong in RESULTS.md"
+
+
+@pytest.mark.parametrize("data, message", [(b'{"accuracy": 0.5', "not valid JSON"), (b"[]", "expected a JSON object of metrics, got list"),
+                                           (b'{"a": "\xff"}', "not UTF-8 text"), (b"<<<<<<< HEAD\n{}\n", "not valid JSON")])  # fmt: skip
+def test_report_names_a_broken_metrics_file_in_one_line(tmp_path, capsys, data, message):
+    """What a merge conflict, a full disk or a bad edit leaves in metrics/ was a traceback."""
+    (tmp_path / "task3_val.json").write_bytes(data)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--print", "--metrics-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {tmp_path / 'task3_val.json'}: {message}") and "git checkout" in err
 
 
 def test_report_cli_checks_and_refreshes_both_files(tmp_path, monkeypatch, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import gzip
 import hashlib
@@ -100,7 +101,15 @@ def _from_mirror(src: Source, mirrors: list[Path], dest: Path) -> str | None:
         cand = mirror / src.path
         if not cand.is_file():
             continue
-        shutil.copyfile(cand, dest)
+        size = cand.stat().st_size  # before copying or hashing: a 3 GB (sparse) file is refused at once
+        if size != src.size:
+            raise MedrankError(f"{cand}: {size} bytes, the pinned file has {src.size}; the mirror copy is not the pinned file")
+        try:
+            shutil.copyfile(cand, dest)
+        except OSError as e:  # a full disk is about the file being written, not the mirror file being read
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise OSError(e.errno, e.strerror, str(dest)) from None
+            raise
         got = sha256_file(dest)  # hash the copy, not the mirror: what is verified is what is kept
         if got != src.sha256:
             raise MedrankError(f"{cand}: sha256 mismatch (expected {src.sha256}, got {got}); the mirror copy is not the pinned file")
