@@ -261,11 +261,12 @@ def judged_retrieval(cands: pd.DataFrame, chosen: pd.DataFrame, qrels: pd.DataFr
 
 
 @functools.lru_cache(maxsize=2)
-def _stack_encoder(name: str, device: str, max_length: int):
-    """The stack's bi-encoder, loaded once per process (`medrank rank` scores one question after another)."""
+def _stack_encoder(name: str, device: str, max_length: int, saved: bool = False):
+    """The stack's bi-encoder, loaded once per process (`medrank rank` scores one question after another); `saved`: the
+    fine-tuned one finetune_rqe wrote, verified against its recorded fingerprint."""
     from medrank.encoders.sentence_encoder import SentenceEncoder
 
-    return SentenceEncoder(name, device=device, max_length=max_length)
+    return SentenceEncoder(name, device=device, max_length=max_length, saved=saved)
 
 
 def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: str, stack: dict, model_dir: str | os.PathLike,
@@ -286,7 +287,7 @@ def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: st
     columns = {"ce": cands["rqe_ce"].to_numpy()}
     if "cosine" in feats:
         name = os.path.join(model_dir, stack["bi_encoder"]) if stack.get("bi_encoder_local") else stack["bi_encoder"]
-        bi = _stack_encoder(str(name), device, int(stack.get("max_length", 256)))
+        bi = _stack_encoder(str(name), device, int(stack.get("max_length", 256)), bool(stack.get("bi_encoder_local")))
         uq, q_inv = np.unique(q_texts, return_inverse=True)
         ud, d_inv = np.unique(d_texts, return_inverse=True)
 

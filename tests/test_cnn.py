@@ -269,6 +269,13 @@ def test_train_save_load_roundtrip_and_beats_chance(pairs: pd.DataFrame, tmp_pat
     vectors.save(tmp_path / "w2v")
     loaded = WordVectors.load(tmp_path / "w2v")
     assert loaded.words == vectors.words and np.array_equal(loaded.vectors, vectors.vectors)
+    saved = (tmp_path / "w2v" / "vectors.npy").read_bytes()
+    flipped = bytearray(saved)
+    flipped[-2] ^= 0x01  # a valid .npy with one other number
+    (tmp_path / "w2v" / "vectors.npy").write_bytes(bytes(flipped))
+    with pytest.raises(MedrankError, match="vectors.npy: no sha256 recorded in meta.json, or the file differs from it"):
+        WordVectors.load(tmp_path / "w2v")
+    (tmp_path / "w2v" / "vectors.npy").write_bytes(saved)
 
     train = pairs[pairs["split"] == "train"].reset_index(drop=True)
     dev = pairs[pairs["split"] == "dev"].reset_index(drop=True)

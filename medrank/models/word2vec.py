@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import zlib
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ import pandas as pd
 
 from medrank.data.sentence_selection import tokenize
 from medrank.errors import MedrankError
-from medrank.io import atomic_path, write_json, write_text
+from medrank.io import atomic_path, sha256_file, write_json, write_text
 from medrank.text.sentences import split_rule
 
 log = logging.getLogger(__name__)
@@ -36,13 +37,22 @@ class WordVectors:
             with open(tmp, "wb") as f:
                 np.save(f, self.vectors.astype(np.float32))
         write_text(out_dir / "vocab.txt", "\n".join(self.words) + "\n")
-        write_json(out_dir / "meta.json", {"n_words": len(self.words), "dim": self.dim, **(meta or {})})
+        sums = {name: sha256_file(out_dir / name) for name in ("vectors.npy", "vocab.txt")}  # checked at every load
+        write_json(out_dir / "meta.json", {"n_words": len(self.words), "dim": self.dim, "sha256": sums, **(meta or {})})
 
     @classmethod
     def load(cls, out_dir: str | Path) -> "WordVectors":
         out_dir = Path(out_dir)
         if not (out_dir / "vectors.npy").exists():
             raise MedrankError(f"{out_dir}: no word vectors (run the cnn_word2vec stage)")
+        try:
+            sums = json.loads((out_dir / "meta.json").read_text(encoding="utf-8")).get("sha256") or {}
+        except (OSError, ValueError, AttributeError):
+            sums = {}
+        for name in ("vectors.npy", "vocab.txt"):
+            if sums.get(name) != sha256_file(out_dir / name):
+                raise MedrankError(f"{out_dir / name}: no sha256 recorded in meta.json, or the file differs from it; restore it with "
+                                   "`dvc checkout cnn_word2vec` (or `dvc pull`), or re-run `dvc repro cnn_word2vec`")  # fmt: skip
         words = (out_dir / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
         vectors = np.load(out_dir / "vectors.npy")
         if len(words) != len(vectors):
