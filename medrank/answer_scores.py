@@ -186,3 +186,20 @@ def answer_qtype_scores(answers: pd.DataFrame, qtypes: TypeClassifier) -> dict[s
 def qa_pairs(answers: pd.DataFrame) -> list[tuple[str, str]]:
     """(normalized question, normalized answer) of each answer: what the qa cross-encoder scores (group qa)."""
     return list(zip(answers["question_norm"].fillna("").astype(str), answers["answer_norm"].fillna("").astype(str)))
+
+
+def auc_by_source(answers: pd.DataFrame, columns: dict[str, np.ndarray]) -> dict:
+    """AUC of each score column against the label (reference score >= 3), per labelled split and pooled."""
+    from sklearn.metrics import roc_auc_score
+
+    lab = answers["reference_score"].notna().to_numpy()
+    y = (answers["reference_score"].fillna(0).to_numpy(dtype=float) >= 3).astype(int)
+    out: dict = {}
+    for name, score in columns.items():
+        row = {}
+        for split in sorted(answers.loc[lab, "split"].unique()):
+            m = lab & (answers["split"] == split).to_numpy()
+            row[split] = round(float(roc_auc_score(y[m], score[m])), 4) if 0 < y[m].sum() < m.sum() else None
+        row["pooled"] = round(float(roc_auc_score(y[lab], score[lab])), 4) if 0 < y[lab].sum() < lab.sum() else None
+        out[name] = row
+    return out

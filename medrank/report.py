@@ -535,11 +535,15 @@ def _qa_graded(m: dict) -> list[str]:
 DETAILS = ("data", "normalize")  # metrics files shown in full (collapsed); the rest: `dvc metrics show`
 
 
-def _qa_bienc(m: dict) -> list[str]:
-    """The fine-tuned question -> answer bi-encoder's cosines beside the zero-shot ones: AUC per labelled source."""
+def _qa_bienc(m: dict, bienc: dict | None = None) -> list[str]:
+    """The fine-tuned question -> answer bi-encoder's cosines beside the zero-shot ones (and stage bienc's cosine, from
+    metrics/bienc.json): AUC per labelled source."""
     auc = (m or {}).get("auc")
     if not auc:
         return []
+    ref = ((bienc or {}).get("auc") or {}).get("bienc_cos")
+    if ref:
+        auc = {f"bienc_cos (stage bienc, {bienc.get('model')})": ref} | auc
     splits = [s for s in next(iter(auc.values())) if s != "pooled"] + ["pooled"]
     rows = [[name] + [_fmt(r.get(s)) for s in splits] for name, r in auc.items()]
     secs = m.get("seconds") or {}
@@ -549,6 +553,48 @@ def _qa_bienc(m: dict) -> list[str]:
            f"questions (no question scored by a model that learned it). AUC of cos(question, answer) against the label, per labelled "
            f"source; {secs.get('total', '—')} s on this machine.", ""]  # fmt: skip
     return out + _table(["score"] + splits, rows)
+
+
+def _gpu_bi_encoders(m: dict) -> list[str]:
+    """mpnet against MiniLM-L6 in the fine-tuned bi-encoder roles, measured on a lent GPU (metrics/gpu_bi_encoders.json,
+    written from benchmarks/gpu/run.sh's outputs): RQE rows and Task 2 rules, the QA bi-encoder under nested LOSO."""
+    runs = (m or {}).get("runs")
+    if not runs:
+        return []
+
+    def rqe_row(name: str, r: dict) -> list[str]:
+        rows = r["rows"]
+        best = lambda prefix: max((v["accuracy"] for k, v in rows.items() if k.startswith(prefix)), default=None)  # noqa: E731
+        t2 = r["task2"]
+        rule = t2["rules"][t2["chosen"]]
+        return [name, _fmt(best("bi:")), _fmt(best("ce:")), _fmt(rows[r["chosen"]]["accuracy"]), f"`{t2['chosen']}` {_fmt(t2['cv']['accuracy'])}",
+                _fmt(t2["nested_cv"]), _fmt(rule["test_positive_rate"]), f"{r['seconds'].get('selection', 0):.0f}"]  # fmt: skip
+
+    out = [f"**mpnet in the fine-tuned bi-encoder roles, on a GPU** (`metrics/gpu_bi_encoders.json`, {m.get('device', '—')}; "
+           f"{m.get('transfer', '')}). Stage finetune_rqe with all-mpnet-base-v2 as cross-encoder and bi-encoder base, beside "
+           "MiniLM-L6 on the same GPU: CV accuracy over the 302 Task 2 validation pairs (grouped by CHQ), then stage task2's "
+           "within-CHQ rules over each run's out-of-fold probabilities.", ""]  # fmt: skip
+    out += _table(["base", "best bi-encoder row", "best cross-encoder row", "chosen row", "Task 2 rule (CV)", "nested CV", "test positive rate",
+                   "selection s (GPU)"], [rqe_row(n.removeprefix("rqe_"), r) for n, r in runs.items() if n.startswith("rqe_")])  # fmt: skip
+    qa_rows = []
+    for name, r in runs.items():
+        if not name.startswith("qa_"):
+            continue
+        nested = r.get("nested_loso_with_qa_bienc (CPU, stage nested_loso over these scores)") or r.get("nested_loso_with_qa_bienc") or {}
+        cross = (r.get("auc") or {}).get("cross-fitted (qa_bienc_cos)") or {}
+        acc = nested.get("accuracy") or {}
+        qa_rows.append([name.removeprefix("qa_").replace("_cpu_committed", " (CPU, committed)"), _fmt(cross.get("pooled")),
+                        f"{_fmt(acc.get('mean'))} ({_fmt(acc.get('worst'))})", _fmt((nested.get("mrr") or {}).get("mean"))])  # fmt: skip
+    default = next((r.get("nested_loso_default (same run)") for r in runs.values() if r.get("nested_loso_default (same run)")), None)
+    if default:
+        qa_rows.append(["final system without qa_bienc", "—", f"{_fmt(default['accuracy']['mean'])} ({_fmt(default['accuracy']['worst'])})",
+                        _fmt((default.get("mrr") or {}).get("mean"))])  # fmt: skip
+    out += ["The question → answer bi-encoder (stage qa_bienc) on each base: its cross-fitted cosine's pooled AUC, and the nested "
+            "LOSO of the final system's selection with feature group qa_bienc added (analysis.nested.variants `with_qa_bienc`).", ""]
+    out += _table(["qa_bienc base", "AUC (pooled)", "nested LOSO accuracy mean (worst)", "nested LOSO MRR"], qa_rows)
+    if m.get("not_run"):
+        out += [f"Not run: {m['not_run']}.", ""]
+    return out
 
 
 def _metrics(metrics_dir: str | Path) -> dict[str, dict]:
@@ -572,7 +618,8 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     lines += _mtl_confirm(metrics.get("mtl_confirm", {}))
     lines += _judged_rows(metrics.get("judged_rows", {}))
     lines += _qa_graded(metrics.get("qa_graded", {}))
-    lines += _qa_bienc(metrics.get("qa_bienc", {}))
+    lines += _qa_bienc(metrics.get("qa_bienc", {}), metrics.get("bienc"))
+    lines += _gpu_bi_encoders(metrics.get("gpu_bi_encoders", {}))
     lines += _retrieve(metrics.get("retrieve", {}))
     lines += _finetune(metrics)
     lines += _cnn(metrics.get("cnn_squad", {}), metrics.get("cnn_crossenc", {}))

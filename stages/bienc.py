@@ -21,7 +21,7 @@ import pandas as pd
 import pyarrow as pa
 
 from medrank import layout
-from medrank.answer_scores import answer_bienc_scores, answer_qtype_scores
+from medrank.answer_scores import answer_bienc_scores, answer_qtype_scores, auc_by_source
 from medrank.data.judged import judged_answers, with_judged
 from medrank.encoders.base import BLAS_THREADS, resolve_device, runtime_info
 from medrank.encoders.sentence_encoder import SentenceEncoder
@@ -63,7 +63,7 @@ def main(params_path: str = "params.yaml") -> None:
     p = load_params(params_path)
     bp = p.bienc
     t0 = time.perf_counter()
-    answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
+    answers = labelled = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
     # bienc.judged: the judged LiveQA answers too (baseline.judged_rows trains on them)
     judged = judged_answers(read_parquet(layout.JUDGED), answers) if bp.judged else None
     answers = with_judged(answers, judged)[["split", "qid", "aid", "question_norm", "answer_norm", "judged"]]
@@ -86,6 +86,8 @@ def main(params_path: str = "params.yaml") -> None:
             "encode": stats,
             "precision_check_vs_fp32": {"answers": int(len(sample)), "max_abs_diff_bienc_cos": None if check is None else round(check, 6)},
             "cos_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("bienc_cos", "heading_cos")}),
+            # against the label (reference score >= 3), per labelled source: what qa_bienc's rows are set beside
+            "auc": auc_by_source(labelled, {k: table[k].to_numpy()[mediqa] for k in ("bienc_cos", "heading_cos")}),
             "qtype_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("qtype_agree", "qtype_match")}),
             "runtime": runtime_info(resolve_device(p.device), precision=stats.get("precision"), blas_threads=BLAS_THREADS),
             "seconds": round(time.perf_counter() - t0, 1),

@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from medrank import layout
-from medrank.answer_scores import qa_pairs
+from medrank.answer_scores import auc_by_source, qa_pairs
 from medrank.crossfit import crossfit, source_folds
 from medrank.data.judged import judged_answers, question_folds
 from medrank.data.mining import medquad_qa_triplets
@@ -46,23 +46,6 @@ def cosines(model: SentenceEncoder, pairs: list[tuple[str, str]], batch_size: in
     q = model.encode([a for a, _ in pairs], "fp32", batch_size)
     a = model.encode([b for _, b in pairs], "fp32", batch_size)
     return np.einsum("ij,ij->i", q, a).astype(float)
-
-
-def auc_by_source(answers: pd.DataFrame, columns: dict[str, np.ndarray]) -> dict:
-    """AUC of each score column against the label (reference score >= 3), per labelled split and pooled."""
-    from sklearn.metrics import roc_auc_score
-
-    lab = answers["reference_score"].notna().to_numpy()
-    y = (answers["reference_score"].fillna(0).to_numpy(dtype=float) >= 3).astype(int)
-    out: dict = {}
-    for name, score in columns.items():
-        row = {}
-        for split in sorted(answers.loc[lab, "split"].unique()):
-            m = lab & (answers["split"] == split).to_numpy()
-            row[split] = round(float(roc_auc_score(y[m], score[m])), 4) if 0 < y[m].sum() < m.sum() else None
-        row["pooled"] = round(float(roc_auc_score(y[lab], score[lab])), 4) if 0 < y[lab].sum() < lab.sum() else None
-        out[name] = row
-    return out
 
 
 def main(params_path: str = "params.yaml") -> None:
@@ -123,10 +106,9 @@ def main(params_path: str = "params.yaml") -> None:
 
         score = crossfit(n_folds, a_fold, [a_fold, j_fold], fit_fold, score_fold) if qp.crossfit_epochs else step_one
     write_parquet(answers[["split", "qid", "aid"]].assign(qa_bienc_cos=score), layout.QA_BIENC_SCORES, QA_BIENC_SCORES)
-    bienc = read_parquet(layout.BIENC).merge(answers[["split", "qid", "aid"]], on=["split", "qid", "aid"], how="right")
+    # stage bienc's cosine (the default model) is beside these in RESULTS, from metrics/bienc.json: not read here, so a
+    # bienc option does not re-run this stage
     columns = {f"zero-shot {qp.base_model}": zero_shot, "step one (MedQuAD)": step_one, "cross-fitted (qa_bienc_cos)": score}
-    if bienc["bienc_cos"].notna().all():
-        columns = {"bienc_cos (stage bienc)": bienc["bienc_cos"].to_numpy(dtype=float)} | columns
     write_json(layout.metrics_file("qa_bienc"), {
         "auc": auc_by_source(answers, columns),
         "n_triplets": len(triplets),

@@ -6,7 +6,7 @@
 #   mpnet/ and minilm/ (the models' json/txt files). The stages run unchanged (device=cuda, params set by setp.py); dvclive
 #   is stood in for by shim/ (its dvc dependency is not there). Each run leaves <out dir>/<run>.tgz (metrics, scores, log).
 #   Stage task2 needs data/raw (not carried): run it here over each run's task2_probs.parquet.
-# Results: benchmarks/results/gpu-mpnet-bi-encoders-2026-11-27.json
+# Results: metrics/gpu_bi_encoders.json (rendered in RESULTS by `medrank report`)
 ST=$1; O=$2; shift 2
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 if [ -z "$NOINSTALL" ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $CFG/whl/*.whl || exit 1; export PYTHONPATH=/tmp/site; fi
