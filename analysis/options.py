@@ -80,21 +80,28 @@ def main() -> None:
                           "nested": nested_metrics(work) if args.nested else None, "default_nested": rows["default"]["nested"],
                           "default_score": rows["default"]["score"], "default_baseline_score": rows["default"]["baseline"]["score"]}  # fmt: skip
             print(f"{name}: final score {rows[name]['score']:.4f}, baseline {rows[name]['baseline']['score']:.4f} ({wall:.0f} s)", flush=True)
+            _write(rows, head)  # each option as it lands: a failure later keeps what was measured
             subprocess.run(["git", "checkout", "-q", "--", "."], cwd=work, check=True)  # the next option starts from the default
-            subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q"], cwd=work, check=True)
+            # --allow-missing: as scratch_default, analysis outputs never built here are not needed by the next option
+            subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q", "--allow-missing"], cwd=work, check=True)
     finally:
         if args.workdir is None:
             shutil.rmtree(work_root, ignore_errors=True)
-    # options measured earlier (at their own commit, against that commit's default) stay unless re-run now
+    _write(rows, head)
+
+
+def _write(measured: dict, head: str) -> None:
+    """metrics/options.json: the options measured now, and those measured earlier (at their own commit, against that
+    commit's default) unless re-run now."""
+    rows = dict(measured)
     earlier = json.loads(OUT.read_text())["rows"] if OUT.is_file() else {}
     old_default = earlier.get("default", {})
     for name, r in earlier.items():
         if name != "default" and name not in rows:
             rows[name] = {"commit": r.get("commit", old_default.get("commit")), "default_score": r.get("default_score", old_default.get("score")),
                           "default_baseline_score": r.get("default_baseline_score", old_default.get("baseline", {}).get("score")), **r}  # fmt: skip
-    rows["default"]["commit"] = head
-    out = {"commit": head, "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    write_json(OUT, out)
+    rows["default"] = {**rows["default"], "commit": head}
+    write_json(OUT, {"commit": head, "date": time.strftime("%Y-%m-%d"), "rows": rows})
 
 
 if __name__ == "__main__":
