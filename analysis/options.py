@@ -94,12 +94,14 @@ def _write(measured: dict, head: str) -> None:
     """metrics/options.json: the options measured now, and those measured earlier (at their own commit, against that
     commit's default) unless re-run now."""
     rows = dict(measured)
-    earlier = json.loads(OUT.read_text())["rows"] if OUT.is_file() else {}
+    old = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    earlier = old.get("rows", {})
     old_default = earlier.get("default", {})
     for name, r in earlier.items():
         if name != "default" and name not in rows:
-            rows[name] = {"commit": r.get("commit", old_default.get("commit")), "default_score": r.get("default_score", old_default.get("score")),
-                          "default_baseline_score": r.get("default_baseline_score", old_default.get("baseline", {}).get("score")), **r}  # fmt: skip
+            rows[name] = {"commit": r.get("commit") or old_default.get("commit") or old.get("commit"), "default_score": r.get("default_score", old_default.get("score")),
+                          "default_baseline_score": r.get("default_baseline_score", old_default.get("baseline", {}).get("score")),
+                          **{k: v for k, v in r.items() if k != "commit"}}  # fmt: skip
     rows["default"] = {**rows["default"], "commit": head}
     write_json(OUT, {"commit": head, "date": time.strftime("%Y-%m-%d"), "rows": rows})
 

@@ -11,6 +11,8 @@ with --cold also whether the fresh clone rebuilt the committed outputs bit for b
                                                                              # its DVC cache (no full repro)
     python benchmarks/experiment.py --profile default --cold                 # a fresh clone, an empty DVC cache: the
                                                                              # full `dvc repro` (~40 min), then the experiment
+    python benchmarks/experiment.py --queue n_candidates=4 n_candidates=5    # two queued experiments: `dvc queue start
+                                                                             # -j 1` vs `-j 2`, each in its own clone
 """
 
 from __future__ import annotations
@@ -111,13 +113,63 @@ def scratch_cold(work: Path) -> Path:
     return work
 
 
+def scratch_isolated(work: Path) -> Path:
+    """A clone of this checkout whose DVC cache is a hard-linked copy of this one's (no bytes copied): the clone's
+    experiments add objects and run-cache entries to its own copy only, so a second clone does not find them."""
+    subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
+    source = REPO / ".dvc" / "cache"
+    local = REPO / ".dvc" / "config.local"
+    if local.is_file():
+        got = subprocess.run([sys.executable, "-m", "dvc", "cache", "dir"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        source = Path(got)
+    cache = work.parent / f"{work.name}-cache"
+    subprocess.run(["cp", "-al", str(source), str(cache)], check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "cache", "dir", "--local", str(cache)], cwd=work, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q", "--allow-missing"], cwd=work, check=True)
+    return work
+
+
+def queue_experiments(overrides: list[str], work_root: Path) -> dict[str, dict]:
+    """The experiments queued (`dvc exp run --queue -S o` each) and run by `dvc queue start -j J`, J = 1 (one after
+    the other) and 2 (side by side), each mode in its own clone and cache copy; wall seconds until the queue is empty."""
+    out = {}
+    for mode, jobs in (("serial (-j 1)", 1), ("side by side (-j 2)", 2)):
+        work = scratch_isolated(work_root / f"repo-j{jobs}")
+        for o in overrides:
+            subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "--queue", "-S", o], cwd=work, check=True, capture_output=True)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "dvc", "queue", "start", "-j", str(jobs)], cwd=work, check=True, capture_output=True)
+        while True:
+            time.sleep(5)
+            status = subprocess.run([sys.executable, "-m", "dvc", "queue", "status"], cwd=work, capture_output=True, text=True).stdout
+            if not re.search(r"\b(Queued|Running)\b", status):
+                break
+        wall = time.perf_counter() - t0
+        subprocess.run([sys.executable, "-m", "dvc", "queue", "stop"], cwd=work, capture_output=True)
+        done = len(re.findall(r"\bSuccess\b", status))
+        out[mode] = {"seconds": round(wall, 1), "succeeded": done, "queued": len(overrides)}
+        print(f"{mode}: {len(overrides)} experiments in {wall:.0f} s ({done} succeeded)", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", choices=("tiny", "default"), default="tiny")
     ap.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE", help="dvc exp run -S (default n_candidates=5)")
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (kept); default a temp folder, removed")
     ap.add_argument("--cold", action="store_true", help="default profile: a fresh clone and an empty DVC cache, so the full repro runs first")
+    ap.add_argument("--queue", nargs="+", metavar="KEY=VALUE", default=None, help="queue one experiment per value; -j 1 vs -j 2")
     args = ap.parse_args()
+    if args.queue:
+        work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-queue-"))
+        try:
+            res = queue_experiments(args.queue, work_root)
+        finally:
+            if args.workdir is None:
+                shutil.rmtree(work_root, ignore_errors=True)
+        serial, side = res["serial (-j 1)"]["seconds"], res["side by side (-j 2)"]["seconds"]
+        print(f"side by side / serial: {side / serial:.2f}x (<= 1.00: two queued experiments finish no later than one after the other)")
+        return
     overrides = args.overrides or ["n_candidates=5"]
     work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-exp-"))
     work = work_root / "repo"
