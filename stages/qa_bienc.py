@@ -20,7 +20,6 @@ import logging
 import time
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from medrank import layout

@@ -1,5 +1,5 @@
 """fp16 chunks (the transfer limit) -> fp32 safetensors folder /root/mpnet."""
-import sys, shutil, glob, os, torch
+import sys, shutil, glob, os
 from safetensors.torch import load_file, save_file
 src, dst, cfg = sys.argv[1:4]
 os.makedirs(dst, exist_ok=True)

@@ -500,18 +500,30 @@ def save_checkpoint(model: torch.nn.Module, tokenizer: Any, path: str | os.PathL
     return fp
 
 
-def cpu_flags() -> list[str]:
-    """The CPU features that decide whether bf16/int8 kernels are fast (empty where /proc is absent)."""
+def _cpuinfo(field: str) -> str:
+    """The first `field` line's value in /proc/cpuinfo ('' where /proc is absent)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return []
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "avx_vnni")
-            have = set(line.split(":", 1)[1].split())
-            return [f for f in wanted if f in have]
-    return []
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(field)), "")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU features that decide whether bf16/int8 kernels are fast (empty where /proc is absent)."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "avx_vnni")
+    have = set(_cpuinfo("flags").split())
+    return [f for f in wanted if f in have]
+
+
+def cpu_vendor() -> str:
+    """GenuineIntel, AuthenticAMD, ... ('' where /proc is absent)."""
+    return _cpuinfo("vendor_id")
+
+
+def _isa_cap() -> str:
+    """oneDNN's ISA cap (ONEDNN_MAX_CPU_ISA=AVX512_CORE, ...): 'ALL' when none is set."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
 
 
 def native_bf16(device: str | torch.device) -> bool:
@@ -521,7 +533,7 @@ def native_bf16(device: str | torch.device) -> bool:
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if dev.type == "cpu":
         # an ISA cap (ONEDNN_MAX_CPU_ISA=AVX512_CORE, ...) turns oneDNN's bf16 kernels into emulation
-        cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+        cap = _isa_cap()
         capped = cap not in ("ALL", "DEFAULT") and not any(s in cap for s in ("BF16", "AMX"))
         return not capped and bool({"avx512_bf16", "amx_bf16"} & set(cpu_flags()))
     return False
@@ -694,18 +706,9 @@ def bf16_faster(device: str | torch.device) -> bool:
     dev = device if isinstance(device, torch.device) else torch.device(str(device))
     if dev.type == "cuda" or not native_bf16(dev):
         return native_bf16(dev)
-    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
+    cap = _isa_cap()
     amx = "amx_bf16" in cpu_flags() and (cap in ("ALL", "DEFAULT") or "AMX" in cap)
     return amx or cpu_vendor() == "AuthenticAMD"
-
-
-def cpu_vendor() -> str:
-    """GenuineIntel, AuthenticAMD, ... ('' where /proc is absent)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    return next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("vendor_id")), "")
 
 
 def hardware_precision(device: str | torch.device, requested: str = "auto") -> str:
