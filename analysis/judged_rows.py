@@ -1,7 +1,7 @@
 """The judged LiveQA answers as extra baseline training rows (`baseline.judged_rows`), measured under the written rule.
 
 Each mode (none | ranker | all) of the default baseline is run under question-grouped CV and LOSO for
-`baseline.spread_seeds` seeds (the stage's seed and the next ones), paired by seed, on the committed outputs (no
+`noise_band.seeds` seeds (the stage's seed and the next ones), paired by seed, on the committed outputs (no
 stage is re-run; nothing but metrics/judged_rows.json is written; the judged answers' bi-encoder scores, which stage
 bienc writes only with `bienc.judged`, are computed here, read-only through its cache). Per mode: the rule's filter score (mean of CV and
 LOSO mean accuracy) and order score (`evaluation.order_score`: MRR and Spearman), their paired difference to `none`,
@@ -32,7 +32,7 @@ from medrank.data.judged import judged_answers  # noqa: E402
 from medrank.features import cap_questions  # noqa: E402
 from medrank.io import read_parquet  # noqa: E402
 from medrank.params import BIENC_GROUPS, load_params  # noqa: E402
-from stages.baseline import load_tables  # noqa: E402
+from medrank.inputs import load_tables  # noqa: E402
 from stages.bienc import score_answers  # noqa: E402
 
 OUT = ROOT / "metrics" / "judged_rows.json"
@@ -50,7 +50,7 @@ def main() -> None:
     os.chdir(ROOT)  # the stages' relative paths
     p = load_params("params.yaml")
     bp = p.baseline
-    seeds = [p.seed + i for i in range(bp.spread_seeds)]
+    seeds = [p.seed + i for i in range(p.noise_band.seeds)]
     extra = None
     if set(bp.features) & set(BIENC_GROUPS) and not p.bienc.judged:  # stage bienc left them out: scored here, the same way
         answers = cap_questions(read_parquet(L.ANSWERS), p.max_questions_per_split)

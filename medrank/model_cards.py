@@ -459,8 +459,8 @@ def _mtl_card(repo: Repo, art: dict) -> Card:
                   ["device", _v(m.get("device")), "metrics/mtl.json"], ["threads", _v(m.get("threads")), "metrics/mtl.json"]],
         evaluation=["**MEDIQA Task 3** (`metrics/mtl.json`: this model with its own threshold and pairwise order):", ""]
         + _protocols(m, _get(m, "val_counts", "n_questions"), "the train-only model")
-        + [f"Seed spread ({_v(_get(m, 'seed_spread', 'seeds'))} seeds, CV + LOSO re-run): accuracy {_v(_get(m, 'seed_spread', 'accuracy'))}, "
-           f"order score {_v(_get(m, 'seed_spread', 'order'))}.", ""]
+        + [f"Seed spread ({_v(_get(repo.metrics, 'noise_band', 'mtl', 'seeds'))} seeds, CV + LOSO re-run; `metrics/noise_band.json`): accuracy "
+           f"{_v(_get(repo.metrics, 'noise_band', 'mtl', 'accuracy'))}, order score {_v(_get(repo.metrics, 'noise_band', 'mtl', 'order'))}.", ""]
         + (_final_line(final) or [f"Final system: {NOT_MEASURED}.", ""]) + _nested_line(repo) + _mtl(m, repo.metrics.get("mtl_ablations") or {}),
         use=["- Filters and orders the ≤10 answers a QA system (CHiQA) retrieved for a consumer health question: `medrank rank` "
              "(the final system, stage `score`'s choice), `submissions/task3_{val,test}.csv`."],

@@ -359,7 +359,6 @@ class MtlParams(_Section):
     prior_shift: Literal["none", "em"] = "none"
     min_keep: int = Field(default=0, ge=0)
     cv_folds: int = Field(default=5, ge=2)
-    spread_seeds: int = Field(default=3, ge=1)  # seeds the default is re-evaluated under (CV + LOSO): the noise band
     n_seeds: int = Field(default=1, ge=1)  # networks per fit (different seeds), predictions averaged
     threads: int | None = Field(default=None, ge=1)  # CPU threads for training; None = torch's default
     workers: int = Field(default=1, ge=1)  # processes fitting folds / models side by side (CPU); results identical for any count
@@ -374,7 +373,7 @@ def mtl_rows(base: MtlParams, rows: list[dict[str, Any]], where: str = "analysis
         if not isinstance(name, str) or not name or name in out or name == "default":
             raise ValueError(f"{where}[{i}]: needs a unique non-empty name other than 'default' (the default's own row), got {name!r}")
         over = {k: v for k, v in row.items() if k != "name"}
-        fixed = sorted(set(over) & {"cv_folds", "threads", "workers", "spread_seeds"})
+        fixed = sorted(set(over) & {"cv_folds", "threads", "workers"})
         if fixed:
             raise ValueError(f"{where}[{i}] ({name}): {fixed[0]} cannot vary between rows")
         try:
@@ -397,6 +396,13 @@ class Task2Params(_Section):
     CHQ-grouped CV over the validation pairs; listed simplest first (a tie keeps the earlier rule)."""
 
     rules: list[ChqRule] = Field(default_factory=lambda: list(get_args(ChqRule)), min_length=1)
+
+
+class NoiseBandParams(_Section):
+    """Stage noise_band (frozen: computed for the committed defaults, not in every experiment): the baseline's and the
+    MTL's default recipes re-run (CV + LOSO) under `seeds` seeds, the stage's seed and the next ones."""
+
+    seeds: int = Field(default=3, ge=2)
 
 
 class ScoreParams(_Section):
@@ -442,7 +448,6 @@ class BaselineParams(_Section):
     prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target
     min_keep: int = Field(default=0, ge=0)  # keep at least this many answers per question
     cv_folds: int = Field(default=5, ge=2)
-    spread_seeds: int = Field(default=3, ge=1)  # seeds the default is re-evaluated under (CV + LOSO): the noise band
     # the judged LiveQA answers of the train_liveqa questions (medrank.data.judged) train: none | ranker (the rank SVM's
     # pairs, from their grades) | all (the filter too)
     judged_rows: Literal["none", "ranker", "all"] = "none"
@@ -530,6 +535,7 @@ class Params(_Section):
     qa_bienc: QaBiencParams = QaBiencParams()  # analysis/dvc.yaml
     baseline: BaselineParams = BaselineParams()
     mtl: MtlParams = MtlParams()
+    noise_band: NoiseBandParams = NoiseBandParams()  # frozen stage noise_band: the written rule's tolerance
     task2: Task2Params = Task2Params()
     score: ScoreParams = ScoreParams()
     analysis: AnalysisParams = AnalysisParams()  # analysis/dvc.yaml: rqe_selection, baseline_ablations, mtl_ablations, mtl_confirm

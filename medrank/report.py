@@ -262,11 +262,11 @@ ANALYSIS_NOTE = ("from analysis/dvc.yaml, which `dvc repro` / `dvc exp run` leav
                  "`dvc status analysis/dvc.yaml` says whether it is current")
 
 
-def _baseline(m: dict, ab: dict) -> list[str]:
+def _baseline(m: dict, ab: dict, band: dict) -> list[str]:
     out = []
     t1 = ab.get("table1_ablation") or {}
     if t1:
-        best = _rule_pick(t1, ((m.get("model") or {}).get("seed_spread") or {}).get("accuracy", 0.0))
+        best = _rule_pick(t1, (band.get("baseline") or {}).get("accuracy", 0.0))
         rows = [[("**" + name.replace("+", " + ") + "** (rule's pick)") if name == best else name.replace("+", " + "), _pm(r["cv"]["accuracy"]),
                  _loso(r.get("loso")), _fmt(r.get("selection_score")), _pm(r["cv"]["precision"]), _pm(r["cv"]["spearman_true"]),
                  _fmt(r["val"]["accuracy"]), _fmt(r["val"]["precision"]), _fmt(r["val"]["spearman"])] for name, r in t1.items()]  # fmt: skip
@@ -613,7 +613,7 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     lines = _task3(metrics)
     lines += _nested(metrics.get("nested_loso", {}))
     lines += _task2(metrics.get("task2", {}))
-    lines += _baseline(metrics.get("baseline", {}), metrics.get("baseline_ablations", {}))
+    lines += _baseline(metrics.get("baseline", {}), metrics.get("baseline_ablations", {}), metrics.get("noise_band", {}))
     lines += _mtl(metrics.get("mtl", {}), metrics.get("mtl_ablations", {}))
     lines += _mtl_confirm(metrics.get("mtl_confirm", {}))
     lines += _judged_rows(metrics.get("judged_rows", {}))

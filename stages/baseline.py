@@ -3,8 +3,9 @@
 Selection uses train + validation only: question-grouped K-fold CV over both (mean ± sd), then the model trained
 on the two training sets scores validation; the test submission comes from a model retrained on train +
 validation with the same params. Writes both models (models/baseline/{val,final}.json, read by `medrank rank`),
-the submissions, metrics/task3_val_baseline.json, metrics/baseline.json (the default's CV/LOSO variants, seed spread,
-label-shift check) and the per-answer predictions data/processed/baseline/predictions.parquet (oof / val / test).
+the submissions, metrics/task3_val_baseline.json, metrics/baseline.json (the default's CV/LOSO variants, label-shift
+check; its seed spread is stage noise_band's) and the per-answer predictions data/processed/baseline/predictions.parquet
+(oof / val / test).
 The Table 1 / Table 4 rows are analysis/dvc.yaml's `baseline_ablations` (stages/baseline_ablations.py).
 """
 
@@ -15,36 +16,12 @@ import time
 from medrank.runner import run
 
 
-def load_tables(p, used: set[str], judged: bool = False, extra_scores: dict | None = None):
-    """(answers, labelled, train, val, test, tfidf) answer tables with the feature inputs of the groups `used`;
-    `judged`: the judged LiveQA answers join the labelled rows (train only: `judged` column); `extra_scores`: rows
-    added to score files (features.read_answer_scores)."""
-    from medrank import layout as L
-    from medrank.data.judged import judged_answers, with_judged
-    from medrank.features import answer_table, cap_questions, medquad_tfidf, read_answer_scores
-    from medrank.io import read_parquet
-
-    answers = cap_questions(read_parquet(L.ANSWERS), p.max_questions_per_split)
-    if judged:  # the judged LiveQA answers as extra training rows (medrank.data.judged)
-        answers = with_judged(answers, judged_answers(read_parquet(L.JUDGED), answers))
-    inputs: dict = read_answer_scores(answers, used, extra_scores)
-    if used & {"bow", "rqe", "rqe_emb", "anli"}:
-        inputs["entailed"] = read_parquet(L.RETRIEVED)
-    if "anli" in used:
-        inputs["anli"] = read_parquet(L.NLI_GRID, columns=["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"])
-    table = answer_table(answers, n_candidates=p.n_candidates, **inputs)
-    tfidf = medquad_tfidf(p.baseline.bow_max_features) if "bow" in used else None
-    labelled = table[table["split"] != L.TEST_SPLIT].reset_index(drop=True)
-    train, val = labelled[labelled["split"].isin(L.TRAIN_SPLITS)], labelled[labelled["split"] == L.VAL_SPLIT]
-    test = table[table["split"] == L.TEST_SPLIT].reset_index(drop=True)
-    return answers, labelled, train, val, test, tfidf
-
-
 def main(params_path: str = "params.yaml") -> None:
     import pandas as pd
 
     from medrank import layout as L
     from medrank.evaluation import rounded_scores, rounded_summary
+    from medrank.inputs import load_tables
     from medrank.io import write_json, write_parquet
     from medrank.metrics import gold_from_answers, score_task3
     from medrank.models import baseline as B
@@ -59,7 +36,6 @@ def main(params_path: str = "params.yaml") -> None:
 
     proto = B.protocols(labelled, cfg, tfidf, L.LABELLED_SPLITS, B.VARIANTS)
     cv, oof, loso = proto["cv"], proto["oof"], proto["loso"]
-    spread = B.spread_over_seeds(labelled, cfg, tfidf, L.LABELLED_SPLITS, bp.spread_seeds, first=proto)
     # validation: trained on the two training sets; test: retrained on train + validation, same params
     model, final = B.fit_baseline(train, cfg, tfidf), B.fit_baseline(labelled, cfg, tfidf)
     pred, test_pred = model.predict(val), final.predict(test)
@@ -80,7 +56,7 @@ def main(params_path: str = "params.yaml") -> None:
     cv_summary = rounded_summary(cv["base"])
     write_json(L.metrics_file("task3_val_baseline"), {
         **rounded_scores(val_scores), "n_predicted_positive": val_scores["n_predicted_positive"], "threshold": model.threshold,
-        "features": list(bp.features), "cv": cv_summary, "loso": loso["base"], "seed_spread": spread, "cv_folds": bp.cv_folds,
+        "features": list(bp.features), "cv": cv_summary, "loso": loso["base"], "cv_folds": bp.cv_folds,
         "cv_questions": int(scored["gid"].nunique()), "judged_training_rows": int(labelled["judged"].sum()),
         "test_model": {"trained_on": sorted(labelled["split"].unique()), "threshold": final.threshold,
                        "test_predicted_positive_rate": round(float(test_pred["label"].mean()), 4)},
@@ -88,7 +64,7 @@ def main(params_path: str = "params.yaml") -> None:
     write_json(L.metrics_file("baseline"), {
         "model": {"features": list(bp.features), "n_features": len(model.builder.feature_names), "cv": cv_summary,
                   "cv_thresholds": cv["base"]["thresholds"], "cv_variants": {k: rounded_summary(cv[k]) for k in B.VARIANTS},
-                  "loso": loso["base"], "loso_variants": {k: loso[k] for k in B.VARIANTS}, "seed_spread": spread,
+                  "loso": loso["base"], "loso_variants": {k: loso[k] for k in B.VARIANTS},
                   "source_transfer": B.transfer_report(proto["per_source"]), "val": rounded_scores(val_scores)},
         "seconds": round(time.perf_counter() - t0, 1),
     })  # fmt: skip

@@ -18,7 +18,7 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank.io import write_json
     from medrank.models import baseline as B
     from medrank.params import load_params
-    from stages.baseline import load_tables
+    from medrank.inputs import load_tables
 
     p = load_params(params_path)
     t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """Stage `mtl`: train the multi-task filter + pairwise re-ranker (paper §4.5-4.6).
 
-Question-grouped CV over train+val (out-of-fold predictions choose the threshold and give mean ± sd), LOSO and the
-seed spread, a train-only model checked on the 25 validation questions, and the final model on train+val for test;
-the fits run `mtl.workers` side by side. Writes models/mtl/ (final bag; val/ = the train-only bag),
+Question-grouped CV over train+val (out-of-fold predictions choose the threshold and give mean ± sd), LOSO (the seed
+spread is stage noise_band's), a train-only model checked on the 25 validation questions, and the final model on
+train+val for test; the fits run `mtl.workers` side by side. Writes models/mtl/ (final bag; val/ = the train-only bag),
 data/processed/mtl_predictions.parquet, metrics/mtl.json and dvclive curves plots/mtl/. The ablation rows are
 analysis/dvc.yaml's `mtl_ablations` (`main(ablations=True)`: the same data, folds and seed, one row per
 `analysis.mtl.rows` entry -> metrics/mtl_ablations.json) and `mtl_confirm` (`main(confirm=True)`: the default and the
@@ -27,8 +27,8 @@ def main(params_path: str = "params.yaml", ablations: bool = False, confirm: boo
     from medrank.encoders.base import deterministic_torch, fixed_blas_threads, resolve_device
     from medrank.errors import MedrankError
     from medrank.evaluation import confirm_table, rounded, split_questions
-    from medrank.features import medquad_tfidf, read_answer_scores
-    from medrank.io import read_parquet, write_json, write_parquet
+    from medrank.features import medquad_tfidf
+    from medrank.io import write_json, write_parquet
     from medrank.models import mtl
     from medrank.params import load_params, mtl_rows
 
@@ -39,9 +39,6 @@ def main(params_path: str = "params.yaml", ablations: bool = False, confirm: boo
         torch.set_num_threads(mp.threads)
     device = resolve_device(p.device)
 
-    retrieved = read_parquet(L.RETRIEVED)
-    # a capped profile retrieves for fewer questions (the same ones the bienc stage keeps): their answers only
-    answers = read_parquet(L.ANSWERS).merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
     rows = mtl_rows(mp, p.analysis.mtl.rows) if ablations or confirm else {}
     if confirm:  # the default and the rows to confirm
         unknown = [n for n in p.analysis.confirm.mtl_rows if n not in rows]
@@ -50,8 +47,7 @@ def main(params_path: str = "params.yaml", ablations: bool = False, confirm: boo
         rows = {"default": ({}, mp)} | {n: rows[n] for n in p.analysis.confirm.mtl_rows}
     configs = [r for _, r in rows.values()] if rows else [mp]
     # per-answer scores of other stages for the bienc / heading / cnn / qa groups (of the default or of the rows)
-    scores = read_answer_scores(answers, set().union(*(r.feature_groups for r in configs)))
-    data = mtl.build_mtl_data(answers, read_parquet(L.NLI_GRID), retrieved, n_candidates=p.n_candidates, scores=scores)
+    _, data = mtl.read_mtl_data(p, set().union(*(r.feature_groups for r in configs)))
     tfidf = {r.tfidf_max_features: medquad_tfidf(r.tfidf_max_features) for r in configs if "bow" in r.feature_groups}
     named = {"mtl.augment" if n == "default" else f"analysis.mtl.rows ({n})": r for n, (_, r) in rows.items()} if rows else {"mtl.augment": mp}
     mtl.check_augmentation(data, named, params_path)

@@ -29,12 +29,12 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank import nested
     from medrank.encoders.base import deterministic_torch, fixed_blas_threads, resolve_device
     from medrank.evaluation import noise_band, rounded
-    from medrank.features import answer_table, medquad_tfidf, read_answer_scores
-    from medrank.io import read_parquet, write_json
+    from medrank.features import answer_table, medquad_tfidf
+    from medrank.inputs import load_tables
+    from medrank.io import write_json
     from medrank.models import baseline as B
     from medrank.models import mtl
     from medrank.params import load_params
-    from stages.baseline import load_tables
 
     p = load_params(params_path)
     mp, bp = p.mtl, p.baseline
@@ -46,17 +46,15 @@ def main(params_path: str = "params.yaml") -> None:
     rows |= {v.name: (list(v.baseline_features or bp.features), list(v.mtl_feature_groups or mp.feature_groups), list(v.select_on or p.score.select_on))
              for v in p.analysis.nested.variants}  # fmt: skip
     groups = set().union(*(set(b) | set(m) for b, m, _ in rows.values()))
-    retrieved = read_parquet(L.RETRIEVED)
-    answers = read_parquet(L.ANSWERS).merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
-    data = mtl.build_mtl_data(answers, read_parquet(L.NLI_GRID), retrieved, n_candidates=p.n_candidates, scores=read_answer_scores(answers, groups))
+    answers, data = mtl.read_mtl_data(p, groups)
     tfidf_mtl = medquad_tfidf(mp.tfidf_max_features) if "bow" in groups else None
     _, labelled, _, _, _, tfidf = load_tables(p, groups, bp.judged_rows != "none")
     cand = answer_table(answers)
     cand = cand[cand["split"].isin(L.LABELLED_SPLITS)].reset_index(drop=True)
     final = json.loads(L.metrics_file("task3_val").read_text(encoding="utf-8"))
     # the rule's tolerance: the defaults' seed spreads (as stage score), for every metric a row may select on
-    spreads = [json.loads(L.metrics_file(f).read_text(encoding="utf-8"))["seed_spread"] for f in ("task3_val_baseline", "mtl")]
-    band = noise_band(spreads, ("accuracy", *nested.METRICS[:4], "order"))
+    spreads = json.loads(L.metrics_file("noise_band").read_text(encoding="utf-8"))
+    band = noise_band([spreads["baseline"], spreads["mtl"]], ("accuracy", *nested.METRICS[:4], "order"))
     fits: dict[tuple, pd.DataFrame] = {}  # rows of one recipe for one held-out source: shared by rows that differ in select_on only
 
     def memo(key: tuple, make_rows) -> pd.DataFrame:

@@ -3,7 +3,7 @@
 Candidates: MTL weight (0 = the baseline's rows alone, 1 = the MTL's alone, between: averaged probabilities and
 within-question ranks) × keep rule (medrank.decision.KEEP_RULES) under question-grouped CV and leave-one-source-out,
 then the order of the kept answers (ORDERS); `score.system: auto` picks by the written rule (SELECTION_RULE; the noise
-band is the larger seed spread of metrics/baseline.json and metrics/mtl.json). Never the 25 validation questions, never
+band is the larger seed spread of the two defaults, metrics/noise_band.json of the frozen stage noise_band). Never the 25 validation questions, never
 test labels. Writes submissions/task3_{val,test}.csv, models/system.json (weight, the Keep fitted per target set, the
 order, and every knob of the inference path: what `medrank rank` runs), metrics/task3_val.json (every system's val /
 CV / LOSO row, the candidate and order tables, `vs_baseline`, `cv_by_split` beside `question_chars_median`),
@@ -54,8 +54,9 @@ def main(params_path: str = "params.yaml") -> None:
         raise MedrankError("score.system: ensemble needs an MTL weight strictly between 0 and 1 in score.mtl_weights")
     base_metrics = json.loads(L.metrics_file("task3_val_baseline").read_text(encoding="utf-8"))
     mtl_metrics = json.loads(L.metrics_file("mtl").read_text(encoding="utf-8"))
-    # the noise band of the written rule: the larger seed spread of the two systems' defaults
-    band = E.noise_band([base_metrics["seed_spread"], mtl_metrics["seed_spread"]], ("accuracy", *sp.select_on, "order"))
+    # the noise band of the written rule: the larger seed spread of the two systems' defaults (stage noise_band)
+    spreads = json.loads(L.metrics_file("noise_band").read_text(encoding="utf-8"))
+    band = E.noise_band([spreads["baseline"], spreads["mtl"]], ("accuracy", *sp.select_on, "order"))
     sel = E.candidate_systems(pred, base, cand, E.split_questions(cand, L.TRAIN_SPLITS), weights, sp.keep_rules, sp.orders, L.LABELLED_SPLITS, band,
                               sp.select_on)  # fmt: skip
     final = E.system_name(sel["weight"])

@@ -153,13 +153,30 @@ def test_score_declares_exactly_the_saved_inference_recipe():
 
 
 @pytest.mark.parametrize("stage", ["mtl_ablations", "mtl_confirm"])
-def test_mtl_analysis_stages_declare_every_mtl_key_but_the_noise_band(stage):
-    """The ablation rows and the confirmation fit mtl's recipe (rows override some keys); spread_seeds is only the mtl
-    stage's noise band: declared exactly, so a new mtl knob cannot go undeclared and the band's seeds cannot make them stale."""
-    from medrank.params import MtlParams
-
+def test_mtl_analysis_stages_declare_the_mtl_section(stage):
+    """The ablation rows and the confirmation fit mtl's recipe (rows override some keys) and read every mtl key: the
+    section is declared whole (the noise band's seeds live in their own section, so they cannot make these stale)."""
     declared = {k for k in yaml.safe_load((REPO / "analysis/dvc.yaml").read_text())["stages"][stage]["params"] if k.split(".")[0] == "mtl"}
-    assert declared == {f"mtl.{k}" for k in MtlParams.model_fields if k != "spread_seeds"}
+    assert declared == {"mtl"}
+
+
+def test_noise_band_is_frozen_and_recorded_for_the_committed_params():
+    """Stage noise_band is frozen (experiments reuse the defaults' band); dvc.lock must record it for the params.yaml
+    values of every key it declares, so a change of a default without `python -m stages.noise_band && dvc commit -f noise_band`
+    fails here instead of selecting with a stale band."""
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["noise_band"]
+    assert stage.get("frozen") is True
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text())["stages"]
+    for key in stage["params"]:
+        value = params
+        for part in key.split("."):
+            value = value[part]
+        assert lock["noise_band"]["params"]["params.yaml"][key] == value, f"dvc.lock records noise_band for another {key}: refresh the band"
+    # and on the data the committed defaults read: each data input as the baseline / mtl stage recorded it
+    seen = {d["path"]: d["md5"] for name in ("baseline", "mtl") for d in lock[name]["deps"]}
+    data = [d for d in lock["noise_band"]["deps"] if d["path"].startswith("data/")]
+    assert data and all(seen[d["path"]] == d["md5"] for d in data), "noise_band was computed on other data: refresh the band"
 
 
 def test_rqe_selection_declares_the_finetune_rqe_keys_it_reads():

@@ -428,3 +428,27 @@ def test_bad_params_stop_dvc_repro_before_any_output_is_deleted(tiny_repo, tiny_
         assert "Running stage 'mtl'" not in r.stdout and before and _md5s(tiny_repo / "models/mtl") == before
     finally:
         params_file.write_bytes(saved)
+
+
+def test_frozen_noise_band_is_reused_then_refreshed_by_hand(tiny_repo, tiny_repro):
+    """Stage noise_band is frozen: `dvc repro` read the committed band (the defaults') and never ran it; the documented
+    refresh (`python -m stages.noise_band && dvc commit -f noise_band`) computes the tiny profile's own band (2 seeds,
+    both systems), and the next `dvc repro` re-runs only the score stage that reads it."""
+    assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
+    assert "Running stage 'noise_band'" not in tiny_repro.stdout
+    band_file = tiny_repo / layout.metrics_file("noise_band")
+    assert band_file.read_bytes() == (REPO / layout.metrics_file("noise_band")).read_bytes()
+    r = run_module("stages.noise_band", cwd=tiny_repo)
+    assert r.returncode == 0, r.stderr[-3000:]
+    band = json.loads(band_file.read_text())
+    params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
+    assert band["seeds"] == [params["seed"], params["seed"] + 1] and band["n_candidates"] == params["n_candidates"]
+    for system in ("baseline", "mtl"):
+        assert band[system]["seeds"] == 2 and all(band[system][k] >= 0 for k in ("accuracy", "mrr", "order"))
+    assert _dvc("commit", "-f", "noise_band", cwd=tiny_repo).returncode == 0
+    again = _dvc("repro", cwd=tiny_repo)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    ran = sorted(line.split("'")[1] for line in again.stdout.splitlines() if line.startswith("Running stage"))
+    assert ran == ["score"], again.stdout
+    assert json.loads((tiny_repo / "metrics/task3_val.json").read_text())["selection"]["noise_band"]["accuracy"] == max(
+        band["baseline"]["accuracy"], band["mtl"]["accuracy"])

@@ -8,7 +8,7 @@
 The knobs are medrank.params.MtlParams (params.yaml `mtl`) throughout: no copies of them.
 """
 
-from medrank.models.mtl.data import PAIR_FEATURES, MTLData, build_mtl_data, check_augmentation
+from medrank.models.mtl.data import PAIR_FEATURES, MTLData, build_mtl_data, check_augmentation, read_mtl_data
 from medrank.models.mtl.network import GridEncoder, MaskedBatchNorm2d, MTLNet, mtl_loss, quadrant_pool
 from medrank.models.mtl.recipe import (
     DECISION_FIELDS,
@@ -23,6 +23,7 @@ from medrank.models.mtl.recipe import (
     held_out_rows,
     labelled_gids,
     run_recipe,
+    spread_over_seeds,
     with_truth,
 )
 from medrank.models.mtl.training import FittedMTL, MTLBag, fit_mtl, fit_mtl_bag, pair_index, set_seed
@@ -31,5 +32,5 @@ __all__ = [
     "DECISION_FIELDS", "PAIR_FEATURES", "PREDICTIONS_SCHEMA", "CVResult", "FittedMTL", "GridEncoder", "MaskedBatchNorm2d", "MTLBag", "MTLData", "MTLNet",
     "ablation_cv", "build_mtl_data", "builder_factory", "check_augmentation", "cross_validate_mtl", "cv_metrics", "decision_of", "ensemble", "fit_mtl",
     "held_out_rows",
-    "fit_mtl_bag", "labelled_gids", "mtl_loss", "pair_index", "quadrant_pool", "run_recipe", "set_seed", "with_truth",
+    "fit_mtl_bag", "labelled_gids", "mtl_loss", "pair_index", "quadrant_pool", "read_mtl_data", "run_recipe", "set_seed", "spread_over_seeds", "with_truth",
 ]  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -171,3 +171,16 @@ def check_augmentation(data: MTLData, configs: dict, where: str = "params.yaml")
     if wants:
         raise MedrankError(f"{where}: {wants[0]}: augment needs the embed stage's augmentation pairs and the NLI grids have none: "
                            "set embed.augment_top > 0 (e.g. `dvc exp run -S embed.augment_top=3 -S mtl.augment=true`)")
+
+
+def read_mtl_data(p, groups: Iterable[str]) -> tuple[pd.DataFrame, MTLData]:
+    """(answers, MTLData) of the answers of the retrieved questions (a capped profile retrieves for fewer: the same
+    ones the bienc stage keeps), with the per-answer scores of `groups` (bienc / heading / cnn / qa ...)."""
+    from medrank import layout as L
+    from medrank.features import read_answer_scores
+    from medrank.io import read_parquet
+
+    retrieved = read_parquet(L.RETRIEVED)
+    answers = read_parquet(L.ANSWERS).merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
+    scores = read_answer_scores(answers, set(groups))
+    return answers, build_mtl_data(answers, read_parquet(L.NLI_GRID), retrieved, n_candidates=p.n_candidates, scores=scores)

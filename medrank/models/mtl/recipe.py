@@ -322,8 +322,8 @@ def run_recipe(
 ) -> RecipeReport:
     """CV over train+val → thresholds and mean ± sd; train-only model → validation check; train+val model → test.
     `cfg` is the whole recipe (network, training, decision rule, cv_folds). `sources`: the labelled sources (splits)
-    of the leave-one-source-out folds and the seed spread (None: neither). Every fit (CV, LOSO, the spread's other
-    seeds, the two models) is one FitJob, run `workers` side by side (ablation rows: `ablation_cv`)."""
+    of the leave-one-source-out folds (None: no LOSO). Every fit (CV, LOSO, the two models) is one FitJob, run `workers`
+    side by side (ablation rows: `ablation_cv`; the seed spread: `spread_over_seeds`, stage noise_band)."""
     decision, k = cfg, cfg.cv_folds
     # labelled questions in table order (the baseline's CV sees them in this order: same folds for one seed)
     labelled = labelled_gids(data, train_gids, val_gids)
@@ -331,9 +331,6 @@ def run_recipe(
     if sources is not None:
         source_folds = source_fold_of(data.cand, sources)
         plans["loso"] = cv_jobs(labelled, cfg, make_builder, k=k, seed=seed, folds=source_folds)
-        for i in range(1, cfg.spread_seeds):  # the seed spread: CV + LOSO under the next seeds (folds and initialisation)
-            plans[f"cv/{i}"] = cv_jobs(labelled, cfg, make_builder, k=k, seed=seed + i, name=f"seed {seed + i}")
-            plans[f"loso/{i}"] = cv_jobs(labelled, cfg, make_builder, k=k, seed=seed + i, folds=source_folds, name=f"seed {seed + i}")
     models = [FitJob(cfg, make_builder, tuple(train_gids), None, seed + 101, "train-only (validation) model"),
               FitJob(cfg, make_builder, tuple(labelled), None, seed + 202, "final model")]  # fmt: skip
     jobs = [j for _, js in plans.values() for j in js] + models
@@ -352,13 +349,9 @@ def run_recipe(
     for name, dv in _variants(decision).items():
         variants[name], _ = cv_metrics(cv, data.cand, dv)
     cv_summary, oof = cv_metrics(cv, data.cand, decision)
-    loso_result, loso_rows, spread = None, None, None
+    loso_result, loso_rows = None, None
     if sources is not None:
         loso_result, loso_rows = cv_metrics(cvs["loso"], data.cand, decision, sources)
-        runs = [(cv_summary, loso_result)] + [
-            (cv_metrics(cvs[f"cv/{i}"], data.cand, cfg)[0], cv_metrics(cvs[f"loso/{i}"], data.cand, cfg, sources)[0]) for i in range(1, cfg.spread_seeds)
-        ]  # fmt: skip
-        spread = seed_spread(runs)
 
     def _threshold(rows: pd.DataFrame) -> float:
         if decision.threshold is not None:
@@ -398,7 +391,6 @@ def run_recipe(
         "decision": {**decision_of(decision), "threshold_val_model": t_val, "threshold_final_model": t_final},
         "cv": cv_summary,
         "loso": loso_result,
-        "seed_spread": spread,
         "cv_variants": variants,
         "val": {m: val_metrics[m] for m in ("accuracy", "precision", "mrr", "spearman", "spearman_true")},
         "val_counts": {m: val_metrics[m] for m in ("n_questions", "n_gold_rows", "n_predicted_positive", "n_correct_positive", "n_spearman_questions")},
@@ -410,6 +402,20 @@ def run_recipe(
         "questions": {"train": len(train_gids), "val": len(val_gids), "test": len(test_gids)},
     }
     return RecipeReport(final, val_model, pd.concat(parts, ignore_index=True), metrics, decisions)
+
+
+def spread_over_seeds(data: MTLData, labelled: Sequence[str], cfg: MtlParams, make_builder: Callable[[], object], *, seeds: Sequence[int],
+                      sources: Sequence[str], device: str | torch.device = "cpu", workers: int = 1) -> dict:
+    """`evaluation.seed_spread` of the recipe's CV and LOSO under each of `seeds` (folds and initialisation): the same
+    jobs as `run_recipe`'s CV and LOSO for each seed, all run `workers` side by side."""
+    source_folds = source_fold_of(data.cand, sources)
+    plans = [cv_jobs(labelled, cfg, make_builder, k=cfg.cv_folds, seed=s, folds=f, name=f"seed {s}") for s in seeds for f in (None, source_folds)]
+    results = fit_many(data, [j for _, js in plans for j in js], device=device, workers=workers)
+    summaries, at = [], 0
+    for i, (fold, js) in enumerate(plans):
+        summaries.append(cv_metrics(cv_result(fold, results[at : at + len(js)]), data.cand, cfg, sources if i % 2 else None)[0])
+        at += len(js)
+    return seed_spread(list(zip(summaries[::2], summaries[1::2])))
 
 
 def source_fold_of(cand: pd.DataFrame, sources: Sequence[str]) -> dict[str, int]:

@@ -1,0 +1,61 @@
+"""Stage `noise_band` (frozen): the written rule's tolerance, the seed spread of the two systems' default recipes.
+
+The baseline's and the MTL's CV + LOSO over train+val re-run under `noise_band.seeds` seeds (the top-level seed and the
+next ones: folds, inner folds, initialisation); per metric, the sd over seeds of its selection score (mean of CV and
+LOSO mean), and of the order score (evaluation.seed_spread). The band is a property of the committed defaults, so the
+stage is frozen in dvc.yaml: `dvc exp run` reuses it instead of fitting 3x the networks in every experiment; after a
+change of a default, refresh it with `python -m stages.noise_band && dvc commit -f noise_band` (docs/experiments.md; a test checks
+that dvc.lock records it for the committed params). Writes metrics/noise_band.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from medrank.runner import run
+
+log = logging.getLogger("stages.noise_band")
+
+
+def main(params_path: str = "params.yaml") -> None:
+    import torch
+
+    from medrank import layout as L
+    from medrank.encoders.base import deterministic_torch, fixed_blas_threads, resolve_device
+    from medrank.evaluation import split_questions
+    from medrank.features import medquad_tfidf
+    from medrank.inputs import load_tables
+    from medrank.io import write_json
+    from medrank.models import baseline as B
+    from medrank.models import mtl
+    from medrank.params import load_params
+
+    p = load_params(params_path)
+    bp, mp = p.baseline, p.mtl
+    t0 = time.perf_counter()
+    seeds = [p.seed + i for i in range(p.noise_band.seeds)]
+    # the baseline: its protocols under each seed (folds, inner-CV folds, rank-SVM pair flips)
+    _, labelled, *_, tfidf = load_tables(p, set(bp.features), bp.judged_rows != "none")
+    cfg = B.BaselineConfig(bp, tuple(bp.features), p.n_candidates, p.seed)
+    baseline = B.spread_over_seeds(labelled, cfg, tfidf, L.LABELLED_SPLITS, len(seeds))
+    t_base = time.perf_counter() - t0
+    # the MTL: run_recipe's CV and LOSO fits under each seed (the same jobs: the first seed's are the mtl stage's)
+    if mp.threads:
+        torch.set_num_threads(mp.threads)
+    _, data = mtl.read_mtl_data(p, mp.feature_groups)
+    tfidf_m = medquad_tfidf(mp.tfidf_max_features) if "bow" in mp.feature_groups else None
+    gids = mtl.labelled_gids(data, split_questions(data.cand, L.TRAIN_SPLITS), split_questions(data.cand, [L.VAL_SPLIT]))
+    with deterministic_torch(), fixed_blas_threads():
+        mtl_spread = mtl.spread_over_seeds(data, gids, mp, mtl.builder_factory(mp.feature_groups, p.n_candidates, tfidf_m), seeds=seeds,
+                                           sources=L.LABELLED_SPLITS, device=resolve_device(p.device), workers=mp.workers)  # fmt: skip
+    write_json(L.metrics_file("noise_band"), {
+        "seeds": seeds, "baseline": baseline, "mtl": mtl_spread, "n_candidates": p.n_candidates,
+        "seconds": {"baseline": round(t_base, 1), "total": round(time.perf_counter() - t0, 1)},
+    })  # fmt: skip
+    log.info("noise band over seeds %s: accuracy baseline %.4f, MTL %.4f (%.0fs)", seeds, baseline["accuracy"], mtl_spread["accuracy"],
+             time.perf_counter() - t0)  # fmt: skip
+
+
+if __name__ == "__main__":
+    run(main)
