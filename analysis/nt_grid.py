@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from experiment import scratch_default, timed_dvc  # noqa: E402
+from experiment import scratch_default, timed_dvc
 
-from medrank.io import write_json  # noqa: E402
+from medrank.io import write_json
 
 OUT = ROOT / "metrics" / "nt_grid.json"
 
@@ -68,9 +68,13 @@ def pick(cells: list[dict], default: tuple[int, float | None]) -> dict:
     base = next((c for c in cells if (c["n_candidates"], c["rqe_threshold"]) == default), None)
     keep = base is not None and best["score"] - base["score"] <= band
     chosen = base if keep else best
-    return {"n_candidates": chosen["n_candidates"], "rqe_threshold": chosen["rqe_threshold"], "band": band,
-            "best": {"n_candidates": best["n_candidates"], "rqe_threshold": best["rqe_threshold"], "score": best["score"]},
-            "default_kept": keep}  # fmt: skip
+    return {
+        "n_candidates": chosen["n_candidates"],
+        "rqe_threshold": chosen["rqe_threshold"],
+        "band": band,
+        "best": {"n_candidates": best["n_candidates"], "rqe_threshold": best["rqe_threshold"], "score": best["score"]},
+        "default_kept": keep,
+    }
 
 
 def seed_scores(repo: Path) -> list[float]:
@@ -78,8 +82,10 @@ def seed_scores(repo: Path) -> list[float]:
     mtl_confirm stage's code with no other rows. Only for cells whose final system is the MTL alone (checked)."""
     m = json.loads((repo / "metrics" / "task3_val.json").read_text())
     if m["system"] != "mtl" or m["mtl_weight"] != 1.0:
-        sys.exit(f"--confirm: the final system of {repo} is {m['system']} (MTL weight {m['mtl_weight']}), not the MTL alone; "
-                 "re-run its members by hand")  # fmt: skip
+        sys.exit(
+            f"--confirm: the final system of {repo} is {m['system']} (MTL weight {m['mtl_weight']}), not the MTL alone; "
+            "re-run its members by hand"
+        )
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["analysis"]["confirm"]["mtl_rows"] = []
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
@@ -105,20 +111,29 @@ def confirm(work: Path, grid: dict) -> dict:
     seeds = json.loads((work / "metrics" / "mtl_confirm.json").read_text())["seeds"]
     table = confirm_table(scores, seeds)
     row = table["rows"][name]
-    print(f"{name} vs default over seeds {seeds}: {row['diff_mean']:+.4f} +- {row['diff_sd']:.4f}, band {table['band']:.4f}", flush=True)
+    print(
+        f"{name} vs default over seeds {seeds}: {row['diff_mean']:+.4f} +- {row['diff_sd']:.4f}, band {table['band']:.4f}",
+        flush=True,
+    )
     return {"cell": {"n_candidates": best[0], "rqe_threshold": best[1]}, "name": name, **table}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--confirm", action="store_true", help="re-run the grid's best cell and the default over seeds (metrics/nt_grid.json)")
+    ap.add_argument(
+        "--confirm",
+        action="store_true",
+        help="re-run the grid's best cell and the default over seeds (metrics/nt_grid.json)",
+    )
     ap.add_argument("--n", type=int, nargs="+", default=[1, 3, 5])
     ap.add_argument("--t", nargs="+", default=["null", "0.7", "0.5"], help="RQE thresholds; null = no threshold")
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (kept); default a temp folder, removed")
     args = ap.parse_args()
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     default = (params["n_candidates"], params["rqe_threshold"])
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-grid-"))
     work = work_root / "repo"
     if args.confirm:
@@ -146,10 +161,15 @@ def main() -> None:
         if args.workdir is None:
             shutil.rmtree(work_root, ignore_errors=True)
     cells.sort(key=lambda c: (c["n_candidates"], -1.0 if c["rqe_threshold"] is None else c["rqe_threshold"]))
-    out = {"commit": head, "date": time.strftime("%Y-%m-%d"), "default": {"n_candidates": default[0], "rqe_threshold": default[1]},
-           "rule": "N and T: the best score (mean of CV accuracy and LOSO mean accuracy of the final system) wins unless the "
-                   "default cell is within the noise band of it; a tie keeps the default",
-           "pick": pick(cells, default), "cells": cells}  # fmt: skip
+    out = {
+        "commit": head,
+        "date": time.strftime("%Y-%m-%d"),
+        "default": {"n_candidates": default[0], "rqe_threshold": default[1]},
+        "rule": "N and T: the best score (mean of CV accuracy and LOSO mean accuracy of the final system) wins unless the "
+        "default cell is within the noise band of it; a tie keeps the default",
+        "pick": pick(cells, default),
+        "cells": cells,
+    }
     write_json(OUT, out)
     print(json.dumps(out["pick"]))
 

@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "analysis"))
 
-from experiment import scratch_default, timed_dvc  # noqa: E402
-from nt_grid import cell_metrics  # noqa: E402
+from experiment import scratch_default, timed_dvc
+from nt_grid import cell_metrics
 
-from medrank.io import write_json  # noqa: E402
+from medrank.io import write_json
 
 OUT = ROOT / "metrics" / "options.json"
 
@@ -45,7 +45,12 @@ def baseline_metrics(repo: Path) -> dict:
     """The baseline's CV / LOSO accuracy of one run and its score (metrics/task3_val.json)."""
     b = json.loads((repo / "metrics" / "task3_val.json").read_text())["systems"]["baseline"]
     cv, loso = b["cv"]["accuracy"]["mean"], b["loso"]["accuracy"]["mean"]
-    return {"cv_accuracy": cv, "loso_accuracy": loso, "loso_worst": b["loso"]["accuracy"]["worst"], "score": round((cv + loso) / 2, 4)}
+    return {
+        "cv_accuracy": cv,
+        "loso_accuracy": loso,
+        "loso_worst": b["loso"]["accuracy"]["worst"],
+        "score": round((cv + loso) / 2, 4),
+    }
 
 
 def nested_metrics(repo: Path) -> dict | None:
@@ -59,29 +64,62 @@ def nested_metrics(repo: Path) -> dict | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--option", nargs="+", action="append", required=True, metavar=("NAME", "KEY=VALUE"),
-                    help="a name and the params it sets (repeat for several options)")  # fmt: skip
+    ap.add_argument(
+        "--option",
+        nargs="+",
+        action="append",
+        required=True,
+        metavar=("NAME", "KEY=VALUE"),
+        help="a name and the params it sets (repeat for several options)",
+    )
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (kept); default a temp folder, removed")
-    ap.add_argument("--nested", action="store_true", help="also re-run analysis/dvc.yaml:nested_loso (no variants) for each option")
+    ap.add_argument(
+        "--nested", action="store_true", help="also re-run analysis/dvc.yaml:nested_loso (no variants) for each option"
+    )
     args = ap.parse_args()
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-options-"))
     work = work_root / "repo"
     rows = {}
     try:
         scratch_default(work)
-        rows["default"] = {"set": [], "stage_seconds": {}, "seconds": 0.0, **cell_metrics(work), "baseline": baseline_metrics(work),
-                           "nested": nested_metrics(work)}  # fmt: skip
+        rows["default"] = {
+            "set": [],
+            "stage_seconds": {},
+            "seconds": 0.0,
+            **cell_metrics(work),
+            "baseline": baseline_metrics(work),
+            "nested": nested_metrics(work),
+        }
         for name, *sets in args.option:
-            extra = ["-S", "analysis.nested.variants=[]", "dvc.yaml", "analysis/dvc.yaml:nested_loso"] if args.nested else []
+            extra = (
+                ["-S", "analysis.nested.variants=[]", "dvc.yaml", "analysis/dvc.yaml:nested_loso"]
+                if args.nested
+                else []
+            )
             wall, stages = timed_dvc(["exp", "run", *[a for s in sets for a in ("-S", s)], *extra], work)
-            rows[name] = {"set": sets, "stage_seconds": {k: round(v, 1) for k, v in stages.items() if v is not None}, "seconds": round(wall, 1),
-                          **cell_metrics(work), "baseline": baseline_metrics(work), "commit": head,
-                          "nested": nested_metrics(work) if args.nested else None, "default_nested": rows["default"]["nested"],
-                          "default_score": rows["default"]["score"], "default_baseline_score": rows["default"]["baseline"]["score"]}  # fmt: skip
-            print(f"{name}: final score {rows[name]['score']:.4f}, baseline {rows[name]['baseline']['score']:.4f} ({wall:.0f} s)", flush=True)
+            rows[name] = {
+                "set": sets,
+                "stage_seconds": {k: round(v, 1) for k, v in stages.items() if v is not None},
+                "seconds": round(wall, 1),
+                **cell_metrics(work),
+                "baseline": baseline_metrics(work),
+                "commit": head,
+                "nested": nested_metrics(work) if args.nested else None,
+                "default_nested": rows["default"]["nested"],
+                "default_score": rows["default"]["score"],
+                "default_baseline_score": rows["default"]["baseline"]["score"],
+            }
+            print(
+                f"{name}: final score {rows[name]['score']:.4f}, baseline {rows[name]['baseline']['score']:.4f} ({wall:.0f} s)",
+                flush=True,
+            )
             _write(rows, head)  # each option as it lands: a failure later keeps what was measured
-            subprocess.run(["git", "checkout", "-q", "--", "."], cwd=work, check=True)  # the next option starts from the default
+            subprocess.run(
+                ["git", "checkout", "-q", "--", "."], cwd=work, check=True
+            )  # the next option starts from the default
             # --allow-missing: as scratch_default, analysis outputs never built here are not needed by the next option
             subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q", "--allow-missing"], cwd=work, check=True)
     finally:
@@ -99,9 +137,12 @@ def _write(measured: dict, head: str) -> None:
     old_default = earlier.get("default", {})
     for name, r in earlier.items():
         if name != "default" and name not in rows:
-            rows[name] = {"commit": r.get("commit") or old_default.get("commit") or old.get("commit"), "default_score": r.get("default_score", old_default.get("score")),
-                          "default_baseline_score": r.get("default_baseline_score", old_default.get("baseline", {}).get("score")),
-                          **{k: v for k, v in r.items() if k != "commit"}}  # fmt: skip
+            rows[name] = {
+                "commit": r.get("commit") or old_default.get("commit") or old.get("commit"),
+                "default_score": r.get("default_score", old_default.get("score")),
+                "default_baseline_score": r.get("default_baseline_score", old_default.get("baseline", {}).get("score")),
+                **{k: v for k, v in r.items() if k != "commit"},
+            }
     rows["default"] = {**rows["default"], "commit": head}
     write_json(OUT, {"commit": head, "date": time.strftime("%Y-%m-%d"), "rows": rows})
 

@@ -61,7 +61,9 @@ def run_case(policy: str | None, busy: bool, steps: int) -> dict:
     neighbour = subprocess.Popen([sys.executable, "-c", BUSY], env={**env, "OMP_NUM_THREADS": "1"}) if busy else None
     try:
         time.sleep(0.5 if busy else 0)
-        out = subprocess.run([sys.executable, "-c", STEP, str(steps)], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", STEP, str(steps)], env=env, capture_output=True, text=True, check=True
+        )
     finally:
         if neighbour is not None:
             neighbour.kill()
@@ -82,8 +84,17 @@ def main() -> None:
             r = run_case(case[0], case[1], args.steps)
             if case not in best or r["steps_per_s"] > best[case]["steps_per_s"]:
                 best[case] = r
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
-    print(f"CPU: {cpu}; {os.cpu_count()} cores; load average at end {os.getloadavg()[0]:.2f}; MiniLM-L6 training step, batch 16 x 128, 2 threads")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "?",
+    )
+    print(
+        f"CPU: {cpu}; {os.cpu_count()} cores; load average at end {os.getloadavg()[0]:.2f}; MiniLM-L6 training step, batch 16 x 128, 2 threads"
+    )
     print("| OMP_WAIT_POLICY | alone steps/s | beside a busy process | slowdown |")
     print("|---|---|---|---|")
     rows = {}
@@ -92,10 +103,14 @@ def main() -> None:
         rows[pol] = {"alone": round(alone, 3), "busy": round(loaded, 3), "slowdown": round(alone / loaded, 2)}
         print(f"| {pol} | {alone:.2f} | {loaded:.2f} | {alone / loaded:.2f}x |")
     same = len({r["weights"] for r in best.values()}) == 1
-    print(f"PASSIVE alone vs ACTIVE alone: {rows['PASSIVE']['alone'] / rows['ACTIVE']['alone']:.2f}x; beside a busy process: "
-          f"{rows['PASSIVE']['busy'] / rows['ACTIVE']['busy']:.2f}x; trained weights identical in every case: {same}")  # fmt: skip
+    print(
+        f"PASSIVE alone vs ACTIVE alone: {rows['PASSIVE']['alone'] / rows['ACTIVE']['alone']:.2f}x; beside a busy process: "
+        f"{rows['PASSIVE']['busy'] / rows['ACTIVE']['busy']:.2f}x; trained weights identical in every case: {same}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu, "rows": rows, "weights_identical": same, "steps": args.steps}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"cpu": cpu, "rows": rows, "weights_identical": same, "steps": args.steps}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

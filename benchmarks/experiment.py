@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.conftest import GIT, REPO, SHARED_DATA, build_tiny_repo  # noqa: E402
+from tests.conftest import GIT, REPO, SHARED_DATA, build_tiny_repo
 
 _RUNNING = re.compile(r"^Running stage '([^']+)'")
 _SKIPPED = re.compile(r"^Stage '([^']+)' didn't change, skipping")
@@ -41,7 +41,9 @@ def timed_dvc(args: list[str], cwd: Path) -> tuple[float, dict[str, float | None
     stages: dict[str, float | None] = {}
     current, since = None, 0.0
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "dvc", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dvc", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     tail: list[str] = []
     for line in proc.stdout:
         now = time.perf_counter()
@@ -71,7 +73,11 @@ def cache_hits(repo: Path) -> dict[str, dict]:
             extract = json.loads(path.read_text()).get("extract", {})
             ex = extract.get(key, {}) if key else extract
             if ex:
-                out[f"{stage}/{ex.get('kind', key)}"] = {"cached": ex.get("cached"), "computed": ex.get("computed"), "pairs": ex.get("pairs")}
+                out[f"{stage}/{ex.get('kind', key)}"] = {
+                    "cached": ex.get("cached"),
+                    "computed": ex.get("computed"),
+                    "pairs": ex.get("pairs"),
+                }
     return out
 
 
@@ -80,7 +86,11 @@ def lock_outs(lock_text: str) -> dict[str, str]:
     import yaml
 
     lock = yaml.safe_load(lock_text) or {}
-    return {f"{name}/{o['path']}": o.get("md5", "") for name, st in (lock.get("stages") or {}).items() for o in st.get("outs", [])}
+    return {
+        f"{name}/{o['path']}": o.get("md5", "")
+        for name, st in (lock.get("stages") or {}).items()
+        for o in st.get("outs", [])
+    }
 
 
 def rebuilt(committed: dict[str, str], fresh: dict[str, str]) -> tuple[int, list[str]]:
@@ -100,7 +110,11 @@ def scratch_default(work: Path) -> Path:
     if local.is_file():
         shutil.copy2(local, work / ".dvc" / "config.local")
     else:  # this checkout's own cache (a machine without a shared cache dir)
-        subprocess.run([sys.executable, "-m", "dvc", "cache", "dir", "--local", str((REPO / ".dvc" / "cache").resolve())], cwd=work, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "dvc", "cache", "dir", "--local", str((REPO / ".dvc" / "cache").resolve())],
+            cwd=work,
+            check=True,
+        )
     # --allow-missing: the analysis pipeline's outputs may never have been built here; the experiment does not read them
     subprocess.run([sys.executable, "-m", "dvc", "checkout", "-q", "--allow-missing"], cwd=work, check=True)
     return work
@@ -120,7 +134,9 @@ def scratch_isolated(work: Path) -> Path:
     source = REPO / ".dvc" / "cache"
     local = REPO / ".dvc" / "config.local"
     if local.is_file():
-        got = subprocess.run([sys.executable, "-m", "dvc", "cache", "dir"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        got = subprocess.run(
+            [sys.executable, "-m", "dvc", "cache", "dir"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
         source = Path(got)
     cache = work.parent / f"{work.name}-cache"
     subprocess.run(["cp", "-al", str(source), str(cache)], check=True)
@@ -136,12 +152,21 @@ def queue_experiments(overrides: list[str], work_root: Path) -> dict[str, dict]:
     for mode, jobs in (("serial (-j 1)", 1), ("side by side (-j 2)", 2)):
         work = scratch_isolated(work_root / f"repo-j{jobs}")
         for o in overrides:
-            subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "--queue", "-S", o], cwd=work, check=True, capture_output=True)
+            subprocess.run(
+                [sys.executable, "-m", "dvc", "exp", "run", "--queue", "-S", o],
+                cwd=work,
+                check=True,
+                capture_output=True,
+            )
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "dvc", "queue", "start", "-j", str(jobs)], cwd=work, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "dvc", "queue", "start", "-j", str(jobs)], cwd=work, check=True, capture_output=True
+        )
         while True:
             time.sleep(5)
-            status = subprocess.run([sys.executable, "-m", "dvc", "queue", "status"], cwd=work, capture_output=True, text=True).stdout
+            status = subprocess.run(
+                [sys.executable, "-m", "dvc", "queue", "status"], cwd=work, capture_output=True, text=True
+            ).stdout
             if not re.search(r"\b(Queued|Running)\b", status):
                 break
         wall = time.perf_counter() - t0
@@ -155,10 +180,23 @@ def queue_experiments(overrides: list[str], work_root: Path) -> dict[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", choices=("tiny", "default"), default="tiny")
-    ap.add_argument("--set", dest="overrides", action="append", default=None, metavar="KEY=VALUE", help="dvc exp run -S (default n_candidates=5)")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="dvc exp run -S (default n_candidates=5)",
+    )
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (kept); default a temp folder, removed")
-    ap.add_argument("--cold", action="store_true", help="default profile: a fresh clone and an empty DVC cache, so the full repro runs first")
-    ap.add_argument("--queue", nargs="+", metavar="KEY=VALUE", default=None, help="queue one experiment per value; -j 1 vs -j 2")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="default profile: a fresh clone and an empty DVC cache, so the full repro runs first",
+    )
+    ap.add_argument(
+        "--queue", nargs="+", metavar="KEY=VALUE", default=None, help="queue one experiment per value; -j 1 vs -j 2"
+    )
     args = ap.parse_args()
     if args.queue:
         work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-queue-"))
@@ -168,7 +206,9 @@ def main() -> None:
             if args.workdir is None:
                 shutil.rmtree(work_root, ignore_errors=True)
         serial, side = res["serial (-j 1)"]["seconds"], res["side by side (-j 2)"]["seconds"]
-        print(f"side by side / serial: {side / serial:.2f}x (<= 1.00: two queued experiments finish no later than one after the other)")
+        print(
+            f"side by side / serial: {side / serial:.2f}x (<= 1.00: two queued experiments finish no later than one after the other)"
+        )
         return
     overrides = args.overrides or ["n_candidates=5"]
     work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-exp-"))
@@ -193,12 +233,16 @@ def main() -> None:
         before = cache_hits(work)
         exp, exp_stages = timed_dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], work)
         after = cache_hits(work)
-        diff = subprocess.run([sys.executable, "-m", "dvc", "metrics", "diff", "--md"], cwd=work, capture_output=True, text=True).stdout
+        diff = subprocess.run(
+            [sys.executable, "-m", "dvc", "metrics", "diff", "--md"], cwd=work, capture_output=True, text=True
+        ).stdout
     finally:
         if args.workdir is None:
             shutil.rmtree(work_root, ignore_errors=True)
 
-    print(f"profile {args.profile}{' (cold: fresh clone, empty DVC cache)' if args.cold else ''}; experiment: dvc exp run {' '.join('-S ' + o for o in overrides)}")
+    print(
+        f"profile {args.profile}{' (cold: fresh clone, empty DVC cache)' if args.cold else ''}; experiment: dvc exp run {' '.join('-S ' + o for o in overrides)}"
+    )
     print(f"{'stage':<14} {'full repro s':>12} {'experiment s':>12}")
     for st in dict.fromkeys([*full_stages, *exp_stages]):
         f, e = full_stages.get(st), exp_stages.get(st)
@@ -207,12 +251,22 @@ def main() -> None:
     print(f"{'total':<14} {'-' if full is None else f'{full:.1f}':>12} {exp:>12.1f}{ratio}")
     # ru_maxrss of waited-for descendants: the largest single process (a stage, or one of the mtl stage's fit workers)
     if args.cold:  # the tiny profile has no committed outputs to compare
-        print(f"fresh clone vs the committed dvc.lock: {same} outputs rebuilt bit for bit"
-              + (f"; differ: {', '.join(differ)}" if differ else " (all; metrics, plots and models/mtl hold timings, data/cache/ every namespace ever computed: not compared)"))
-    print(f"peak RSS of one process (full repro and experiment): {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GiB")
+        print(
+            f"fresh clone vs the committed dvc.lock: {same} outputs rebuilt bit for bit"
+            + (
+                f"; differ: {', '.join(differ)}"
+                if differ
+                else " (all; metrics, plots and models/mtl hold timings, data/cache/ every namespace ever computed: not compared)"
+            )
+        )
+    print(
+        f"peak RSS of one process (full repro and experiment): {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GiB"
+    )
     for name, hits in after.items():
-        print(f"{name}: experiment computed {hits['computed']} of {hits['pairs']} pairs, {hits['cached']} from the cache"
-              + (f" (full repro computed {before[name]['computed']})" if name in before and full else ""))
+        print(
+            f"{name}: experiment computed {hits['computed']} of {hits['pairs']} pairs, {hits['cached']} from the cache"
+            + (f" (full repro computed {before[name]['computed']})" if name in before and full else "")
+        )
     print("\ndvc metrics diff (experiment vs its baseline):\n" + (diff or "(no change)"))
 
 

@@ -40,9 +40,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from medrank import layout  # noqa: E402
-from medrank.encoders.base import cpu_flags, probe_precision, resolve_device  # noqa: E402
-from medrank.encoders.cross_encoder import CrossEncoder  # noqa: E402
+from medrank import layout
+from medrank.encoders.hardware import cpu_flags, probe_precision, resolve_device
+from medrank.encoders.cross_encoder import CrossEncoder
 
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
 TOLERANCE = inspect.signature(probe_precision).parameters["tolerance"].default  # what the probe accepts int8 within
@@ -56,7 +56,9 @@ def legacy_int8(model: torch.nn.Module) -> torch.nn.Module:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao deprecation notice
-        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).to("cpu").eval(), {torch.nn.Linear}, dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(model).to("cpu").eval(), {torch.nn.Linear}, dtype=torch.qint8
+        )
 
 
 def predict_with_int8_model(ours: CrossEncoder, int8_model: torch.nn.Module, pairs) -> np.ndarray:
@@ -79,7 +81,7 @@ def real_pairs(n: int, seed: int) -> list[tuple[str, str]]:
         a = pd.read_parquet(norm / "answers.parquet", columns=["answer_sentences"])["answer_sentences"]
         m = pd.read_parquet(norm / "medquad.parquet", columns=["answer_sentences"])["answer_sentences"]
     elif (clean / "answers.parquet").exists():
-        split = lambda t: [s for s in re.split(r"(?<=[.!?])\s+", t or "") if s]  # noqa: E731
+        split = lambda t: [s for s in re.split(r"(?<=[.!?])\s+", t or "") if s]
         a = pd.read_parquet(clean / "answers.parquet", columns=["answer"])["answer"].map(split)
         m = pd.read_parquet(clean / "medquad.parquet", columns=["answer"])["answer"].map(split)
     else:
@@ -130,8 +132,14 @@ def run_naive(model, tok, pairs, max_length: int, batch_size: int = 32) -> np.nd
     with torch.no_grad():
         for s in range(0, len(pairs), batch_size):
             chunk = pairs[s : s + batch_size]
-            enc = tok([p[0] for p in chunk], [p[1] for p in chunk], padding="max_length", truncation=True,
-                      max_length=max_length, return_tensors="pt").to(model.device)  # fmt: skip
+            enc = tok(
+                [p[0] for p in chunk],
+                [p[1] for p in chunk],
+                padding="max_length",
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            ).to(model.device)
             out.append(torch.softmax(model(**enc).logits, -1).cpu().numpy())
     return np.concatenate(out)
 
@@ -143,18 +151,34 @@ def ray_vs_local(ours: CrossEncoder, pairs, precision: str, actors: int) -> dict
 
     ours = CrossEncoder.load(ours.path, device=str(ours.device))  # the saved max_length, as the Ray actors load it
     gpus = 1.0 / actors if ours.device.type == "cuda" else 0.0
-    backends = {"local": None, f"ray ({actors} actors)": RayBackend(actors=actors, cpus_per_actor=max(1, len(os.sched_getaffinity(0)) // actors), gpus_per_actor=gpus)}
+    backends = {
+        "local": None,
+        f"ray ({actors} actors)": RayBackend(
+            actors=actors, cpus_per_actor=max(1, len(os.sched_getaffinity(0)) // actors), gpus_per_actor=gpus
+        ),
+    }
     seconds, content = {}, {}
     for name, backend in backends.items():
         cache = open_cache(ours, "nli", tempfile.mkdtemp(prefix="bench_ray_"), precision)
-        out, dt = timed(lambda: cached_extract(ours, pairs, cache, precision, shard_size=256, show_progress=False, backend=backend)[0])
+        out, dt = timed(
+            lambda: cached_extract(ours, pairs, cache, precision, shard_size=256, show_progress=False, backend=backend)[
+                0
+            ]
+        )
         seconds[name], content[name] = dt, out
     local, ray = content.values()
     same = all(np.array_equal(local[k], ray[k]) for k in local)
     (ln, ls), (rn, rs) = seconds.items()
-    print(f"\ncached extraction of the {len(pairs)} pairs at {precision}: {ln} {len(pairs) / ls:.1f} pairs/s, {rn} {len(pairs) / rs:.1f} pairs/s "
-          f"(Ray start-up included): ray / local = {ls / rs:.2f}x; identical outputs: {same}")  # fmt: skip
-    return {"local_pairs_per_s": round(len(pairs) / ls, 1), "ray_pairs_per_s": round(len(pairs) / rs, 1), "actors": actors, "identical": same}
+    print(
+        f"\ncached extraction of the {len(pairs)} pairs at {precision}: {ln} {len(pairs) / ls:.1f} pairs/s, {rn} {len(pairs) / rs:.1f} pairs/s "
+        f"(Ray start-up included): ray / local = {ls / rs:.2f}x; identical outputs: {same}"
+    )
+    return {
+        "local_pairs_per_s": round(len(pairs) / ls, 1),
+        "ray_pairs_per_s": round(len(pairs) / rs, 1),
+        "actors": actors,
+        "identical": same,
+    }
 
 
 def pooled_predict(ours: CrossEncoder, pairs: list, precision: str, workers: int) -> np.ndarray:
@@ -182,7 +206,9 @@ def timed(fn):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=2000)
-    ap.add_argument("--model", default=str(layout.NLI_MODEL), help="saved medrank cross-encoder; absent: MiniLM + fresh 3-way head")
+    ap.add_argument(
+        "--model", default=str(layout.NLI_MODEL), help="saved medrank cross-encoder; absent: MiniLM + fresh 3-way head"
+    )
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--threads", type=int, default=None, help="default: every core this process may use")
     ap.add_argument("--seed", type=int, default=13)
@@ -190,7 +216,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="tries per method and slice; the fastest counts")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--device", default="cpu", help="cpu | cuda | auto")
-    ap.add_argument("--ray", type=int, default=0, help="also time the cached extraction on a local Ray pool of N actors")
+    ap.add_argument(
+        "--ray", type=int, default=0, help="also time the cached extraction on a local Ray pool of N actors"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from transformers.utils import logging as tlog
@@ -213,8 +241,14 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_ce_"))
     ours.model.save_pretrained(str(tmp), safe_serialization=True)  # where sentence-transformers loads it offline
     ours.tokenizer.save_pretrained(str(tmp))
-    tokens = np.array([len(x) for x in ours.tokenizer([p[0] for p in pairs], [p[1] for p in pairs], truncation=True,
-                                                      max_length=args.max_length)["input_ids"]])  # fmt: skip
+    tokens = np.array(
+        [
+            len(x)
+            for x in ours.tokenizer(
+                [p[0] for p in pairs], [p[1] for p in pairs], truncation=True, max_length=args.max_length
+            )["input_ids"]
+        ]
+    )
     fpp = flops_per_pair(ours.model.config, tokens)
     peak = {"fp32": matmul_peak(torch.float32, device=device), "bf16": matmul_peak(torch.bfloat16, device=device)}
     if device == "cpu":
@@ -235,13 +269,26 @@ def main() -> None:
         ours.predict(warm, precision=prec, show_progress=False)
     methods = {
         "(a) naive loop": ("fp32", lambda ps: run_naive(ours.model, ours.tokenizer, ps, args.max_length)),
-        "(b) sentence-transformers": ("fp32", lambda ps: np.asarray(st.predict(ps, batch_size=32, show_progress_bar=False, apply_softmax=True))),
+        "(b) sentence-transformers": (
+            "fp32",
+            lambda ps: np.asarray(st.predict(ps, batch_size=32, show_progress_bar=False, apply_softmax=True)),
+        ),
     }
     for prec in precs:
         name = "(c) medrank (auto's choice)" if prec == chosen else f"    medrank {prec}"
-        methods[name] = (prec, lambda ps, prec=prec: ours.predict(ps, batch_size=64, return_embeddings=True, show_progress=False, precision=prec)[0])
-    if device == "cpu" and threads > 1:  # the stages' default path (backend local, workers auto): shards on one-thread workers
-        methods[f"    medrank {threads} x 1-thread procs"] = (chosen, lambda ps: pooled_predict(ours, ps, chosen, threads))
+        methods[name] = (
+            prec,
+            lambda ps, prec=prec: ours.predict(
+                ps, batch_size=64, return_embeddings=True, show_progress=False, precision=prec
+            )[0],
+        )
+    if (
+        device == "cpu" and threads > 1
+    ):  # the stages' default path (backend local, workers auto): shards on one-thread workers
+        methods[f"    medrank {threads} x 1-thread procs"] = (
+            chosen,
+            lambda ps: pooled_predict(ours, ps, chosen, threads),
+        )
     if device == "cpu":
         old = legacy_int8(ours.model)
         predict_with_int8_model(ours, old, warm)
@@ -267,11 +314,17 @@ def main() -> None:
     load_end = os.getloadavg()
     naive_rate = len(pairs) / rows[0][2]
     st_rate = len(pairs) / rows[1][2]
-    print(f"\n{len(pairs)} real sentence pairs (mean {tokens.mean():.1f} tokens, max_length {args.max_length}); model {model_name}")
+    print(
+        f"\n{len(pairs)} real sentence pairs (mean {tokens.mean():.1f} tokens, max_length {args.max_length}); model {model_name}"
+    )
     gpu = f"GPU {torch.cuda.get_device_name()}; " if device != "cpu" else ""
-    print(f"{gpu}CPU flags: {','.join(cpu_flags()) or '-'}; torch threads {threads}; load average (1/5/15 min) at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    print(
+        f"{gpu}CPU flags: {','.join(cpu_flags()) or '-'}; torch threads {threads}; load average (1/5/15 min) at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}"
+    )
     int8_peak = f", int8 (torch._int_mm) {peak['int8']:.1f} GOP/s" if "int8" in peak else ""
-    print(f"matmul peak: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s{int8_peak}; useful forward {fpp / 1e9:.3f} GFLOP/pair\n")
+    print(
+        f"matmul peak: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s{int8_peak}; useful forward {fpp / 1e9:.3f} GFLOP/pair\n"
+    )
     head = f"| {'method':30} | prec | pairs/s | x (a) | x (b) | % fp32 peak | % bf16 peak | % int8 peak | max abs dp vs (a) |"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
@@ -281,27 +334,59 @@ def main() -> None:
         gflops = rate * fpp / 1e9
         dp = float(np.abs(probs - ref).max())
         int8_share = f"{100 * gflops / peak['int8']:10.1f}%" if "int8" in peak else f"{'-':>11}"
-        print(f"| {name:30} | {prec:4} | {rate:7.1f} | {rate / naive_rate:5.2f} | {rate / st_rate:5.2f} | "
-              f"{100 * gflops / peak['fp32']:10.1f}% | {100 * gflops / peak['bf16']:10.1f}% | {int8_share} | {dp:17.5f} |")  # fmt: skip
+        print(
+            f"| {name:30} | {prec:4} | {rate:7.1f} | {rate / naive_rate:5.2f} | {rate / st_rate:5.2f} | "
+            f"{100 * gflops / peak['fp32']:10.1f}% | {100 * gflops / peak['bf16']:10.1f}% | {int8_share} | {dp:17.5f} |"
+        )
         results.append({"method": name.strip(), "precision": prec, "pairs_per_s": round(rate, 2), "max_abs_dp": dp})
-    fp32_rate = next(r["pairs_per_s"] for r in results if r["method"].startswith(("medrank fp32", "(c)")) and r["precision"] == "fp32")
+    fp32_rate = next(
+        r["pairs_per_s"]
+        for r in results
+        if r["method"].startswith(("medrank fp32", "(c)")) and r["precision"] == "fp32"
+    )
     print()
     for r in results:
         if r["precision"] == "int8":
             r["kept"] = bool(r["max_abs_dp"] <= TOLERANCE and r["pairs_per_s"] > fp32_rate)
-            print(f"{r['method']}: int8 {'kept' if r['kept'] else 'rejected'}: max |dp| {r['max_abs_dp']:.4f} "
-                  f"{'<=' if r['max_abs_dp'] <= TOLERANCE else '>'} {TOLERANCE}, {r['pairs_per_s']:.1f} pairs/s = "
-                  f"{r['pairs_per_s'] / fp32_rate:.2f}x medrank fp32")  # fmt: skip
+            print(
+                f"{r['method']}: int8 {'kept' if r['kept'] else 'rejected'}: max |dp| {r['max_abs_dp']:.4f} "
+                f"{'<=' if r['max_abs_dp'] <= TOLERANCE else '>'} {TOLERANCE}, {r['pairs_per_s']:.1f} pairs/s = "
+                f"{r['pairs_per_s'] / fp32_rate:.2f}x medrank fp32"
+            )
     print(f"\nprecision auto: {ours.precision_report.as_dict() if ours.precision_report else None}")
-    ok = [r for r in results if r["method"].startswith(("(c)", "medrank")) and "procs" not in r["method"] and "old recipe" not in r["method"]
-          and r["max_abs_dp"] <= TOLERANCE]  # fmt: skip
+    ok = [
+        r
+        for r in results
+        if r["method"].startswith(("(c)", "medrank"))
+        and "procs" not in r["method"]
+        and "old recipe" not in r["method"]
+        and r["max_abs_dp"] <= TOLERANCE
+    ]
     fastest = max(ok, key=lambda r: r["pairs_per_s"])
-    print(f"fastest precision here within |dp| <= {TOLERANCE}: {fastest['precision']} ({fastest['pairs_per_s']} pairs/s); to use it set "
-          f"embed.precision / retrieve.precision / finetune.*.predict_precision: {fastest['precision']} in params.yaml")
+    print(
+        f"fastest precision here within |dp| <= {TOLERANCE}: {fastest['precision']} ({fastest['pairs_per_s']} pairs/s); to use it set "
+        f"embed.precision / retrieve.precision / finetune.*.predict_precision: {fastest['precision']} in params.yaml"
+    )
     ray_row = ray_vs_local(ours, pairs, chosen, args.ray) if args.ray and Path(args.model).exists() else None
     if args.json:
-        Path(args.json).write_text(json.dumps({"pairs": len(pairs), "mean_tokens": float(tokens.mean()), "threads": threads,
-                                               "load": load, "load_end": load_end, "peak_gflops": peak, "flops_per_pair": fpp, "rows": results, "fastest_precision": fastest["precision"], "device": device, "ray": ray_row}, indent=2))  # fmt: skip
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "pairs": len(pairs),
+                    "mean_tokens": float(tokens.mean()),
+                    "threads": threads,
+                    "load": load,
+                    "load_end": load_end,
+                    "peak_gflops": peak,
+                    "flops_per_pair": fpp,
+                    "rows": results,
+                    "fastest_precision": fastest["precision"],
+                    "device": device,
+                    "ray": ray_row,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ the stage's. Prints the cumulative and the self-time tables.
 
     python benchmarks/mtl_profile.py
 """
+
 import cProfile
 import io
 import pstats
@@ -16,12 +17,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from medrank import layout as L  # noqa: E402
-from medrank.evaluation import split_questions  # noqa: E402
-from medrank.features import medquad_tfidf, read_answer_scores  # noqa: E402
-from medrank.io import read_parquet  # noqa: E402
-from medrank.models import mtl  # noqa: E402
-from medrank.params import load_params  # noqa: E402
+from medrank import layout as L
+from medrank.evaluation import split_questions
+from medrank.features import medquad_tfidf, read_answer_scores
+from medrank.io import read_parquet
+from medrank.models import mtl
+from medrank.params import load_params
 
 
 def main() -> None:
@@ -35,8 +36,10 @@ def main() -> None:
     scores = read_answer_scores(answers, set(mp.feature_groups))
     data = mtl.build_mtl_data(answers, read_parquet(L.NLI_GRID), retrieved, n_candidates=p.n_candidates, scores=scores)
     train = split_questions(data.cand, L.TRAIN_SPLITS)
-    print(f"load + build_mtl_data {time.perf_counter() - t0:.1f}s; {len(data.cand)} candidates, {len(data.pairs)} pairs, "
-          f"{len(train)} train questions; torch threads {torch.get_num_threads()}")  # fmt: skip
+    print(
+        f"load + build_mtl_data {time.perf_counter() - t0:.1f}s; {len(data.cand)} candidates, {len(data.pairs)} pairs, "
+        f"{len(train)} train questions; torch threads {torch.get_num_threads()}"
+    )
     tfidf = medquad_tfidf(mp.tfidf_max_features) if "bow" in mp.feature_groups else None
     builder = mtl.builder_factory(mp.feature_groups, p.n_candidates, tfidf)()
     prof = cProfile.Profile()
@@ -47,7 +50,9 @@ def main() -> None:
     fit_s = time.perf_counter() - t1
     t2 = time.perf_counter()
     model.predict(data)
-    print(f"one fit_mtl: {fit_s:.1f}s, best epoch {model.best_epoch}, {len(model.history)} epochs; predicting every candidate {time.perf_counter() - t2:.1f}s")
+    print(
+        f"one fit_mtl: {fit_s:.1f}s, best epoch {model.best_epoch}, {len(model.history)} epochs; predicting every candidate {time.perf_counter() - t2:.1f}s"
+    )
     for order, n in (("cumulative", 35), ("tottime", 20)):
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats(order).print_stats(n)

@@ -46,8 +46,12 @@ class NaiveNormalizer:
     """The obvious implementation: for each phrase (longest first) `re.sub` over the text."""
 
     def __init__(self, ours) -> None:
-        self.abbr = [(_pattern(t, 0), r) for t, r in sorted(_phrases(ours.abbreviations._matcher), key=lambda x: -len(x[0]))]
-        self.conc = [(_pattern(t, re.I), r) for t, r in sorted(_phrases(ours.concepts._matcher), key=lambda x: -len(x[0]))]
+        self.abbr = [
+            (_pattern(t, 0), r) for t, r in sorted(_phrases(ours.abbreviations._matcher), key=lambda x: -len(x[0]))
+        ]
+        self.conc = [
+            (_pattern(t, re.I), r) for t, r in sorted(_phrases(ours.concepts._matcher), key=lambda x: -len(x[0]))
+        ]
 
     def __call__(self, text: str) -> str:
         for pat, rep in self.abbr:
@@ -88,7 +92,9 @@ def main() -> None:
     texts = _texts(clean_dir)
     sample = random.Random(args.seed).sample(texts, min(args.sample, len(texts)))
     chars = sum(map(len, sample)) / max(len(sample), 1)
-    print(f"vocabularies: {len(naive.abbr)} abbreviations, {len(naive.conc)} concept synonyms (built in {t_build:.1f}s)")
+    print(
+        f"vocabularies: {len(naive.abbr)} abbreviations, {len(naive.conc)} concept synonyms (built in {t_build:.1f}s)"
+    )
     print(f"sample: {len(sample)} texts, mean {chars:.0f} chars\n")
 
     r_ours, out_ours = _rate(lambda t: ours(t).text, sample)
@@ -100,7 +106,9 @@ def main() -> None:
     # where they differ, the naive loop lacks the rules, not speed: it repeats definitions ("MCV (MCV)" ->
     # "mean corpuscular volume (mean corpuscular volume)"), rewrites inside preferred names ("Non-Hodgkin
     # Lymphoma" -> "Non-Hodgkin's lymphoma") and does not keep sentence-initial capitals
-    print(f"same output on {same:.0%} of the sample (differences: naive lacks the definition/name-protection/case rules)\n")
+    print(
+        f"same output on {same:.0%} of the sample (differences: naive lacks the definition/name-protection/case rules)\n"
+    )
 
     r_rule, _ = _rate(split_rule, sample)
     r_sbd, _ = _rate(PysbdSplitter(), sample)
@@ -112,8 +120,10 @@ def main() -> None:
     for t in texts:
         split_rule(ours(t).text)
     dt = time.perf_counter() - t0
-    print(f"all {len(texts)} distinct cleaned texts ({sum(map(len, texts)) / 1e6:.1f} M chars): normalized + split in {dt:.1f}s "
-          f"({len(texts) / dt:.0f} texts/s, one process)")
+    print(
+        f"all {len(texts)} distinct cleaned texts ({sum(map(len, texts)) / 1e6:.1f} M chars): normalized + split in {dt:.1f}s "
+        f"({len(texts) / dt:.0f} texts/s, one process)"
+    )
 
 
 if __name__ == "__main__":

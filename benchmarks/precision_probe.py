@@ -17,7 +17,8 @@ import pandas as pd
 import torch
 
 from medrank import layout
-from medrank.encoders.base import DEFAULT_MODEL, cpu_flags
+from medrank.encoders.hardware import cpu_flags
+from medrank.encoders.models import DEFAULT_MODEL
 from medrank.encoders.cross_encoder import CrossEncoder
 
 
@@ -36,9 +37,13 @@ def naive(ce: CrossEncoder, pairs: list[tuple[str, str]], batch_size: int) -> np
         for i in range(0, len(pairs), batch_size):
             chunk = pairs[i : i + batch_size]
             enc = ce.tokenizer(
-                [a for a, _ in chunk], [b for _, b in chunk], truncation=True, max_length=ce.max_length,
-                padding="max_length", return_tensors="pt",
-            )  # fmt: skip
+                [a for a, _ in chunk],
+                [b for _, b in chunk],
+                truncation=True,
+                max_length=ce.max_length,
+                padding="max_length",
+                return_tensors="pt",
+            )
             out.append(torch.softmax(ce.model(**enc).logits, -1).numpy())
     return np.concatenate(out)
 
@@ -68,7 +73,9 @@ def main() -> None:
         rate = ce.last_predict_stats["pairs_per_s"]
         diff = float(np.abs(probs - ref).max())
         agree = float((probs.argmax(1) == ref.argmax(1)).mean())
-        print(f"{'medrank ' + p:<22} {rate:8.1f} pairs/s  {rate / base_rate:5.2f}x  max|Δp| vs fp32 {diff:.4f}  same label {agree:.1%}")
+        print(
+            f"{'medrank ' + p:<22} {rate:8.1f} pairs/s  {rate / base_rate:5.2f}x  max|Δp| vs fp32 {diff:.4f}  same label {agree:.1%}"
+        )
     ce.precision_report = None
     ce.resolve_precision(pairs[:16])
     print("probe picks:", ce.precision_report.as_dict())

@@ -52,9 +52,9 @@ def bienc_cosines(
     (content-addressed cache under `cache_root`: a re-run encodes only texts it has not seen). Texts are
     truncated to `max_length` tokens. `model`: a name, or a loaded encoder (then `max_length`/`device` are its own).
     `read_only`: nothing is written under `cache_root`. `precision`: fp32 | bf16 | auto (bf16 where the encoder's
-    device computes it natively: `encoders.base.hardware_precision`); each precision has its own cache namespace.
+    device computes it natively: `encoders.hardware.hardware_precision`); each precision has its own cache namespace.
     """
-    from medrank.encoders.base import hardware_precision
+    from medrank.encoders.hardware import hardware_precision
     from medrank.encoders.extract import cached_sentence_embeddings
     from medrank.encoders.sentence_encoder import SentenceEncoder
 
@@ -68,17 +68,37 @@ def bienc_cosines(
     log.info("bi-encoder vectors: %s", stats.as_dict())
     n = len(questions)
     q = emb[:n]
-    return {name: np.einsum("ij,ij->i", q, emb[n * (i + 1) : n * (i + 2)]).astype(float) for i, name in enumerate(texts)}, stats.as_dict()
+    return {
+        name: np.einsum("ij,ij->i", q, emb[n * (i + 1) : n * (i + 2)]).astype(float) for i, name in enumerate(texts)
+    }, stats.as_dict()
 
 
-def answer_bienc_scores(answers: pd.DataFrame, model: str | SentenceEncoder, *, cache_root: str | Path, batch_size: int, max_length: int = 256, device: str = "auto",
-                        read_only: bool = False, precision: str = "fp32") -> tuple[dict[str, np.ndarray], dict]:  # fmt: skip
+def answer_bienc_scores(
+    answers: pd.DataFrame,
+    model: str | SentenceEncoder,
+    *,
+    cache_root: str | Path,
+    batch_size: int,
+    max_length: int = 256,
+    device: str = "auto",
+    read_only: bool = False,
+    precision: str = "fp32",
+) -> tuple[dict[str, np.ndarray], dict]:
     """Groups bienc and heading of normalized answers (question_norm, answer_norm): bienc_cos = cosine(question,
     answer), heading_cos = cosine(question, the answer's heading), and the encoding stats (`bienc_cosines`)."""
     answer = answers["answer_norm"].fillna("").astype(str)
     texts = {"bienc_cos": answer.tolist(), "heading_cos": answer.map(answer_heading).tolist()}
-    return bienc_cosines(answers["question_norm"].fillna("").tolist(), texts, model, cache_root=cache_root, max_length=max_length,
-                         batch_size=batch_size, device=device, read_only=read_only, precision=precision)  # fmt: skip
+    return bienc_cosines(
+        answers["question_norm"].fillna("").tolist(),
+        texts,
+        model,
+        cache_root=cache_root,
+        max_length=max_length,
+        batch_size=batch_size,
+        device=device,
+        read_only=read_only,
+        precision=precision,
+    )
 
 
 # ---------------------------------------------------------------- question type (group qtype)
@@ -90,10 +110,14 @@ ASPECT_TYPES: dict[str, str] = {
     **dict.fromkeys(("summary", "overview", "description", "definition", "information", "types"), "information"),
     **dict.fromkeys(("symptoms", "signs"), "symptoms"),
     **dict.fromkeys(("treatment", "treatments", "therapy", "therapies", "drugs", "medications", "cure"), "treatment"),
-    **dict.fromkeys(("lifestyle and home remedies", "alternative medicine", "home care", "self-care", "first aid"), "treatment"),
+    **dict.fromkeys(
+        ("lifestyle and home remedies", "alternative medicine", "home care", "self-care", "first aid"), "treatment"
+    ),
     **dict.fromkeys(("causes", "cause", "etiology"), "causes"),
     **dict.fromkeys(("diagnosis", "exams and tests", "tests", "screening"), "exams and tests"),
-    **dict.fromkeys(("risk factors", "who is at risk"), "susceptibility"),  # not "risks": of a procedure, its complications
+    **dict.fromkeys(
+        ("risk factors", "who is at risk"), "susceptibility"
+    ),  # not "risks": of a procedure, its complications
     "prevention": "prevention",
     "complications": "complications",
     **dict.fromkeys(("prognosis", "outlook", "expectations"), "outlook"),
@@ -102,21 +126,34 @@ ASPECT_TYPES: dict[str, str] = {
     "inheritance": "inheritance",
     **dict.fromkeys(("research", "clinical trials"), "research"),
     "stages": "stages",
-    **dict.fromkeys(("eating, diet, and nutrition", "diet", "nutrition"), "considerations"),  # MedQuAD's "What to do for" = NIDDK's diet
+    **dict.fromkeys(
+        ("eating, diet, and nutrition", "diet", "nutrition"), "considerations"
+    ),  # MedQuAD's "What to do for" = NIDDK's diet
 }
 # each type asked in MedQuAD's own template (tidied): the wording the question-type classifier knows best
 TYPE_ASKS: dict[str, str] = {
-    "information": "What is {f}?", "symptoms": "What are the symptoms of {f}?", "treatment": "What are the treatments for {f}?",
-    "causes": "What causes {f}?", "exams and tests": "How to diagnose {f}?", "susceptibility": "Who is at risk for {f}?",
-    "prevention": "How to prevent {f}?", "complications": "What are the complications of {f}?", "outlook": "What is the outlook for {f}?",
-    "genetic changes": "What are the genetic changes related to {f}?", "frequency": "How many people are affected by {f}?",
-    "inheritance": "Is {f} inherited?", "research": "What research (or clinical trials) is being done for {f}?",
-    "stages": "What are the stages of {f}?", "considerations": "What to do for {f}?",
-}  # fmt: skip
+    "information": "What is {f}?",
+    "symptoms": "What are the symptoms of {f}?",
+    "treatment": "What are the treatments for {f}?",
+    "causes": "What causes {f}?",
+    "exams and tests": "How to diagnose {f}?",
+    "susceptibility": "Who is at risk for {f}?",
+    "prevention": "How to prevent {f}?",
+    "complications": "What are the complications of {f}?",
+    "outlook": "What is the outlook for {f}?",
+    "genetic changes": "What are the genetic changes related to {f}?",
+    "frequency": "How many people are affected by {f}?",
+    "inheritance": "Is {f} inherited?",
+    "research": "What research (or clinical trials) is being done for {f}?",
+    "stages": "What are the stages of {f}?",
+    "considerations": "What to do for {f}?",
+}
 TITLE_MAX_WORDS = 20  # CHiQA titles have <= 19 words; a longer heading is an untitled answer's first characters
 # longest names first: at one position the alternation takes the longest ("exams and tests" before "tests")
 _ASPECT_NAME = re.compile(r"\b(" + "|".join(re.escape(k) for k in sorted(ASPECT_TYPES, key=len, reverse=True)) + r")\b")
-_ASKING = re.compile(r"^(what|how|why|who|when|where|which|is|are|can|could|does|do|should|will|would|am)\b", re.IGNORECASE)
+_ASKING = re.compile(
+    r"^(what|how|why|who|when|where|which|is|are|can|could|does|do|should|will|would|am)\b", re.IGNORECASE
+)
 
 
 def split_heading(heading: str) -> tuple[str, str]:
@@ -167,7 +204,7 @@ def heading_question(heading: str) -> str:
 
 
 class TypeClassifier(Protocol):
-    """What group qtype asks of a question-type classifier: models.rqe.QuestionTypes, fitted on the clean MedQuAD
+    """What group qtype asks of a question-type classifier: models.qtype.QuestionTypes, fitted on the clean MedQuAD
     table with the top-level seed (stage bienc and `medrank rank` fit the same one). Not imported here: stage qa
     imports this module and must not depend on models/rqe.py."""
 
@@ -203,3 +240,30 @@ def auc_by_source(answers: pd.DataFrame, columns: dict[str, np.ndarray]) -> dict
         row["pooled"] = round(float(roc_auc_score(y[lab], score[lab])), 4) if 0 < y[lab].sum() < lab.sum() else None
         out[name] = row
     return out
+
+
+def score_answers(answers: pd.DataFrame, p, bi=None, read_only: bool = False) -> tuple[pd.DataFrame, dict]:
+    """(split, qid, aid + bienc_cos, heading_cos, qtype_agree, qtype_match; the encoding stats) of `answers`, vectors
+    at `bienc.precision` through the persistent cache (only unseen texts are encoded; `read_only`: none is stored, the
+    cache staying the stage's output): stage bienc; analysis/judged_rows.py scores the judged answers so."""
+    from medrank import layout
+    from medrank.encoders.sentence_encoder import SentenceEncoder
+    from medrank.io import read_parquet
+    from medrank.models.qtype import QuestionTypes
+
+    bp = p.bienc
+    bi = bi or SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)
+    if not read_only:
+        layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
+    cos, stats = answer_bienc_scores(
+        answers,
+        bi,
+        cache_root=layout.CACHE_BIENC,
+        batch_size=bp.batch_size,
+        read_only=read_only,
+        precision=bp.precision,
+    )
+    qtype = answer_qtype_scores(
+        answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed)
+    )  # BLAS threads fixed inside
+    return answers[["split", "qid", "aid"]].assign(**cos, **qtype), stats

@@ -58,31 +58,66 @@ def _score(args: argparse.Namespace) -> None:
         emit(json.dumps(metrics, indent=2))
         return
     width = max(map(len, metrics))
-    emit("\n".join(f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}" for name, value in metrics.items()))
+    emit(
+        "\n".join(
+            f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}"
+            for name, value in metrics.items()
+        )
+    )
 
 
 def _report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-dir", default="metrics", metavar="DIR", help="folder of committed metrics JSON files (default metrics)")
-    p.add_argument("--readme", default="README.md", metavar="PATH", help="README whose headline and DAG blocks to refresh (default README.md)")
-    p.add_argument("--results", default="RESULTS.md", metavar="PATH", help="RESULTS file whose results block to refresh (default RESULTS.md)")
-    p.add_argument("--cards", default=None, metavar="DIR", help="model cards folder, one card per dvc.yaml artifact (default docs/model_cards beside the README)")
+    p.add_argument(
+        "--metrics-dir",
+        default="metrics",
+        metavar="DIR",
+        help="folder of committed metrics JSON files (default metrics)",
+    )
+    p.add_argument(
+        "--readme",
+        default="README.md",
+        metavar="PATH",
+        help="README whose headline and DAG blocks to refresh (default README.md)",
+    )
+    p.add_argument(
+        "--results",
+        default="RESULTS.md",
+        metavar="PATH",
+        help="RESULTS file whose results block to refresh (default RESULTS.md)",
+    )
+    p.add_argument(
+        "--cards",
+        default=None,
+        metavar="DIR",
+        help="model cards folder, one card per dvc.yaml artifact (default docs/model_cards beside the README)",
+    )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="write nothing; exit 2 naming each file whose blocks are out of date")
+    mode.add_argument(
+        "--check", action="store_true", help="write nothing; exit 2 naming each file whose blocks are out of date"
+    )
     mode.add_argument("--print", action="store_true", help="write nothing; print the headline and results markdown")
 
 
 def _report(args: argparse.Namespace) -> None:
-    from medrank.report import render_headline, render_results, stale_docs, update_docs
+    from medrank.reporting import render_headline, render_results, stale_docs, update_docs
 
     if args.print:
         emit(render_headline(args.metrics_dir) + "\n" + render_results(args.metrics_dir), end="")
     elif args.check:
         stale = stale_docs(args.readme, args.results, args.metrics_dir, args.cards)
         if stale:
-            given = [("--readme", args.readme, "README.md"), ("--results", args.results, "RESULTS.md"), ("--metrics-dir", args.metrics_dir, "metrics"),
-                     ("--cards", args.cards, None)]  # fmt: skip
-            fix = " ".join(["medrank report"] + [f"{flag} {value}" for flag, value, default in given if value != default])
-            raise MedrankError(f"{', '.join(map(str, stale))}: generated blocks differ from {args.metrics_dir}/, dvc.yaml or dvc.lock (run `{fix}`)")
+            given = [
+                ("--readme", args.readme, "README.md"),
+                ("--results", args.results, "RESULTS.md"),
+                ("--metrics-dir", args.metrics_dir, "metrics"),
+                ("--cards", args.cards, None),
+            ]
+            fix = " ".join(
+                ["medrank report"] + [f"{flag} {value}" for flag, value, default in given if value != default]
+            )
+            raise MedrankError(
+                f"{', '.join(map(str, stale))}: generated blocks differ from {args.metrics_dir}/, dvc.yaml or dvc.lock (run `{fix}`)"
+            )
     else:
         changed = update_docs(args.readme, args.results, args.metrics_dir, args.cards)
         emit(f"updated: {', '.join(map(str, changed))}" if changed else "up to date")
@@ -92,12 +127,26 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _rank_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", nargs="?", default="-", help='JSON file {"question": ..., "answers": [{"id", "text", "url"}, ...]}; "-" or none = stdin')
+    p.add_argument(
+        "input",
+        nargs="?",
+        default="-",
+        help='JSON file {"question": ..., "answers": [{"id", "text", "url"}, ...]}; "-" or none = stdin',
+    )
     p.add_argument("--format", choices=("json", "table"), default="json", help="output format (default json)")
     p.add_argument("--all", action="store_true", help="also list the filtered-out answers (after the kept ones)")
-    p.add_argument("--models", default="models", metavar="DIR", help="trained models folder with system.json from stage score (default models)")
-    p.add_argument("--fit", choices=("final", "val"), default="final",
-                   help="final: models trained on train+val (as the test submission); val: on the training sets only (as the validation submission)")
+    p.add_argument(
+        "--models",
+        default="models",
+        metavar="DIR",
+        help="trained models folder with system.json from stage score (default models)",
+    )
+    p.add_argument(
+        "--fit",
+        choices=("final", "val"),
+        default="final",
+        help="final: models trained on train+val (as the test submission); val: on the training sets only (as the validation submission)",
+    )
 
 
 def _rank(args: argparse.Namespace) -> None:
@@ -122,15 +171,25 @@ def format_result(question: str, result: pd.DataFrame, fmt: str = "json", show_a
 
     if fmt == "json":
         items = [
-            {"rank": None if pd.isna(r["rank"]) else int(r["rank"]), "id": r["id"], "kept": bool(r["kept"]), "filter_score": _num(r["prob"]),
-             "rank_score": _num(r["rank_score"]), **({"url": r["url"]} if r["url"] else {})}
+            {
+                "rank": None if pd.isna(r["rank"]) else int(r["rank"]),
+                "id": r["id"],
+                "kept": bool(r["kept"]),
+                "filter_score": _num(r["prob"]),
+                "rank_score": _num(r["rank_score"]),
+                **({"url": r["url"]} if r["url"] else {}),
+            }
             for _, r in table.iterrows()
-        ]  # fmt: skip
-        return json.dumps({"question": question, "n_answers": int(len(result)), "n_kept": int(len(kept)), "answers": items}, indent=2)
+        ]
+        return json.dumps(
+            {"question": question, "n_answers": int(len(result)), "n_kept": int(len(kept)), "answers": items}, indent=2
+        )
     lines = [f"{'rank':>4}  {'id':<20} {'filter':>7} {'rank_score':>10}  url"]
     for _, r in table.iterrows():
         rk = "-" if pd.isna(r["rank"]) else str(int(r["rank"]))
-        lines.append(f"{rk:>4}  {printable(str(r['id']))[:20]:<20} {r['prob']:7.3f} {r['rank_score']:10.3f}  {printable(r['url'])}")
+        lines.append(
+            f"{rk:>4}  {printable(str(r['id']))[:20]:<20} {r['prob']:7.3f} {r['rank_score']:10.3f}  {printable(r['url'])}"
+        )
     lines.append(f"{len(kept)} of {len(result)} answers kept")
     return "\n".join(lines)
 
@@ -141,14 +200,24 @@ def printable(text: str) -> str:
     import unicodedata
 
     unsafe = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # controls, format characters, line/paragraph separators
-    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in unsafe else ch for ch in text)
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in unsafe else ch for ch in text
+    )
 
 
 COMMANDS: dict[str, Command] = {
     "score": Command("score a MEDIQA submission against a gold file (official semantics)", _score_arguments, _score),
-    "report": Command("refresh README.md's headline table and DAG, RESULTS.md's tables and the model cards (docs/model_cards/) from metrics/*.json, "
-                      "dvc.yaml and dvc.lock", _report_arguments, _report),
-    "rank": Command("rank a question's candidate answers with the trained system: kept answers in ranked order", _rank_arguments, _rank),
+    "report": Command(
+        "refresh README.md's headline table and DAG, RESULTS.md's tables and the model cards (docs/model_cards/) from metrics/*.json, "
+        "dvc.yaml and dvc.lock",
+        _report_arguments,
+        _report,
+    ),
+    "rank": Command(
+        "rank a question's candidate answers with the trained system: kept answers in ranked order",
+        _rank_arguments,
+        _rank,
+    ),
 }
 
 

@@ -11,9 +11,12 @@ M = TypeVar("M")
 
 
 def crossfit(
-    n_folds: int, scored_fold: np.ndarray, train_folds: Sequence[np.ndarray], fit: Callable[[int, list[np.ndarray]], M],
+    n_folds: int,
+    scored_fold: np.ndarray,
+    train_folds: Sequence[np.ndarray],
+    fit: Callable[[int, list[np.ndarray]], M],
     score: Callable[[M, np.ndarray], np.ndarray],
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """For each fold f: `fit(f, [rows of each training table whose question is outside f])` -> a model, then
     `score(model, rows to score whose question is in f)`. `scored_fold` / `train_folds[i]`: the question fold of each
     row (the same question -> the same fold in every table). Returns the scores of every scored row."""
@@ -36,4 +39,6 @@ def source_folds(keys: pd.DataFrame, sources: Sequence[str], seed: int) -> np.nd
     if len(present) < 2:
         raise MedrankError(f"cross-fitting by source needs two labelled sources, found {present}")
     dealt = question_folds(keys, len(present), seed)
-    return np.array([present.index(s) if s in present else int(d) for s, d in zip(keys["split"], dealt)], dtype=np.int64)
+    return np.array(
+        [present.index(s) if s in present else int(d) for s, d in zip(keys["split"], dealt)], dtype=np.int64
+    )

@@ -64,7 +64,9 @@ def threshold_grid(mode: str, max_entailed: int) -> np.ndarray:
 def choose_threshold(ens: pd.DataFrame, labels: np.ndarray, mode: str) -> float:
     """Best-accuracy threshold of an ensembled probability (`select_threshold` on its mode's grid)."""
     n = int(ens["n_entailed"].max()) if len(ens) else 1
-    return select_threshold(np.asarray(labels, dtype=int), ens["prob"].to_numpy(dtype=float), threshold_grid(mode, max(n, 1)))
+    return select_threshold(
+        np.asarray(labels, dtype=int), ens["prob"].to_numpy(dtype=float), threshold_grid(mode, max(n, 1))
+    )
 
 
 def best_cut_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -86,7 +88,9 @@ def relative_to_question_best(scores: pd.Series, qids: pd.Series) -> np.ndarray:
 # ---------------------------------------------------------------- label shift
 
 
-def em_prior_shift(p: np.ndarray, train_prior: float, max_iter: int = 200, tol: float = 1e-6) -> tuple[float, np.ndarray]:
+def em_prior_shift(
+    p: np.ndarray, train_prior: float, max_iter: int = 200, tol: float = 1e-6
+) -> tuple[float, np.ndarray]:
     """Saerens et al. (2002) EM: positive rate of the unlabelled rows and their prior-adjusted probabilities."""
     p = np.clip(np.asarray(p, dtype=float), 1e-6, 1 - 1e-6)
     pi0 = float(np.clip(train_prior, 1e-6, 1 - 1e-6))
@@ -140,7 +144,9 @@ def decide(ens: pd.DataFrame, threshold: float, rule: MtlParams, train_prior: fl
         _, prob = em_prior_shift(prob, train_prior)
     gid = ens["gid"].to_numpy()
     labels = keep_labels(prob, threshold, gid, rule.min_keep)
-    key = {"pairwise": ens["pair_score"], "expected": ens["expected_score"], "filter": ens["prob"]}[rule.rank_by].to_numpy(dtype=float)
+    key = {"pairwise": ens["pair_score"], "expected": ens["expected_score"], "filter": ens["prob"]}[
+        rule.rank_by
+    ].to_numpy(dtype=float)
     # ties in the pairwise score (e.g. a single candidate) fall back to the filter probability
     key = key + 1e-6 * ens["prob"].to_numpy(dtype=float)
     return ens.assign(prob_used=prob, label=labels, rank_key=key, score=submission_score(labels, key, gid))
@@ -159,17 +165,27 @@ def pct_rank(values: pd.Series, gid: pd.Series) -> np.ndarray:
 def combine_systems(a: pd.DataFrame, b: pd.DataFrame, weight: float) -> pd.DataFrame:
     """weight·a + (1-weight)·b of two systems' (part, gid, aid, fold, prob in [0,1], rank_key) rows, on a's rows
     (b may cover more, e.g. a capped profile); rank keys are averaged as within-question percentile ranks."""
-    m = a.merge(b[["part", "gid", "aid", "prob", "rank_key"]], on=["part", "gid", "aid"], suffixes=("_a", "_b"), validate="one_to_one")
+    m = a.merge(
+        b[["part", "gid", "aid", "prob", "rank_key"]],
+        on=["part", "gid", "aid"],
+        suffixes=("_a", "_b"),
+        validate="one_to_one",
+    )
     if len(m) != len(a):
-        raise MedrankError(f"systems to combine: {len(a) - len(m)} of {len(a)} rows have no prediction of the other system")
+        raise MedrankError(
+            f"systems to combine: {len(a) - len(m)} of {len(a)} rows have no prediction of the other system"
+        )
     key = m["part"] + "\0" + m["gid"]
     return pd.DataFrame(
         {
-            "part": m["part"], "gid": m["gid"], "aid": m["aid"], "fold": m["fold"],
+            "part": m["part"],
+            "gid": m["gid"],
+            "aid": m["aid"],
+            "fold": m["fold"],
             "prob": weight * m["prob_a"] + (1 - weight) * m["prob_b"],
             "rank_key": weight * pct_rank(m["rank_key_a"], key) + (1 - weight) * pct_rank(m["rank_key_b"], key),
         }
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------- keep rules that may transfer to new questions
@@ -223,7 +239,12 @@ class Keep:
         return (rank <= max(self.value, self.min_keep)).astype(int)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "value": float(self.value), "min_keep": self.min_keep, "target_prior": self.target_prior}
+        return {
+            "kind": self.kind,
+            "value": float(self.value),
+            "min_keep": self.min_keep,
+            "target_prior": self.target_prior,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "Keep":
@@ -326,7 +347,9 @@ def order_key(rows: pd.DataFrame, order: str) -> np.ndarray:
     key = pct_rank(rows["rank_key"].reset_index(drop=True), rows["gid"].reset_index(drop=True))
     if order == "prob_first":
         kept_prob = pd.Series(np.where(rows["label"].to_numpy() == 1, prob, -np.inf))
-        first = kept_prob.groupby(rows["gid"].to_numpy(), sort=False).rank(ascending=False, method="first").to_numpy() == 1
+        first = (
+            kept_prob.groupby(rows["gid"].to_numpy(), sort=False).rank(ascending=False, method="first").to_numpy() == 1
+        )
         key = key + 2.0 * (first & np.isfinite(kept_prob.to_numpy()))
     return key
 
@@ -335,7 +358,9 @@ def apply_decision(rows: pd.DataFrame, keep: Keep, order: str = "rank") -> pd.Da
     """Rows (gid, prob, rank_key) of one system kept by `keep` and ordered by `order`."""
     gid = rows["gid"].to_numpy()
     rows = rows.assign(label=keep.labels(rows["prob"].to_numpy(dtype=float), gid))
-    return rows.assign(threshold=keep.value, score=submission_score(rows["label"].to_numpy(), order_key(rows, order), gid))
+    return rows.assign(
+        threshold=keep.value, score=submission_score(rows["label"].to_numpy(), order_key(rows, order), gid)
+    )
 
 
 # ---------------------------------------------------------------- protocols
@@ -367,8 +392,13 @@ def decide_system(
     pred = pred.merge(truth, on=["gid", "aid"], how="left")
 
     def _fit(cal: pd.DataFrame, target: pd.DataFrame) -> Keep:
-        return fit_keep(rule, cal["label_true"].to_numpy(dtype=int), cal["prob"].to_numpy(dtype=float), cal["gid"].to_numpy(),
-                        target["prob"].to_numpy(dtype=float))  # fmt: skip
+        return fit_keep(
+            rule,
+            cal["label_true"].to_numpy(dtype=int),
+            cal["prob"].to_numpy(dtype=float),
+            cal["gid"].to_numpy(),
+            target["prob"].to_numpy(dtype=float),
+        )
 
     out, fits = [], {}
     for part, name in zip(HELD_OUT_PARTS, ("folds", "loso")):

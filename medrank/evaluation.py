@@ -109,8 +109,14 @@ def cv_comparisons(
     split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
     # the answers of the candidate table: a capped profile's MTL sees fewer answers than the baseline
     cv_cand = cand[cand["gid"].isin(set(final.loc[final["part"] == "oof", "gid"]))]
-    per_q = {"final": oof_by_question(final, cv_cand, split_of), "baseline": oof_by_question(baseline, cv_cand, split_of)}
-    by_split = {name: {s: rounded_scores(task3_scores_of(g)) for s, g in rows.groupby("split", sort=True)} for name, rows in per_q.items()}
+    per_q = {
+        "final": oof_by_question(final, cv_cand, split_of),
+        "baseline": oof_by_question(baseline, cv_cand, split_of),
+    }
+    by_split = {
+        name: {s: rounded_scores(task3_scores_of(g)) for s, g in rows.groupby("split", sort=True)}
+        for name, rows in per_q.items()
+    }
     # the order of the kept answers trades MRR (the most probably correct first) against Spearman (the reference
     # order): the final system's CV rows re-ordered, labels unchanged
     from_cand = [c for c, _ in orders.values() if c not in final.columns]
@@ -152,20 +158,27 @@ def per_question_scores(decided: pd.DataFrame, cand: pd.DataFrame) -> pd.DataFra
     sub = ranked_rows(decided)[["gid", "aid", "label"]].rename(columns={"gid": "qid"})
     q = task3_by_question(gold_of(truth), sub).set_index("qid").loc[gids]  # one question's score_task3, per question
     defined = q["rho"].notna()
-    return pd.DataFrame({
-        "gid": gids,
-        "n_valid": truth.groupby("gid")["label"].sum().loc[gids].astype(int).to_numpy(),
-        "accuracy": (q["matches"] / q["gold_rows"]).to_numpy(),
-        "spearman": q["rho"].where(defined, 0.0).to_numpy(),
-        "spearman_true": q["rho_true"].where(defined, 0.0).to_numpy(),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "gid": gids,
+            "n_valid": truth.groupby("gid")["label"].sum().loc[gids].astype(int).to_numpy(),
+            "accuracy": (q["matches"] / q["gold_rows"]).to_numpy(),
+            "spearman": q["rho"].where(defined, 0.0).to_numpy(),
+            "spearman_true": q["rho_true"].where(defined, 0.0).to_numpy(),
+        }
+    )
 
 
 def error_analysis(decided: pd.DataFrame, cand: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """The paper's error analysis (Figures 7-9) of decided rows on labelled questions:
     filter recall of valid answers by CHiQA rank, accuracy by number of sentences, accuracy and Spearman by
     number of valid answers per question. Each table has an `n` column (answers or questions per bin)."""
-    d = decided.merge(cand[["gid", "aid", "label", "chiqa_rank", "n_sentences"]].rename(columns={"label": "label_true"}), on=["gid", "aid"], how="left", suffixes=("_x", ""))
+    d = decided.merge(
+        cand[["gid", "aid", "label", "chiqa_rank", "n_sentences"]].rename(columns={"label": "label_true"}),
+        on=["gid", "aid"],
+        how="left",
+        suffixes=("_x", ""),
+    )
     d = d.drop(columns=[c for c in d.columns if c.endswith("_x")])
     valid = d[d["label_true"] == 1]
     fig7 = valid.groupby("chiqa_rank").agg(recall=("label", "mean"), n=("label", "size")).reset_index()
@@ -178,8 +191,16 @@ def error_analysis(decided: pd.DataFrame, cand: pd.DataFrame) -> dict[str, pd.Da
     fig8 = fig8[fig8["n"] > 0]
     fig8["sentences"] = [f"{s} ({n})" for s, n in zip(fig8["sentences"], fig8["n"])]
     pq_ = per_question_scores(decided, cand)
-    fig9 = pq_.groupby("n_valid").agg(accuracy=("accuracy", "mean"), spearman=("spearman", "mean"), spearman_true=("spearman_true", "mean"),
-                                     n=("accuracy", "size")).reset_index()  # fmt: skip
+    fig9 = (
+        pq_.groupby("n_valid")
+        .agg(
+            accuracy=("accuracy", "mean"),
+            spearman=("spearman", "mean"),
+            spearman_true=("spearman_true", "mean"),
+            n=("accuracy", "size"),
+        )
+        .reset_index()
+    )
     return {"recall_by_chiqa_rank": fig7, "accuracy_by_sentences": fig8, "by_valid_answers": fig9}
 
 
@@ -207,14 +228,20 @@ def loso_summary(per_source: dict[str, dict]) -> dict:
     for m in METRICS:
         v = {s: float(r[m]) for s, r in per_source.items()}
         worst = min(v, key=v.get)
-        out[m] = {"mean": round(float(np.mean(list(v.values()))), 4), "worst": round(v[worst], 4), "worst_source": worst}
+        out[m] = {
+            "mean": round(float(np.mean(list(v.values()))), 4),
+            "worst": round(v[worst], 4),
+            "worst_source": worst,
+        }
     return out
 
 
 def loso_summary_of(decided: pd.DataFrame, cand: pd.DataFrame, sources: Sequence[str]) -> dict:
     """`loso_summary` of already-decided loso rows (fold = the held-out source's index in `sources`)."""
     rows = decided[decided["part"] == "loso"]
-    return loso_summary({sources[f]: evaluate_decided(rows[rows["fold"] == f], cand) for f in sorted(rows["fold"].unique())})
+    return loso_summary(
+        {sources[f]: evaluate_decided(rows[rows["fold"] == f], cand) for f in sorted(rows["fold"].unique())}
+    )
 
 
 def held_out_copies(rows: pd.DataFrame, k: int, seed: int, sources: Sequence[str]) -> pd.DataFrame:
@@ -225,8 +252,13 @@ def held_out_copies(rows: pd.DataFrame, k: int, seed: int, sources: Sequence[str
     from medrank.decision import grouped_folds, source_folds
 
     rows = rows[rows["split"].isin(sources)].reset_index(drop=True)
-    return pd.concat([rows.assign(part="oof", fold=grouped_folds(rows["gid"].to_numpy(), k, seed)),
-                      rows.assign(part="loso", fold=source_folds(rows["split"].to_numpy(), sources))], ignore_index=True)  # fmt: skip
+    return pd.concat(
+        [
+            rows.assign(part="oof", fold=grouped_folds(rows["gid"].to_numpy(), k, seed)),
+            rows.assign(part="loso", fold=source_folds(rows["split"].to_numpy(), sources)),
+        ],
+        ignore_index=True,
+    )
 
 
 def noise_band(spreads: Sequence[dict], keys: Sequence[str]) -> dict[str, float]:
@@ -246,7 +278,10 @@ def order_score(cv: dict, loso: dict) -> float:
 
 def seed_spread(runs: Sequence[tuple[dict, dict]]) -> dict:
     """sd over seeds of each metric's selection score ((CV summary, LOSO summary) per seed), and of the order score."""
-    out = {m: round(float(np.std([selection_score(c, l, m) for c, l in runs], ddof=1)), 4) if len(runs) > 1 else 0.0 for m in METRICS}
+    out = {
+        m: round(float(np.std([selection_score(c, l, m) for c, l in runs], ddof=1)), 4) if len(runs) > 1 else 0.0
+        for m in METRICS
+    }
     out["order"] = round(float(np.std([order_score(c, l) for c, l in runs], ddof=1)), 4) if len(runs) > 1 else 0.0
     out["seeds"] = len(runs)
     return out
@@ -261,8 +296,13 @@ def confirm_table(scores: dict[str, list[float]], seeds: list[int], default: str
     rows = {}
     for name, got in scores.items():
         diff = np.asarray(got) - base
-        rows[name] = {"scores": got, "mean": float(np.mean(got)), "diff_mean": float(diff.mean()), "diff_sd": float(np.std(diff, ddof=1)),
-                      "win": bool(name != default and diff.mean() > band)}  # fmt: skip
+        rows[name] = {
+            "scores": got,
+            "mean": float(np.mean(got)),
+            "diff_mean": float(diff.mean()),
+            "diff_sd": float(np.std(diff, ddof=1)),
+            "win": bool(name != default and diff.mean() > band),
+        }
     return {"seeds": seeds, "band": band, "rows": rows}
 
 
@@ -281,8 +321,16 @@ def system_name(weight: float) -> str:
 
 
 def candidate_systems(
-    mtl_pred: pd.DataFrame, base_pred: pd.DataFrame, cand: pd.DataFrame, train: Sequence[str], weights: Sequence[float],
-    rules: Sequence[str], orders: Sequence[str], sources: Sequence[str], band: dict, select_on: Sequence[str] = ("accuracy",),
+    mtl_pred: pd.DataFrame,
+    base_pred: pd.DataFrame,
+    cand: pd.DataFrame,
+    train: Sequence[str],
+    weights: Sequence[float],
+    rules: Sequence[str],
+    orders: Sequence[str],
+    sources: Sequence[str],
+    band: dict,
+    select_on: Sequence[str] = ("accuracy",),
 ) -> dict:
     """Every (MTL weight, keep rule) candidate decided under CV and LOSO (MTL weight 0 = the baseline alone, 1 = the
     MTL alone; both systems' rows come from the same folds), the chosen one by the written rule (`pick` on the
@@ -304,8 +352,14 @@ def candidate_systems(
     for w, rule in tqdm([(w, r) for w in weights for r in rules], desc="score: weight x keep rule", unit="candidate"):
         _, decided = decide_system(combined[w], cand, train, rule)
         cv, loso = cv_summary_of(decided, cand), loso_summary_of(decided, cand, sources)
-        table[w][rule] = {"cv": cv, "loso": loso, "score": float(np.mean([selection_score(cv, loso, m) for m in select_on]))}
-    simplest_first = sorted(((w, r) for w in weights for r in rules), key=lambda c: (list(rules).index(c[1]), 0 < c[0] < 1, c[0]))
+        table[w][rule] = {
+            "cv": cv,
+            "loso": loso,
+            "score": float(np.mean([selection_score(cv, loso, m) for m in select_on])),
+        }
+    simplest_first = sorted(
+        ((w, r) for w in weights for r in rules), key=lambda c: (list(rules).index(c[1]), 0 < c[0] < 1, c[0])
+    )
     weight, rule = pick({c: table[c[0]][c[1]]["score"] for c in simplest_first}, max(float(band[m]) for m in select_on))
     by_order = {}
     for order in orders:
@@ -315,5 +369,14 @@ def candidate_systems(
     order = pick({o: by_order[o]["score"] for o in orders}, band["order"])
     chosen = by_order[order]
     decided = chosen["decided"].merge(cand[["gid", "split", "qid"]].drop_duplicates(), on="gid", how="left")
-    return {"table": table, "orders": {o: {k: v for k, v in r.items() if k not in ("decided", "fits")} for o, r in by_order.items()},
-            "weight": weight, "rule": rule, "order": order, "fits": chosen["fits"], "decided": decided, "cv": chosen["cv"], "loso": chosen["loso"]}  # fmt: skip
+    return {
+        "table": table,
+        "orders": {o: {k: v for k, v in r.items() if k not in ("decided", "fits")} for o, r in by_order.items()},
+        "weight": weight,
+        "rule": rule,
+        "order": order,
+        "fits": chosen["fits"],
+        "decided": decided,
+        "cv": chosen["cv"],
+        "loso": chosen["loso"],
+    }

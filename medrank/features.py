@@ -23,7 +23,20 @@ from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
-GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded", "qa_bienc")
+GROUPS = (
+    "metadata",
+    "bow",
+    "rqe",
+    "rqe_emb",
+    "anli",
+    "bienc",
+    "heading",
+    "qtype",
+    "cnn",
+    "qa",
+    "qa_graded",
+    "qa_bienc",
+)
 # answer-table columns each group reads (rqe_i / anli_i for i = 1..n_candidates are added per builder)
 _GROUP_COLUMNS = {
     "metadata": ["source", "n_sentences", "chiqa_rank"],
@@ -41,8 +54,15 @@ _GROUP_COLUMNS = {
 }
 # groups of per-answer scores: the score is expanded into itself and its position among the question's answers,
 # the group's other columns (qtype_match) are used as they are
-_ANSWER_SCORES = {"bienc": "bienc_cos", "heading": "heading_cos", "qtype": "qtype_agree", "cnn": "cnn_score", "qa": "qa_score", "qa_graded": "qa_graded_score",
-                  "qa_bienc": "qa_bienc_cos"}
+_ANSWER_SCORES = {
+    "bienc": "bienc_cos",
+    "heading": "heading_cos",
+    "qtype": "qtype_agree",
+    "cnn": "cnn_score",
+    "qa": "qa_score",
+    "qa_graded": "qa_graded_score",
+    "qa_bienc": "qa_bienc_cos",
+}
 
 
 # ---------------------------------------------------------------- answer table
@@ -86,7 +106,11 @@ def answer_table(
     (fewer than N passed) contributes 0 to rqe_i / anli_i / rqe_emb_i and no text to entailed_text.
     """
     qkey = question_key(answers)
-    judged = answers["judged"].fillna(False).astype(bool) if "judged" in answers.columns else pd.Series(False, index=answers.index)
+    judged = (
+        answers["judged"].fillna(False).astype(bool)
+        if "judged" in answers.columns
+        else pd.Series(False, index=answers.index)
+    )
     t = pd.DataFrame(
         {
             # gid: the answer list (per-question features, ranker pairs, metrics); qkey: the question (folds). The judged
@@ -114,7 +138,9 @@ def answer_table(
         e = entailed.assign(gid=question_key(entailed))
         missing = sorted(set(t["qkey"]) - set(e["gid"]))
         if missing:  # retrieval keeps >= 1 row per question (top-1 fallback), so a gap means another run's table
-            raise MedrankError(f"retrieved table lacks {len(missing)} questions (e.g. {missing[0]}): re-run the retrieve stage")
+            raise MedrankError(
+                f"retrieved table lacks {len(missing)} questions (e.g. {missing[0]}): re-run the retrieve stage"
+            )
         e = e[(e["rank"] <= n_candidates) & e["passes_threshold"].astype(bool)]
         passed = set(zip(e["gid"], e["rank"].astype(int)))
         by_rank = {i: e[e["rank"] == i].drop_duplicates("gid").set_index("gid") for i in ranks}
@@ -137,12 +163,21 @@ def answer_table(
         need = [(g, x, i) for g, x in zip(t["qkey"], t["aid"]) for i in ranks if (g, i) in passed]
         lacking = [k for k in need if k not in value]
         if lacking:
-            raise MedrankError(f"NLI grid lacks {len(lacking)} (answer, entailed answer) pairs (e.g. {lacking[0]}): re-run the embed stage")
+            raise MedrankError(
+                f"NLI grid lacks {len(lacking)} (answer, entailed answer) pairs (e.g. {lacking[0]}): re-run the embed stage"
+            )
         for i in ranks:
             t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["qkey"], t["aid"])]
-    per_answer = {"bienc_cos": bienc_cos, "heading_cos": heading_cos, "qtype_agree": qtype_agree, "qtype_match": qtype_match,
-                  "cnn_score": cnn_score, "qa_score": qa_score, "qa_graded_score": qa_graded_score,
-                  "qa_bienc_cos": qa_bienc_cos}
+    per_answer = {
+        "bienc_cos": bienc_cos,
+        "heading_cos": heading_cos,
+        "qtype_agree": qtype_agree,
+        "qtype_match": qtype_match,
+        "cnn_score": cnn_score,
+        "qa_score": qa_score,
+        "qa_graded_score": qa_graded_score,
+        "qa_bienc_cos": qa_bienc_cos,
+    }
     for col, values in per_answer.items():
         if values is not None:
             if len(values) != len(t):
@@ -170,17 +205,23 @@ def answer_scores(answers: pd.DataFrame, scores: pd.DataFrame, column: str, sour
     lacking = merged[column].isna()
     if lacking.any():
         first = merged.loc[lacking, key].iloc[0]
-        raise MedrankError(f"{source}: no {column} for {int(lacking.sum())} answers (e.g. {first['split']}/{first['aid']}): re-run its stage")
+        raise MedrankError(
+            f"{source}: no {column} for {int(lacking.sum())} answers (e.g. {first['split']}/{first['aid']}): re-run its stage"
+        )
     return merged[column].to_numpy(dtype=float)
 
 
-def read_answer_scores(answers: pd.DataFrame, groups: set[str] | Sequence[str], extra: dict | None = None) -> dict[str, np.ndarray]:
+def read_answer_scores(
+    answers: pd.DataFrame, groups: set[str] | Sequence[str], extra: dict | None = None
+) -> dict[str, np.ndarray]:
     """The per-answer scores other stages wrote (medrank.layout.SCORE_FILES) that `groups` read, aligned to `answers`;
     `extra` ({score file: more rows of it}) adds rows the file lacks (analysis/judged_rows.py: the judged answers')."""
     from medrank.io import read_parquet
     from medrank.layout import SCORE_FILES
 
-    wanted = [(col, path) for group, (_, path) in SCORE_FILES.items() if group in groups for col in _GROUP_COLUMNS[group]]
+    wanted = [
+        (col, path) for group, (_, path) in SCORE_FILES.items() if group in groups for col in _GROUP_COLUMNS[group]
+    ]
     tables = {path: read_parquet(path) for _, path in wanted}  # bienc, heading and qtype share one file: read once
     for path, rows in (extra or {}).items():
         if path in tables:
@@ -300,7 +341,9 @@ class FeatureBuilder:
     def _check(self, table: pd.DataFrame) -> None:
         missing = [c for c in required_columns(self.groups, self.n_candidates) if c not in table.columns]
         if missing:
-            raise MedrankError(f"feature groups {list(self.groups)} need answer-table columns {missing} (input stage not run?)")
+            raise MedrankError(
+                f"feature groups {list(self.groups)} need answer-table columns {missing} (input stage not run?)"
+            )
 
     def _dense(self, table: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
         cols: list[np.ndarray] = []
@@ -311,9 +354,16 @@ class FeatureBuilder:
             rank = table["chiqa_rank"].to_numpy(dtype=float)
             missing = np.isnan(rank)
             if missing.any() and not self.rank_missing_:
-                raise MedrankError(f"chiqa_rank missing for {int(missing.sum())} rows, but the model was fitted on rows that all have one")
+                raise MedrankError(
+                    f"chiqa_rank missing for {int(missing.sum())} rows, but the model was fitted on rows that all have one"
+                )
             filled = np.where(missing, 0.0, rank)
-            cols += [n_sent, np.log1p(n_sent), filled, np.divide(1.0, filled, out=np.zeros_like(filled), where=~missing)]
+            cols += [
+                n_sent,
+                np.log1p(n_sent),
+                filled,
+                np.divide(1.0, filled, out=np.zeros_like(filled), where=~missing),
+            ]
             names += ["n_sentences", "log_n_sentences", "chiqa_rank", "chiqa_rank_inv"]
             if self.rank_missing_:  # training rows without a CHiQA rank (judged answers): said, not a silent zero
                 cols.append(missing.astype(float))
@@ -368,7 +418,9 @@ class FeatureBuilder:
             idx = {s: i for i, s in enumerate(self.sources_)}
             other = len(self.sources_)
             cols = np.array([idx.get(s, other) for s in table["source"]], dtype=np.int64)
-            blocks.append(sp.csr_matrix((np.ones(len(table)), (np.arange(len(table)), cols)), shape=(len(table), other + 1)))
+            blocks.append(
+                sp.csr_matrix((np.ones(len(table)), (np.arange(len(table)), cols)), shape=(len(table), other + 1))
+            )
         if "bow" in self.groups:
             blocks.append(tfidf_rows(self.tfidf, table["answer_text"].tolist()))
             blocks.append(tfidf_rows(self.tfidf, table["entailed_text"].tolist()))
@@ -406,7 +458,14 @@ def builder_to_json(builder: "FeatureBuilder") -> dict:
     }
     if builder.tfidf is not None:
         v = builder.tfidf
-        d["tfidf"] = {"params": {k: v.get_params()[k] for k in ("lowercase", "stop_words", "sublinear_tf", "token_pattern", "min_df", "max_features")}, "vocabulary": {k: int(i) for k, i in v.vocabulary_.items()}, "idf": v.idf_.tolist()}
+        d["tfidf"] = {
+            "params": {
+                k: v.get_params()[k]
+                for k in ("lowercase", "stop_words", "sublinear_tf", "token_pattern", "min_df", "max_features")
+            },
+            "vocabulary": {k: int(i) for k, i in v.vocabulary_.items()},
+            "idf": v.idf_.tolist(),
+        }
     return d
 
 
@@ -417,11 +476,12 @@ def builder_from_json(d: dict) -> "FeatureBuilder":
         t = d["tfidf"]
         tfidf = TfidfVectorizer(**t["params"], dtype=np.float32, vocabulary=t["vocabulary"])
         tfidf.idf_ = np.asarray(t["idf"], dtype=np.float64)
-    b = FeatureBuilder(tuple(d["groups"]), n_candidates=d["n_candidates"], tfidf=tfidf, min_source_count=d["min_source_count"])
+    b = FeatureBuilder(
+        tuple(d["groups"]), n_candidates=d["n_candidates"], tfidf=tfidf, min_source_count=d["min_source_count"]
+    )
     b.sources_ = list(d["sources_"])
     b.mean_ = np.asarray(d["mean_"], dtype=float)
     b.scale_ = np.asarray(d["scale_"], dtype=float)
     b.dense_names_ = list(d["dense_names_"])
     b.rank_missing_ = bool(d.get("rank_missing_", False))
     return b
-

@@ -20,7 +20,13 @@ import pyarrow as pa
 from medrank import layout
 from medrank.encoders.cross_encoder import CrossEncoder, label_index
 from medrank.encoders.distributed import LocalPool, RayBackend
-from medrank.encoders.extract import ExtractStats, cached_extract, cached_sentence_embeddings, choose_precision, open_cache
+from medrank.encoders.extract import (
+    ExtractStats,
+    cached_extract,
+    cached_sentence_embeddings,
+    choose_precision,
+    open_cache,
+)
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.errors import MedrankError
 
@@ -36,7 +42,10 @@ NLI_GRID = pa.schema(
         ("split", pa.string()),
         ("qid", pa.string()),
         ("aid", pa.string()),
-        ("entailed_kind", pa.string()),  # rqe (MedQuAD answer of an entailed question) | augment (higher-ranked candidate)
+        (
+            "entailed_kind",
+            pa.string(),
+        ),  # rqe (MedQuAD answer of an entailed question) | augment (higher-ranked candidate)
         ("entailed_rank", pa.int16()),  # rqe: retrieval rank 1..N; augment: reference rank of the entailed candidate
         ("entailed_id", pa.string()),  # rqe: MedQuAD qa_id; augment: aid
         ("n_sentences_a", pa.int16()),  # sentences in A before the max_sentences cap
@@ -120,7 +129,7 @@ def plan_grids(
     pairs: pd.DataFrame, max_sentences: int, top_k: int | None, sentence_vectors: dict[str, np.ndarray] | None
 ) -> GridPlan:
     """Cap both sides at `max_sentences` (leading sentences) and keep each A-sentence's top_k E-sentences."""
-    from medrank.encoders.base import fixed_blas_threads
+    from medrank.encoders.runtime import fixed_blas_threads
 
     cells: list[Pair] = []
     offsets = [0]
@@ -132,7 +141,9 @@ def plan_grids(
             if top_k is not None and top_k < len(se) and sa:
                 if sentence_vectors is None:
                     raise MedrankError("plan_grids: prefilter_top_k needs sentence vectors")
-                sel = select_columns(np.stack([sentence_vectors[s] for s in sa]), np.stack([sentence_vectors[s] for s in se]), top_k)
+                sel = select_columns(
+                    np.stack([sentence_vectors[s] for s in sa]), np.stack([sentence_vectors[s] for s in se]), top_k
+                )
             else:
                 sel = select_columns(np.zeros((len(sa), 1)), np.zeros((len(se), 1)), None)
             for i, row in enumerate(sel):
@@ -143,7 +154,9 @@ def plan_grids(
     return GridPlan(cells, np.asarray(offsets, dtype=np.int64), shapes, e_index)
 
 
-def grid_table(pairs: pd.DataFrame, plan: GridPlan, probs: np.ndarray, cls: np.ndarray, label_names: Sequence[str]) -> pd.DataFrame:
+def grid_table(
+    pairs: pd.DataFrame, plan: GridPlan, probs: np.ndarray, cls: np.ndarray, label_names: Sequence[str]
+) -> pd.DataFrame:
     """Assemble NLI_GRID rows from the plan and the per-cell outputs (probs (n_cells, 3), cls (n_cells, H))."""
     ie = label_index(label_names, "entail", 0)
     ine = label_index(label_names, "neutral", 1)
@@ -195,15 +208,26 @@ def nli_grids(
     if top_k is not None:
         if bi is None:
             raise MedrankError("nli_grids: prefilter_top_k needs a bi-encoder")
-        sents = sorted({s for col in ("sentences_a", "sentences_e") for ss in pairs[col] for s in list(ss)[:max_sentences]})
+        sents = sorted(
+            {s for col in ("sentences_a", "sentences_e") for ss in pairs[col] for s in list(ss)[:max_sentences]}
+        )
         # the prefilter only ranks sentences, so the cross-encoder's precision is good enough for it
-        emb, stats["bi_encoder"] = cached_sentence_embeddings(bi, sents, cache_root, precision, bi_batch_size, read_only=read_only)
+        emb, stats["bi_encoder"] = cached_sentence_embeddings(
+            bi, sents, cache_root, precision, bi_batch_size, read_only=read_only
+        )
         vectors = dict(zip(sents, emb))
     plan = plan_grids(pairs, max_sentences, top_k, vectors)
     log.info("%d grid cells (%.1f per answer pair)", len(plan.cells), len(plan.cells) / max(len(pairs), 1))
     cache = open_cache(model, "nli", cache_root, precision, read_only)
     out, stats["nli"] = cached_extract(
-        model, plan.cells, cache, precision, batch_size=batch_size, shard_size=shard_size, desc="nli", show_progress=show_progress,
+        model,
+        plan.cells,
+        cache,
+        precision,
+        batch_size=batch_size,
+        shard_size=shard_size,
+        desc="nli",
+        show_progress=show_progress,
         backend=backend,
     )
     cache.release()
@@ -239,15 +263,22 @@ def answer_grids(
     (max_sentences, bi: the prefilter, needed when `prefilter_top_k` is set, batch sizes, read_only, show_progress).
     """
     pairs = answer_pairs(answers, retrieved, augment_top)
-    log.info("%d answer pairs (%d rqe, %d augment) over %d candidate answers", len(pairs),
-             int((pairs.entailed_kind == "rqe").sum()), int((pairs.entailed_kind == "augment").sum()), len(answers))  # fmt: skip
+    log.info(
+        "%d answer pairs (%d rqe, %d augment) over %d candidate answers",
+        len(pairs),
+        int((pairs.entailed_kind == "rqe").sum()),
+        int((pairs.entailed_kind == "augment").sum()),
+        len(answers),
+    )
     sample = [(e[0], a[0]) for a, e in zip(pairs["sentences_a"], pairs["sentences_e"]) if len(a) and len(e)]
     chosen = choose_precision(nli, precision, cache_root, "nli", sample[:: max(1, len(sample) // 256)])
     rows, plan, stats = nli_grids(pairs, nli, chosen, cache_root, top_k=prefilter_top_k, **grid_kw)
     return Grids(rows, pairs, plan, chosen, stats)
 
 
-def candidate_answers(answers: pd.DataFrame, retrieved: pd.DataFrame, max_answers_per_question: int | None) -> pd.DataFrame:
+def candidate_answers(
+    answers: pd.DataFrame, retrieved: pd.DataFrame, max_answers_per_question: int | None
+) -> pd.DataFrame:
     """The answers of the questions that went through retrieval (all, unless a tiny profile capped them), at most
     `max_answers_per_question` each (None = all)."""
     answers = answers.merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])

@@ -23,7 +23,9 @@ def load_tables(p, used: set[str], judged: bool = False, extra_scores: dict | No
     if used & {"bow", "rqe", "rqe_emb", "anli"}:
         inputs["entailed"] = read_parquet(L.RETRIEVED)
     if "anli" in used:
-        inputs["anli"] = read_parquet(L.NLI_GRID, columns=["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"])
+        inputs["anli"] = read_parquet(
+            L.NLI_GRID, columns=["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]
+        )
     table = answer_table(answers, n_candidates=p.n_candidates, **inputs)
     tfidf = medquad_tfidf(p.baseline.bow_max_features) if "bow" in used else None
     labelled = table[table["split"] != L.TEST_SPLIT].reset_index(drop=True)

@@ -46,7 +46,12 @@ def _hold(path: Path) -> int:
 def _owner_alive(path: Path) -> bool:
     """True if a running process holds `path`'s flock (an atomic_path / atomic_dir still being written)."""
     try:
-        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() and not path.is_symlink() else 0) | os.O_NOFOLLOW)
+        fd = os.open(
+            path,
+            os.O_RDONLY
+            | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() and not path.is_symlink() else 0)
+            | os.O_NOFOLLOW,
+        )
     except OSError:
         return False  # gone, or a link: not ours to judge by its target
     try:
@@ -140,7 +145,9 @@ def _recover(target: Path) -> None:
     """A run killed mid-swap (fallback path) left no `target` but its `.old` copy: put that back."""
     if target.exists() or target.is_symlink() or not target.parent.is_dir():
         return
-    olds = sorted(p for p in target.parent.iterdir() if (m := _LEFTOVER.match(p.name)) and m["old"] and m["name"] == target.name)
+    olds = sorted(
+        p for p in target.parent.iterdir() if (m := _LEFTOVER.match(p.name)) and m["old"] and m["name"] == target.name
+    )
     if olds:
         log.warning("%s: missing after an interrupted swap; restoring %s", target, olds[-1].name)
         os.rename(olds[-1], target)
@@ -207,7 +214,9 @@ def _check_owned(path: Path, owns: Callable[[Path], bool], what: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, owns: Callable[[Path], bool], what: str = "this stage's output") -> Iterator[Path]:
+def atomic_dir(
+    path: str | os.PathLike, owns: Callable[[Path], bool], what: str = "this stage's output"
+) -> Iterator[Path]:
     """Yield an empty staging folder beside `path`; if the block succeeds, fsync it and swap it in atomically.
 
     A crash at any instant leaves `path` complete (old or new); `owns(path)` must accept an existing non-empty
@@ -239,7 +248,11 @@ def sweep_leftovers(outputs: Iterable[str | os.PathLike]) -> list[Path]:
     removed = []
     for out in map(Path, outputs):
         _recover(out)
-        found = [p for p in (out.parent.iterdir() if out.parent.is_dir() else ()) if (m := _LEFTOVER.match(p.name)) and m["name"] == out.name]
+        found = [
+            p
+            for p in (out.parent.iterdir() if out.parent.is_dir() else ())
+            if (m := _LEFTOVER.match(p.name)) and m["name"] == out.name
+        ]
         if out.is_dir() and not out.is_symlink():
             for d, dirs, files in os.walk(out):
                 hits = [Path(d, n) for n in dirs + files if _LEFTOVER.match(n)]
@@ -326,4 +339,6 @@ def decode_utf8(data: bytes, name: str | os.PathLike) -> str:
     try:
         return data[bom:].decode("utf-8")
     except UnicodeDecodeError as e:
-        raise MedrankError(f"{name}: not UTF-8 text (byte 0x{data[bom + e.start]:02x} at offset {bom + e.start}: {e.reason})") from None
+        raise MedrankError(
+            f"{name}: not UTF-8 text (byte 0x{data[bom + e.start]:02x} at offset {bom + e.start}: {e.reason})"
+        ) from None

@@ -1,7 +1,7 @@
 """Where every artifact lives (relative to the repository root) and the names of the data splits.
 
 The one home of paths: stages, `medrank rank` and tests import them from here; dvc.yaml stays the declaration
-of the DAG and tests/test_layout.py holds the two equal (every path here is declared there, and back).
+of the DAG and tests/pipeline/test_layout.py holds the two equal (every path here is declared there, and back).
 Paths are not params: a knob that names a folder invites a stage to write (or delete) where it does not own.
 """
 
@@ -24,7 +24,9 @@ NORMALIZED = Path("data/interim/normalized")  # normalize: the same tables with 
 ANSWERS = NORMALIZED / "answers.parquet"
 MEDQUAD = NORMALIZED / "medquad.parquet"
 RQE_PAIRS = NORMALIZED / "rqe_pairs.parquet"
-JUDGED = NORMALIZED / "liveqa_qrels.parquet"  # judged LiveQA answers of the train_liveqa questions (medrank.data.judged)
+JUDGED = (
+    NORMALIZED / "liveqa_qrels.parquet"
+)  # judged LiveQA answers of the train_liveqa questions (medrank.data.judged)
 CLEAN_ANSWERS = CLEAN / "answers.parquet"
 CLEAN_NLI = CLEAN / "nli.parquet"
 CLEAN_RQE_PAIRS = CLEAN / "rqe_pairs.parquet"
@@ -34,7 +36,9 @@ CLEAN_MEQSUM = CLEAN / "meqsum.parquet"  # consumer question -> summary pairs, M
 CLEAN_LIVEQA_QUESTIONS = CLEAN / "liveqa_questions.parquet"  # TREC 2017 LiveQA-Med test = MEDIQA train_liveqa
 CLEAN_LIVEQA_QRELS = CLEAN / "liveqa_qrels.parquet"  # graded (1-4) answers to those questions
 RQE_VAL_GOLD = RAW / "mediqa2019/Eval_Scripts/data/RQE_validationSet_ground_truth.txt"
-DISEASE_ONTOLOGY = RAW / "disease_ontology/doid-ebd679f.obo.gz"  # normalize.disease_ontology's default (open vocabulary)
+DISEASE_ONTOLOGY = (
+    RAW / "disease_ontology/doid-ebd679f.obo.gz"
+)  # normalize.disease_ontology's default (open vocabulary)
 
 PROCESSED = Path("data/processed")
 RETRIEVED = PROCESSED / "retrieved.parquet"  # retrieve: the N entailed MedQuAD questions per question
@@ -44,7 +48,9 @@ NLI_GRID = EMBEDDINGS / "nli_grid.parquet"
 BIENC = PROCESSED / "bienc.parquet"  # bienc: bienc_cos, heading_cos, qtype_agree, qtype_match per answer
 QA_SCORES = PROCESSED / "qa_scores.parquet"  # qa (analysis/dvc.yaml): qa_score per answer
 QA_GRADED_SCORES = PROCESSED / "qa_graded_scores.parquet"  # qa_graded (analysis/dvc.yaml): qa_graded_score per answer
-QA_BIENC_SCORES = PROCESSED / "qa_bienc_scores.parquet"  # qa_bienc (analysis/dvc.yaml): qa_bienc_cos per answer, cross-fitted
+QA_BIENC_SCORES = (
+    PROCESSED / "qa_bienc_scores.parquet"
+)  # qa_bienc (analysis/dvc.yaml): qa_bienc_cos per answer, cross-fitted
 CNN_SCORES = PROCESSED / "cnn_mediqa_scores.parquet"  # cnn_mediqa: cnn_score per answer
 BASELINE_PREDICTIONS = PROCESSED / "baseline" / "predictions.parquet"
 MTL_PREDICTIONS = PROCESSED / "mtl_predictions.parquet"
@@ -76,7 +82,9 @@ MODELS = Path("models")
 BASE_MODELS = MODELS / "base"  # acquire_models: pinned pretrained encoders by name (<name>/, MANIFEST.json)
 NLI_MODEL = MODELS / "nli"  # finetune_nli
 RQE_MODEL = MODELS / "rqe"  # finetune_rqe
-RQE_BI_MODEL = RQE_MODEL / "bi_encoder"  # the fine-tuned RQE bi-encoder, when the chosen recipe uses one (outside the CE's fingerprint)
+RQE_BI_MODEL = (
+    RQE_MODEL / "bi_encoder"
+)  # the fine-tuned RQE bi-encoder, when the chosen recipe uses one (outside the CE's fingerprint)
 QA_MODEL = MODELS / "qa"
 WORD2VEC_MODEL = MODELS / "word2vec"
 CNN_MODEL = MODELS / "cnn"

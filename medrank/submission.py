@@ -30,7 +30,9 @@ def _check_ids(df: pd.DataFrame, columns: list[str], what: str) -> list[list[str
     seen: dict[tuple[str, ...], int] = {}
     for i, key in enumerate(zip(*out)):
         if key in seen:
-            raise MedrankError(f"{what}: row {i + 1}: duplicate {', '.join(columns)} {', '.join(key)} (first at row {seen[key]})")
+            raise MedrankError(
+                f"{what}: row {i + 1}: duplicate {', '.join(columns)} {', '.join(key)} (first at row {seen[key]})"
+            )
         seen[key] = i + 1
     return out
 

@@ -28,10 +28,16 @@ from medrank.errors import MedrankError
 
 # data/processed/task2_probs.parquet (finetune_rqe -> task2): validation pairs with their out-of-fold P(entailed),
 # label and CHQ-grouped fold; test pairs with the final model's P(entailed), label and fold -1
-PROBS_SCHEMA = pa.schema([
-    ("split", pa.string()), ("pair_id", pa.string()), ("chq", pa.string()), ("prob", pa.float64()), ("label", pa.int64()),
-    ("fold", pa.int64()),
-])  # fmt: skip
+PROBS_SCHEMA = pa.schema(
+    [
+        ("split", pa.string()),
+        ("pair_id", pa.string()),
+        ("chq", pa.string()),
+        ("prob", pa.float64()),
+        ("label", pa.int64()),
+        ("fold", pa.int64()),
+    ]
+)
 
 CHQ_RULES = {
     "threshold_0.5": "each pair alone: P(entailed) >= 0.5",
@@ -113,8 +119,13 @@ def cross_validate(rules: Sequence[str], y: np.ndarray, p: np.ndarray, group: np
             acc, pred = _fold_accuracy(name, y, p, group, folds, folds != k, folds == k)
             oof[folds == k] = pred
             accs.append(acc)
-        out[name] = {"accuracy": float(np.mean(accs)), "accuracy_sd": float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0,
-                     "accuracy_folds": accs, "positive_rate": float(oof.mean()), "oof": oof}  # fmt: skip
+        out[name] = {
+            "accuracy": float(np.mean(accs)),
+            "accuracy_sd": float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0,
+            "accuracy_folds": accs,
+            "positive_rate": float(oof.mean()),
+            "oof": oof,
+        }
     return out
 
 
@@ -136,5 +147,9 @@ def nested_cv(rules: Sequence[str], y: np.ndarray, p: np.ndarray, group: np.ndar
         acc, _ = _fold_accuracy(name, y, p, group, folds, inner, ~inner)
         accs.append(acc)
         chosen.append(name)
-    return {"accuracy": float(np.mean(accs)), "accuracy_sd": float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0,
-            "accuracy_folds": accs, "chosen": chosen}  # fmt: skip
+    return {
+        "accuracy": float(np.mean(accs)),
+        "accuracy_sd": float(np.std(accs, ddof=1)) if len(accs) > 1 else 0.0,
+        "accuracy_folds": accs,
+        "chosen": chosen,
+    }

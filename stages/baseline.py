@@ -48,26 +48,50 @@ def main(params_path: str = "params.yaml") -> None:
     scored = labelled[~labelled["judged"]]
     parts = [
         oof.assign(part="oof", split=scored["split"].to_numpy()),
-        proto["loso_rows"].assign(part="loso", split=lambda d: d["gid"].map(labelled.drop_duplicates("gid").set_index("gid")["split"])),
+        proto["loso_rows"].assign(
+            part="loso", split=lambda d: d["gid"].map(labelled.drop_duplicates("gid").set_index("gid")["split"])
+        ),
         pred.assign(part="val", split="val", fold=-1, threshold=model.threshold),
         test_pred.assign(part="test", split="test", fold=-1, threshold=final.threshold),
     ]
     write_parquet(pd.concat(parts, ignore_index=True)[B.PREDICTIONS.names], L.BASELINE_PREDICTIONS, B.PREDICTIONS)
     cv_summary = rounded_summary(cv["base"])
-    write_json(L.metrics_file("task3_val_baseline"), {
-        **rounded_scores(val_scores), "n_predicted_positive": val_scores["n_predicted_positive"], "threshold": model.threshold,
-        "features": list(bp.features), "cv": cv_summary, "loso": loso["base"], "cv_folds": bp.cv_folds,
-        "cv_questions": int(scored["gid"].nunique()), "judged_training_rows": int(labelled["judged"].sum()),
-        "test_model": {"trained_on": sorted(labelled["split"].unique()), "threshold": final.threshold,
-                       "test_predicted_positive_rate": round(float(test_pred["label"].mean()), 4)},
-    })  # fmt: skip
-    write_json(L.metrics_file("baseline"), {
-        "model": {"features": list(bp.features), "n_features": len(model.builder.feature_names), "cv": cv_summary,
-                  "cv_thresholds": cv["base"]["thresholds"], "cv_variants": {k: rounded_summary(cv[k]) for k in B.VARIANTS},
-                  "loso": loso["base"], "loso_variants": {k: loso[k] for k in B.VARIANTS},
-                  "source_transfer": B.transfer_report(proto["per_source"]), "val": rounded_scores(val_scores)},
-        "seconds": round(time.perf_counter() - t0, 1),
-    })  # fmt: skip
+    write_json(
+        L.metrics_file("task3_val_baseline"),
+        {
+            **rounded_scores(val_scores),
+            "n_predicted_positive": val_scores["n_predicted_positive"],
+            "threshold": model.threshold,
+            "features": list(bp.features),
+            "cv": cv_summary,
+            "loso": loso["base"],
+            "cv_folds": bp.cv_folds,
+            "cv_questions": int(scored["gid"].nunique()),
+            "judged_training_rows": int(labelled["judged"].sum()),
+            "test_model": {
+                "trained_on": sorted(labelled["split"].unique()),
+                "threshold": final.threshold,
+                "test_predicted_positive_rate": round(float(test_pred["label"].mean()), 4),
+            },
+        },
+    )
+    write_json(
+        L.metrics_file("baseline"),
+        {
+            "model": {
+                "features": list(bp.features),
+                "n_features": len(model.builder.feature_names),
+                "cv": cv_summary,
+                "cv_thresholds": cv["base"]["thresholds"],
+                "cv_variants": {k: rounded_summary(cv[k]) for k in B.VARIANTS},
+                "loso": loso["base"],
+                "loso_variants": {k: loso[k] for k in B.VARIANTS},
+                "source_transfer": B.transfer_report(proto["per_source"]),
+                "val": rounded_scores(val_scores),
+            },
+            "seconds": round(time.perf_counter() - t0, 1),
+        },
+    )
 
 
 if __name__ == "__main__":

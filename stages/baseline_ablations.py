@@ -22,13 +22,20 @@ def main(params_path: str = "params.yaml") -> None:
 
     p = load_params(params_path)
     t0 = time.perf_counter()
-    configs = {"+".join(g): B.BaselineConfig(p.baseline, tuple(g), p.n_candidates, p.seed) for g in p.analysis.baseline.rows}
+    configs = {
+        "+".join(g): B.BaselineConfig(p.baseline, tuple(g), p.n_candidates, p.seed) for g in p.analysis.baseline.rows
+    }
     _, labelled, train, val, _, tfidf = load_tables(p, set().union(*(c.groups for c in configs.values())))
     table1, table4 = B.ablation_tables(labelled, train, val, configs, tfidf, L.LABELLED_SPLITS)
-    write_json(L.metrics_file("baseline_ablations"), {
-        "default_features": list(p.baseline.features), "table1_ablation": table1, "table4_ranking": table4,
-        "seconds": round(time.perf_counter() - t0, 1),
-    })  # fmt: skip
+    write_json(
+        L.metrics_file("baseline_ablations"),
+        {
+            "default_features": list(p.baseline.features),
+            "table1_ablation": table1,
+            "table4_ranking": table4,
+            "seconds": round(time.perf_counter() - t0, 1),
+        },
+    )
 
 
 if __name__ == "__main__":

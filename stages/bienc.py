@@ -17,17 +17,16 @@ import logging
 import time
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from medrank import layout
-from medrank.answer_scores import answer_bienc_scores, answer_qtype_scores, auc_by_source
+from medrank.answer_scores import auc_by_source, score_answers
 from medrank.data.judged import judged_answers, with_judged
-from medrank.encoders.base import BLAS_THREADS, resolve_device, runtime_info
+from medrank.encoders.hardware import resolve_device
+from medrank.encoders.runtime import BLAS_THREADS, runtime_info
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.models.rqe import QuestionTypes
 from medrank.params import load_params
 from medrank.runner import run
 
@@ -43,20 +42,6 @@ def _means(columns: dict) -> dict:
 
 
 CHECK_ANSWERS = 64  # answers whose cosines are recomputed in fp32 (uncached) to report the chosen precision's error
-
-
-def score_answers(answers: pd.DataFrame, p, bi: SentenceEncoder | None = None, read_only: bool = False) -> tuple[pd.DataFrame, dict]:
-    """(split, qid, aid + bienc_cos, heading_cos, qtype_agree, qtype_match; the encoding stats) of `answers`, vectors
-    at `bienc.precision` through the persistent cache (only unseen texts are encoded; `read_only`: none is stored, the
-    cache staying the stage's output). analysis/judged_rows.py scores the judged answers so."""
-    bp = p.bienc
-    bi = bi or SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)
-    if not read_only:
-        layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
-    cos, stats = answer_bienc_scores(answers, bi, cache_root=layout.CACHE_BIENC, batch_size=bp.batch_size, read_only=read_only,
-                                     precision=bp.precision)  # fmt: skip
-    qtype = answer_qtype_scores(answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed))  # BLAS threads fixed inside
-    return answers[["split", "qid", "aid"]].assign(**cos, **qtype), stats
 
 
 def main(params_path: str = "params.yaml") -> None:
@@ -75,7 +60,11 @@ def main(params_path: str = "params.yaml") -> None:
     sample = np.random.default_rng(p.seed).choice(len(answers), size=min(CHECK_ANSWERS, len(answers)), replace=False)
     q32 = bi.encode(answers["question_norm"].fillna("").iloc[sample].tolist(), "fp32", bp.batch_size)
     a32 = bi.encode(answers["answer_norm"].fillna("").iloc[sample].tolist(), "fp32", bp.batch_size)
-    check = float(np.abs(np.einsum("ij,ij->i", q32, a32) - table["bienc_cos"].to_numpy()[sample]).max()) if len(sample) else None
+    check = (
+        float(np.abs(np.einsum("ij,ij->i", q32, a32) - table["bienc_cos"].to_numpy()[sample]).max())
+        if len(sample)
+        else None
+    )
     write_json(
         layout.metrics_file("bienc"),
         {
@@ -84,12 +73,17 @@ def main(params_path: str = "params.yaml") -> None:
             "model": bp.model,
             "max_length": bp.max_length,
             "encode": stats,
-            "precision_check_vs_fp32": {"answers": int(len(sample)), "max_abs_diff_bienc_cos": None if check is None else round(check, 6)},
+            "precision_check_vs_fp32": {
+                "answers": int(len(sample)),
+                "max_abs_diff_bienc_cos": None if check is None else round(check, 6),
+            },
             "cos_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("bienc_cos", "heading_cos")}),
             # against the label (reference score >= 3), per labelled source: what qa_bienc's rows are set beside
             "auc": auc_by_source(labelled, {k: table[k].to_numpy()[mediqa] for k in ("bienc_cos", "heading_cos")}),
             "qtype_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("qtype_agree", "qtype_match")}),
-            "runtime": runtime_info(resolve_device(p.device), precision=stats.get("precision"), blas_threads=BLAS_THREADS),
+            "runtime": runtime_info(
+                resolve_device(p.device), precision=stats.get("precision"), blas_threads=BLAS_THREADS
+            ),
             "seconds": round(time.perf_counter() - t0, 1),
         },
     )

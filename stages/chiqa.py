@@ -18,7 +18,9 @@ def main(params_path: str = "params.yaml") -> None:
         part = ranked[ranked["split"] == split].drop(columns="split")
         write_task3_submission(layout.task3_submission(split, "chiqa"), part)
     gold = gold_from_answers(answers[answers["split"] == layout.VAL_SPLIT])
-    write_json(layout.metrics_file("task3_val_chiqa"), score_task3(gold, layout.task3_submission(layout.VAL_SPLIT, "chiqa")))
+    write_json(
+        layout.metrics_file("task3_val_chiqa"), score_task3(gold, layout.task3_submission(layout.VAL_SPLIT, "chiqa"))
+    )
 
 
 if __name__ == "__main__":

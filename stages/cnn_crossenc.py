@@ -12,7 +12,8 @@ import pyarrow as pa
 
 from medrank import layout
 from medrank.data.sentence_selection import rank_metrics, sample_pairs, sample_questions
-from medrank.encoders.base import DEFAULT_MODEL, runtime_info
+from medrank.encoders.models import DEFAULT_MODEL
+from medrank.encoders.runtime import runtime_info
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
@@ -29,11 +30,18 @@ def main(params_path: str = "params.yaml") -> None:
     pairs = read_parquet(layout.SQUAD_SENTENCES)
     dev = sample_questions(pairs[pairs["split"] == "dev"], c.sample_questions, p.seed)
     if c.crossenc_train_pairs == 0:
-        write_parquet(pd.DataFrame({"question_id": [], "sent_idx": [], "score": []}), layout.CROSSENC_DEV_SCORES, SCORES_SCHEMA)
-        write_json(layout.metrics_file("cnn_crossenc"), {"skipped": True, "dev_sample": {"cross_encoder": "skipped (cnn.crossenc_train_pairs = 0)"}})
+        write_parquet(
+            pd.DataFrame({"question_id": [], "sent_idx": [], "score": []}), layout.CROSSENC_DEV_SCORES, SCORES_SCHEMA
+        )
+        write_json(
+            layout.metrics_file("cnn_crossenc"),
+            {"skipped": True, "dev_sample": {"cross_encoder": "skipped (cnn.crossenc_train_pairs = 0)"}},
+        )
         return
     train = sample_pairs(pairs[pairs["split"] == "train"], c.crossenc_train_pairs, p.seed)
-    model = CrossEncoder.from_base(DEFAULT_MODEL, num_labels=2, max_length=c.crossenc_max_length, device=p.device, seed=p.seed)
+    model = CrossEncoder.from_base(
+        DEFAULT_MODEL, num_labels=2, max_length=c.crossenc_max_length, device=p.device, seed=p.seed
+    )
     history = model.fit(
         list(zip(train["question"], train["sentence"])),
         train["label"].astype(int).tolist(),
@@ -53,14 +61,19 @@ def main(params_path: str = "params.yaml") -> None:
         {
             "skipped": False,
             "base_model": DEFAULT_MODEL,
-            "dev_sample": {"n_questions": int(dev["question_id"].nunique()), "cross_encoder": rank_metrics(dev, out["score"].to_numpy()),
-                           "cross_encoder_train_pairs": len(train)},  # fmt: skip
+            "dev_sample": {
+                "n_questions": int(dev["question_id"].nunique()),
+                "cross_encoder": rank_metrics(dev, out["score"].to_numpy()),
+                "cross_encoder_train_pairs": len(train),
+            },
             "train_pairs": len(train),
             "train_questions": int(train["question_id"].nunique()),
             "history": history,
             "predict": model.last_predict_stats,
             # the weights depend on the training precision and the thread count (every core: recorded, not pinned)
-            "runtime": runtime_info(model.device, train_precision=model.train_precision, predict_precision=model.train_precision),
+            "runtime": runtime_info(
+                model.device, train_precision=model.train_precision, predict_precision=model.train_precision
+            ),
         },
     )
 

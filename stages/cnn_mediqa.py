@@ -12,7 +12,7 @@ import torch
 
 from medrank import layout
 from medrank.decision import best_cut_threshold, relative_to_question_best
-from medrank.encoders.base import runtime_info
+from medrank.encoders.runtime import runtime_info
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.metrics import gold_from_answers, ir_metrics, score_task3
 from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, answer_scores
@@ -30,10 +30,15 @@ def held_out_scores(scored, answers, seed: int, k: int = 5) -> dict:
     from medrank.features import question_key
 
     labelled = answers[answers["split"].isin(layout.LABELLED_SPLITS)]
-    cand = labelled[["split", "qid", "aid", "label", "reference_rank", "reference_score"]].assign(gid=question_key(labelled))
+    cand = labelled[["split", "qid", "aid", "label", "reference_rank", "reference_score"]].assign(
+        gid=question_key(labelled)
+    )
     rows = held_out_copies(scored.assign(gid=question_key(scored)), k, seed, layout.LABELLED_SPLITS)
     _, decided = decide_system(rows[["part", "fold", "gid", "aid", "prob", "rank_key"]], cand, train=[])
-    return {"cv": rounded_summary(cv_summary_of(decided, cand)), "loso": loso_summary_of(decided, cand, layout.LABELLED_SPLITS)}
+    return {
+        "cv": rounded_summary(cv_summary_of(decided, cand)),
+        "loso": loso_summary_of(decided, cand, layout.LABELLED_SPLITS),
+    }
 
 
 def main(params_path: str = "params.yaml") -> None:
@@ -60,14 +65,18 @@ def main(params_path: str = "params.yaml") -> None:
     out: dict = {"aggregation": p.cnn.mediqa_aggregation, "relative_threshold": threshold}
     # fp32 on one thread: scores agree bit for bit only where the kernels do (word2vec's BLAS, conv1d: flags, ATen level)
     out["runtime"] = runtime_info("cpu", precision="fp32")
-    out["val"] = score_task3(gold_from_answers(answers, layout.VAL_SPLIT), layout.task3_submission(layout.VAL_SPLIT, "cnn"))
+    out["val"] = score_task3(
+        gold_from_answers(answers, layout.VAL_SPLIT), layout.task3_submission(layout.VAL_SPLIT, "cnn")
+    )
     out.update(held_out_scores(scored.assign(prob=relative, rank_key=scored["cnn_score"]), answers, p.seed))
     # ranking quality alone (every answer ranked by score; relevance = reference_score >= 3), per labelled split
     for split in layout.LABELLED_SPLITS:
         part = scored[scored["split"] == split]
         qrels = part[["qid", "aid"]].assign(label=part["label"].astype(int))
         run_ = part[["qid", "aid"]].assign(score=part["cnn_score"].to_numpy(dtype=np.float64))
-        out[f"{split}_ranx"] = {k: round(v, 4) for k, v in ir_metrics(qrels, run_, ("mrr", "map", "precision@1")).items()}
+        out[f"{split}_ranx"] = {
+            k: round(v, 4) for k, v in ir_metrics(qrels, run_, ("mrr", "map", "precision@1")).items()
+        }
     write_json(layout.metrics_file("cnn_mediqa"), out)
 
 

@@ -27,7 +27,12 @@ def main(params_path: str = "params.yaml") -> None:
     idf = Idf.fit(tokenize(s) for s in train_all["sentence"].drop_duplicates())
     train, val = hold_out_articles(train_all, c.val_articles, p.seed)
     train = sample_questions(train, c.max_train_questions, p.seed)
-    log.info("training on %d questions (%d pairs); %d held-out questions", train["question_id"].nunique(), len(train), val["question_id"].nunique())
+    log.info(
+        "training on %d questions (%d pairs); %d held-out questions",
+        train["question_id"].nunique(),
+        len(train),
+        val["question_id"].nunique(),
+    )
     arch = dict(
         overlap_dim=c.overlap_dim,
         conv_width=c.conv_width,
@@ -40,7 +45,9 @@ def main(params_path: str = "params.yaml") -> None:
     ranker = CnnRanker.create(WordVectors.load(layout.WORD2VEC_MODEL), idf, arch, seed=p.seed)
     enc_train = ranker.encoder.encode(train["question"].tolist(), train["sentence"].tolist())
     enc_val = ranker.encoder.encode(val["question"].tolist(), val["sentence"].tolist())
-    tc = TrainConfig(optimizer=c.optimizer, lr=c.lr, l2=c.l2, epochs=c.epochs, batch_size=c.batch_size, patience=c.patience)
+    tc = TrainConfig(
+        optimizer=c.optimizer, lr=c.lr, l2=c.l2, epochs=c.epochs, batch_size=c.batch_size, patience=c.patience
+    )
 
     with Live(str(layout.plots_dir("cnn_train")), save_dvc_exp=False, dvcyaml=None) as live:
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from medrank import layout
-from medrank.encoders.base import runtime_info, set_threads
+from medrank.encoders.runtime import runtime_info, set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import extraction_backend
 from medrank.encoders.extract import precision_check
@@ -33,15 +33,27 @@ def main(params_path: str = "params.yaml") -> None:
     threads = set_threads()
     retrieved = read_parquet(layout.RETRIEVED).rename(columns={"entailed_sentences": "sentences"})
     answers = read_parquet(layout.ANSWERS, columns=["split", "qid", "aid", "reference_rank", "answer_sentences"])
-    answers = candidate_answers(answers.rename(columns={"answer_sentences": "sentences"}), retrieved, ep.max_answers_per_question)
+    answers = candidate_answers(
+        answers.rename(columns={"answer_sentences": "sentences"}), retrieved, ep.max_answers_per_question
+    )
     backend = extraction_backend(ep.backend, ep.ray, ep.workers)
     model = CrossEncoder.load(layout.NLI_MODEL, device=p.device, precision=ep.precision)
     bi = SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None
     grids = answer_grids(
-        answers, retrieved, model, layout.CACHE_EMBED, max_sentences=ep.max_sentences, prefilter_top_k=ep.prefilter_top_k, bi=bi,
-        augment_top=ep.augment_top, precision=ep.precision, batch_size=ep.batch_size, bi_batch_size=ep.bi_batch_size,
-        shard_size=ep.shard_size, backend=backend,
-    )  # fmt: skip
+        answers,
+        retrieved,
+        model,
+        layout.CACHE_EMBED,
+        max_sentences=ep.max_sentences,
+        prefilter_top_k=ep.prefilter_top_k,
+        bi=bi,
+        augment_top=ep.augment_top,
+        precision=ep.precision,
+        batch_size=ep.batch_size,
+        bi_batch_size=ep.bi_batch_size,
+        shard_size=ep.shard_size,
+        backend=backend,
+    )
     grid, cells = grids.rows, grids.plan.cells
     write_parquet(grid, layout.NLI_GRID, NLI_GRID)
 
@@ -60,7 +72,9 @@ def main(params_path: str = "params.yaml") -> None:
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
         "precision_check_vs_fp32": check,
         "threads": model.threads or threads,
-        "workers": getattr(backend, "workers", None),  # backend local: processes of 1 thread each (only with >= 2 shards)
+        "workers": getattr(
+            backend, "workers", None
+        ),  # backend local: processes of 1 thread each (only with >= 2 shards)
         # bf16 outputs agree bit for bit only between CPUs with the same bf16 kernels (flags, ATen level)
         "runtime": runtime_info(model.device, precision=grids.precision),
         "extract": {k: v.as_dict() for k, v in grids.stats.items()},
@@ -68,8 +82,14 @@ def main(params_path: str = "params.yaml") -> None:
         "seconds": round(time.perf_counter() - t0, 2),
     }
     write_json(layout.metrics_file("embed"), metrics)
-    log.info("embed: %d answer pairs, %d cells (%d computed) at %s in %.1fs", len(grid), len(cells),
-             grids.stats["nli"].computed, grids.precision, metrics["seconds"])  # fmt: skip
+    log.info(
+        "embed: %d answer pairs, %d cells (%d computed) at %s in %.1fs",
+        len(grid),
+        len(cells),
+        grids.stats["nli"].computed,
+        grids.precision,
+        metrics["seconds"],
+    )
 
 
 if __name__ == "__main__":

@@ -24,11 +24,23 @@ def main(params_path: str = "params.yaml") -> None:
     data = load_task(task, tp.dataset).capped(tp.max_eval_pairs)
     pairs, labels = cap_pairs(data.train_pairs, data.train_labels, tp.max_train_pairs, rng)
     model = CrossEncoder.from_base(
-        tp.base_model, len(data.label_names), tp.max_length, device=p.device, seed=p.seed,
-        label_names=data.label_names, precision=tp.predict_precision,
-    )  # fmt: skip
+        tp.base_model,
+        len(data.label_names),
+        tp.max_length,
+        device=p.device,
+        seed=p.seed,
+        label_names=data.label_names,
+        precision=tp.predict_precision,
+    )
     history, train_seconds = fit_with_curves(
-        model, pairs, labels, data.eval_pairs, data.eval_labels, tp, seed=p.seed, live_dir=layout.plots_dir(f"finetune_{task}")
+        model,
+        pairs,
+        labels,
+        data.eval_pairs,
+        data.eval_labels,
+        tp,
+        seed=p.seed,
+        live_dir=layout.plots_dir(f"finetune_{task}"),
     )
     val_probs = model.predict(data.eval_pairs, batch_size=tp.eval_batch_size)
     speed = dict(model.last_predict_stats)  # steady-state rate on validation, after the precision probe
@@ -50,7 +62,9 @@ def main(params_path: str = "params.yaml") -> None:
         speed["test"] = dict(model.last_predict_stats)
     val_out, test_out = layout.NLI_SUBMISSIONS["val"], layout.NLI_SUBMISSIONS["test"]
     names = np.asarray(data.label_names)
-    write_text(val_out, pd.DataFrame({"pair_id": data.eval_ids, "label": names[val_probs.argmax(1)]}).to_csv(index=False))
+    write_text(
+        val_out, pd.DataFrame({"pair_id": data.eval_ids, "label": names[val_probs.argmax(1)]}).to_csv(index=False)
+    )
     preds = names[test_probs.argmax(1)] if test_probs is not None else []
     write_text(test_out, pd.DataFrame({"pair_id": data.test_ids, "label": preds}).to_csv(index=False))
     if data.test_labels is not None:

@@ -3,13 +3,47 @@ the `mtl` section, under the mtl stage's question-grouped CV and leave-one-sourc
 -> metrics/mtl_ablations.json. Off the default pipeline: `dvc exp run` does not wait for ~80 fits it does not need;
 `dvc repro analysis/dvc.yaml` refreshes the table."""
 
+from __future__ import annotations
+
+import time
+
 from medrank.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from stages.mtl import main as mtl
+    from medrank import layout as L
+    from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
+    from medrank.evaluation import rounded
+    from medrank.io import write_json
+    from medrank.models import mtl
+    from medrank.models.mtl.setup import prepare
+    from medrank.params import load_params, mtl_rows
 
-    mtl(params_path, ablations=True)
+    p = load_params(params_path)
+    mp = p.mtl
+    t0 = time.perf_counter()
+    rows = mtl_rows(mp, p.analysis.mtl.rows)
+    s = prepare(p, {f"analysis.mtl.rows ({n})": r for n, (_, r) in rows.items()}, params_path)
+    with deterministic_torch(), fixed_blas_threads():
+        table = mtl.ablation_cv(
+            s.data,
+            s.labelled,
+            {n: (r, s.builder(r)) for n, (_, r) in rows.items()},
+            k=mp.cv_folds,
+            seed=p.seed,
+            device=s.device,
+            sources=L.LABELLED_SPLITS,
+            workers=mp.workers,
+        )
+    for name, row in table.items():
+        row["overrides"] = rows[name][0]
+    out = {
+        "rows": table,
+        "seconds_total": round(time.perf_counter() - t0, 1),
+        "workers": mp.workers,
+        "device": str(s.device),
+    }
+    write_json(L.metrics_file("mtl_ablations"), rounded(out))
 
 
 if __name__ == "__main__":

@@ -4,13 +4,67 @@ seeds (the mtl stage's seed and the next ones: folds and initialisation), paired
 each row's score per seed (mean of CV accuracy and LOSO mean accuracy), its mean paired difference to the default, and
 `win` when that difference exceeds the band (the sd of the default's score over the seeds)."""
 
+from __future__ import annotations
+
+import time
+
 from medrank.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from stages.mtl import main as mtl
+    from medrank import layout as L
+    from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
+    from medrank.errors import MedrankError
+    from medrank.evaluation import confirm_table, rounded
+    from medrank.io import write_json
+    from medrank.models import mtl
+    from medrank.models.mtl.setup import prepare
+    from medrank.params import load_params, mtl_rows
 
-    mtl(params_path, confirm=True)
+    p = load_params(params_path)
+    mp = p.mtl
+    t0 = time.perf_counter()
+    rows = mtl_rows(mp, p.analysis.mtl.rows)
+    unknown = [n for n in p.analysis.confirm.mtl_rows if n not in rows]
+    if unknown:
+        raise MedrankError(
+            f"{params_path}: analysis.confirm.mtl_rows: {unknown[0]!r} is not a row name of analysis.mtl.rows"
+        )
+    rows = {"default": ({}, mp)} | {n: rows[n] for n in p.analysis.confirm.mtl_rows}
+    names = {"mtl.augment" if n == "default" else f"analysis.mtl.rows ({n})": r for n, (_, r) in rows.items()}
+    s = prepare(p, names, params_path)
+    seeds = [p.seed + i for i in range(p.analysis.confirm.seeds)]
+    by_row: dict[str, list[float]] = {n: [] for n in rows}  # each row's score per seed
+    per_seed = []
+    with deterministic_torch(), fixed_blas_threads():
+        for seed in seeds:  # one seed's rows side by side (same folds and initialisation for every row)
+            table = mtl.ablation_cv(
+                s.data,
+                s.labelled,
+                {n: (r, s.builder(r)) for n, (_, r) in rows.items()},
+                k=mp.cv_folds,
+                seed=seed,
+                device=s.device,
+                sources=L.LABELLED_SPLITS,
+                workers=mp.workers,
+            )
+            per_seed.append(
+                {
+                    n: {"cv_accuracy": t["accuracy"]["mean"], "loso_accuracy": t["loso"]["accuracy"]["mean"]}
+                    for n, t in table.items()
+                }
+            )
+            for n, t in table.items():
+                by_row[n].append((t["accuracy"]["mean"] + t["loso"]["accuracy"]["mean"]) / 2)
+    out = confirm_table(by_row, seeds)
+    for n, r in out["rows"].items():
+        r["overrides"] = rows[n][0]
+    out |= {
+        "per_seed": per_seed,
+        "score": "mean of CV accuracy and LOSO mean accuracy",
+        "seconds_total": round(time.perf_counter() - t0, 1),
+    }
+    write_json(L.metrics_file("mtl_confirm"), rounded(out))
 
 
 if __name__ == "__main__":

@@ -19,16 +19,13 @@ log = logging.getLogger("stages.noise_band")
 
 
 def main(params_path: str = "params.yaml") -> None:
-    import torch
-
     from medrank import layout as L
-    from medrank.encoders.base import deterministic_torch, fixed_blas_threads, resolve_device
-    from medrank.evaluation import split_questions
-    from medrank.features import medquad_tfidf
+    from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
     from medrank.inputs import load_tables
     from medrank.io import write_json
     from medrank.models import baseline as B
     from medrank.models import mtl
+    from medrank.models.mtl.setup import prepare
     from medrank.params import load_params
 
     p = load_params(params_path)
@@ -41,20 +38,35 @@ def main(params_path: str = "params.yaml") -> None:
     baseline = B.spread_over_seeds(labelled, cfg, tfidf, L.LABELLED_SPLITS, len(seeds))
     t_base = time.perf_counter() - t0
     # the MTL: run_recipe's CV and LOSO fits under each seed (the same jobs: the first seed's are the mtl stage's)
-    if mp.threads:
-        torch.set_num_threads(mp.threads)
-    _, data = mtl.read_mtl_data(p, mp.feature_groups)
-    tfidf_m = medquad_tfidf(mp.tfidf_max_features) if "bow" in mp.feature_groups else None
-    gids = mtl.labelled_gids(data, split_questions(data.cand, L.TRAIN_SPLITS), split_questions(data.cand, [L.VAL_SPLIT]))
+    m = prepare(p, {"mtl.augment": mp}, params_path)
     with deterministic_torch(), fixed_blas_threads():
-        mtl_spread = mtl.spread_over_seeds(data, gids, mp, mtl.builder_factory(mp.feature_groups, p.n_candidates, tfidf_m), seeds=seeds,
-                                           sources=L.LABELLED_SPLITS, device=resolve_device(p.device), workers=mp.workers)  # fmt: skip
-    write_json(L.metrics_file("noise_band"), {
-        "seeds": seeds, "baseline": baseline, "mtl": mtl_spread, "n_candidates": p.n_candidates,
-        "seconds": {"baseline": round(t_base, 1), "total": round(time.perf_counter() - t0, 1)},
-    })  # fmt: skip
-    log.info("noise band over seeds %s: accuracy baseline %.4f, MTL %.4f (%.0fs)", seeds, baseline["accuracy"], mtl_spread["accuracy"],
-             time.perf_counter() - t0)  # fmt: skip
+        mtl_spread = mtl.spread_over_seeds(
+            m.data,
+            m.labelled,
+            mp,
+            m.builder(mp),
+            seeds=seeds,
+            sources=L.LABELLED_SPLITS,
+            device=m.device,
+            workers=mp.workers,
+        )
+    write_json(
+        L.metrics_file("noise_band"),
+        {
+            "seeds": seeds,
+            "baseline": baseline,
+            "mtl": mtl_spread,
+            "n_candidates": p.n_candidates,
+            "seconds": {"baseline": round(t_base, 1), "total": round(time.perf_counter() - t0, 1)},
+        },
+    )
+    log.info(
+        "noise band over seeds %s: accuracy baseline %.4f, MTL %.4f (%.0fs)",
+        seeds,
+        baseline["accuracy"],
+        mtl_spread["accuracy"],
+        time.perf_counter() - t0,
+    )
 
 
 if __name__ == "__main__":

@@ -35,10 +35,24 @@ def main(params_path: str = "params.yaml") -> None:
     t0 = time.perf_counter()
     medquad = read_parquet(layout.MEDQUAD, columns=["focus", "question_type", "question", "answer_norm"])
     data = qa_task(medquad, qp.train_pairs, qp.eval_pairs, qp.eval_focus_frac, np.random.default_rng(p.seed))
-    model = CrossEncoder.from_base(qp.base_model, len(QA_LABELS), qp.max_length, device=p.device, seed=p.seed, label_names=QA_LABELS,
-                                   precision=qp.predict_precision)  # fmt: skip
+    model = CrossEncoder.from_base(
+        qp.base_model,
+        len(QA_LABELS),
+        qp.max_length,
+        device=p.device,
+        seed=p.seed,
+        label_names=QA_LABELS,
+        precision=qp.predict_precision,
+    )
     history, train_seconds = fit_with_curves(
-        model, data.train_pairs, data.train_labels, data.eval_pairs, data.eval_labels, qp, seed=p.seed, live_dir=layout.plots_dir("qa")
+        model,
+        data.train_pairs,
+        data.train_labels,
+        data.eval_pairs,
+        data.eval_labels,
+        qp,
+        seed=p.seed,
+        live_dir=layout.plots_dir("qa"),
     )
     val = classification_metrics(data.eval_labels, model.predict(data.eval_pairs, batch_size=qp.eval_batch_size))
     fingerprint = model.save(layout.QA_MODEL, extra_meta={"task": "qa"})
@@ -65,8 +79,13 @@ def main(params_path: str = "params.yaml") -> None:
             "predict_speed": speed,
             "seconds": round(time.perf_counter() - t0, 1),
         },
-    )  # fmt: skip
-    log.info("qa: held-out MedQuAD accuracy %.3f; %d MEDIQA answers scored (%.0fs)", val["accuracy"], len(pairs), time.perf_counter() - t0)
+    )
+    log.info(
+        "qa: held-out MedQuAD accuracy %.3f; %d MEDIQA answers scored (%.0fs)",
+        val["accuracy"],
+        len(pairs),
+        time.perf_counter() - t0,
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ from medrank.params import load_params
 from medrank.runner import run
 
 log = logging.getLogger("stages.qa_graded")
-QA_GRADED_SCORES = pa.schema([("split", pa.string()), ("qid", pa.string()), ("aid", pa.string()), ("qa_graded_score", pa.float64())])
+QA_GRADED_SCORES = pa.schema(
+    [("split", pa.string()), ("qid", pa.string()), ("aid", pa.string()), ("qa_graded_score", pa.float64())]
+)
 
 
 def graded_metrics(score: np.ndarray, grade: np.ndarray, qid: np.ndarray) -> dict:
@@ -47,7 +49,9 @@ def graded_metrics(score: np.ndarray, grade: np.ndarray, qid: np.ndarray) -> dic
     return {
         "n": int(len(score)),
         "auc": _auc((grade >= 3).astype(float), score),
-        "spearman": round(float(scipy.stats.spearmanr(score, grade)[0]), 4) if len(score) > 2 and np.ptp(score) > 0 and np.ptp(grade) > 0 else None,
+        "spearman": round(float(scipy.stats.spearmanr(score, grade)[0]), 4)
+        if len(score) > 2 and np.ptp(score) > 0 and np.ptp(grade) > 0
+        else None,
         "spearman_within_question": round(float(np.mean(within)), 4) if within else None,
         "n_questions_within": len(within),
     }
@@ -71,7 +75,9 @@ def main(params_path: str = "params.yaml") -> None:
     answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
     judged = judged_answers(read_parquet(layout.JUDGED), answers)
     if judged.empty:
-        raise MedrankError(f"{layout.JUDGED}: no judged answer of a train_liveqa question in {layout.ANSWERS} (nothing to learn the grades from)")
+        raise MedrankError(
+            f"{layout.JUDGED}: no judged answer of a train_liveqa question in {layout.ANSWERS} (nothing to learn the grades from)"
+        )
     keys = answers[["split", "qid"]].drop_duplicates()
     fold_of = dict(zip(zip(keys["split"], keys["qid"]), question_folds(keys, gp.folds, p.seed)))
     a_fold = np.array([fold_of[k] for k in zip(answers["split"], answers["qid"])])
@@ -83,7 +89,7 @@ def main(params_path: str = "params.yaml") -> None:
 
     score = np.full(len(answers), np.nan)
     held_before, held_after = np.full(len(judged), np.nan), np.full(len(judged), np.nan)
-    folds, seconds = [], {}
+    folds = []
     base = CrossEncoder.load(layout.QA_MODEL, device=p.device, precision=gp.predict_precision)
     with Live(dir=str(layout.plots_dir("qa_graded")), dvcyaml=None, save_dvc_exp=False) as live:
         live.log_params(gp.model_dump())
@@ -91,26 +97,57 @@ def main(params_path: str = "params.yaml") -> None:
             tf = time.perf_counter()
             train, held = np.flatnonzero(j_fold != f), np.flatnonzero(j_fold == f)
             if len(train) == 0:
-                raise MedrankError(f"qa_graded.folds: fold {f} leaves no judged answer to train on ({len(judged)} judged answers; use fewer folds)")
+                raise MedrankError(
+                    f"qa_graded.folds: fold {f} leaves no judged answer to train on ({len(judged)} judged answers; use fewer folds)"
+                )
             model = CrossEncoder.load(layout.QA_MODEL, device=p.device, precision=gp.predict_precision)
             eval_pairs = [j_pairs[i] for i in held] if len(held) else None
             eval_labels = (grade[held] >= 3).astype(int) if len(held) else None
             model.fit(
-                [j_pairs[i] for i in train], target[train], epochs=gp.epochs, lr=gp.lr, batch_size=gp.batch_size, warmup_ratio=gp.warmup_ratio,
-                weight_decay=gp.weight_decay, eval_pairs=eval_pairs, eval_labels=eval_labels, seed=p.seed + f, precision=gp.train_precision,
-                threads=gp.threads, eval_every=gp.eval_every, soft_targets=gp.target == "grade",
+                [j_pairs[i] for i in train],
+                target[train],
+                epochs=gp.epochs,
+                lr=gp.lr,
+                batch_size=gp.batch_size,
+                warmup_ratio=gp.warmup_ratio,
+                weight_decay=gp.weight_decay,
+                eval_pairs=eval_pairs,
+                eval_labels=eval_labels,
+                seed=p.seed + f,
+                precision=gp.train_precision,
+                threads=gp.threads,
+                eval_every=gp.eval_every,
+                soft_targets=gp.target == "grade",
                 step_callback=live_step_logger(live, {k: f"fold{f}/{v}" for k, v in CURVES.items()}),
-            )  # fmt: skip
+            )
             if len(held):
                 held_after[held] = model.predict(eval_pairs, batch_size=gp.eval_batch_size, show_progress=False)[:, 1]
                 held_before[held] = base.predict(eval_pairs, batch_size=gp.eval_batch_size, show_progress=False)[:, 1]
             rows = np.flatnonzero(a_fold == f)
             if len(rows):
-                score[rows] = model.predict([a_pairs[i] for i in rows], batch_size=gp.eval_batch_size, show_progress=False)[:, 1]
-            folds.append({"fold": f, "n_train_judged": int(len(train)), "n_held_judged": int(len(held)), "n_answers_scored": int(len(rows)),
-                          "train_precision": model.train_precision, "seconds": round(time.perf_counter() - tf, 1)})  # fmt: skip
-            log.info("qa_graded fold %d: %d judged answers learned, %d MEDIQA answers scored (%.0fs)", f, len(train), len(rows), time.perf_counter() - tf)
-    write_parquet(answers[["split", "qid", "aid"]].assign(qa_graded_score=score), layout.QA_GRADED_SCORES, QA_GRADED_SCORES)
+                score[rows] = model.predict(
+                    [a_pairs[i] for i in rows], batch_size=gp.eval_batch_size, show_progress=False
+                )[:, 1]
+            folds.append(
+                {
+                    "fold": f,
+                    "n_train_judged": int(len(train)),
+                    "n_held_judged": int(len(held)),
+                    "n_answers_scored": int(len(rows)),
+                    "train_precision": model.train_precision,
+                    "seconds": round(time.perf_counter() - tf, 1),
+                }
+            )
+            log.info(
+                "qa_graded fold %d: %d judged answers learned, %d MEDIQA answers scored (%.0fs)",
+                f,
+                len(train),
+                len(rows),
+                time.perf_counter() - tf,
+            )
+    write_parquet(
+        answers[["split", "qid", "aid"]].assign(qa_graded_score=score), layout.QA_GRADED_SCORES, QA_GRADED_SCORES
+    )
 
     qid = judged["qid"].to_numpy()
     ok = ~np.isnan(held_after)
@@ -119,8 +156,14 @@ def main(params_path: str = "params.yaml") -> None:
     graded = answers[["split", "qid", "aid"]].assign(qa_graded_score=score).merge(qa, on=["split", "qid", "aid"])
     for split, g in graded.groupby("split"):
         lab = g["label"].to_numpy(dtype=float)
-        by_split[split] = {"qa_auc": _auc(lab, g["qa_score"].to_numpy()), "qa_graded_auc": _auc(lab, g["qa_graded_score"].to_numpy())}
-    held = {"before": graded_metrics(held_before[ok], grade[ok], qid[ok]), "after": graded_metrics(held_after[ok], grade[ok], qid[ok])}
+        by_split[split] = {
+            "qa_auc": _auc(lab, g["qa_score"].to_numpy()),
+            "qa_graded_auc": _auc(lab, g["qa_graded_score"].to_numpy()),
+        }
+    held = {
+        "before": graded_metrics(held_before[ok], grade[ok], qid[ok]),
+        "after": graded_metrics(held_after[ok], grade[ok], qid[ok]),
+    }
     write_json(
         layout.metrics_file("qa_graded"),
         {
@@ -135,8 +178,13 @@ def main(params_path: str = "params.yaml") -> None:
             "mediqa_answers_scored": int(len(answers)),
             "seconds": round(time.perf_counter() - t0, 1),
         },
-    )  # fmt: skip
-    log.info("qa_graded: held-out judged AUC %s -> %s (%.0fs)", held["before"]["auc"], held["after"]["auc"], time.perf_counter() - t0)
+    )
+    log.info(
+        "qa_graded: held-out judged AUC %s -> %s (%.0fs)",
+        held["before"]["auc"],
+        held["after"]["auc"],
+        time.perf_counter() - t0,
+    )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import logging
 import time
 
 from medrank import layout
-from medrank.encoders.base import read_json, runtime_info, set_threads
+from medrank.encoders.models import read_json
+from medrank.encoders.runtime import runtime_info, set_threads
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.encoders.distributed import extraction_backend
 from medrank.errors import MedrankError
@@ -37,7 +38,9 @@ def main(params_path: str = "params.yaml") -> None:
     p = load_params(params_path)
     rp = p.retrieve
     if p.n_candidates > rp.bm25_top_k:
-        raise MedrankError(f"n_candidates ({p.n_candidates}) > retrieve.bm25_top_k ({rp.bm25_top_k}): nothing to choose from")
+        raise MedrankError(
+            f"n_candidates ({p.n_candidates}) > retrieve.bm25_top_k ({rp.bm25_top_k}): nothing to choose from"
+        )
     t0 = time.perf_counter()
     threads = set_threads()
     qcol = "question_norm" if rp.question_text == "normalized" else "question"
@@ -47,9 +50,18 @@ def main(params_path: str = "params.yaml") -> None:
     log.info("%d MEDIQA questions, %d MedQuAD question-answer pairs", len(questions), len(docs))
     backend = extraction_backend(rp.backend, rp.ray, rp.workers)
     model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision)
-    scored = score_candidates(questions, docs, model, layout.CACHE_RQE, question_col=qcol, bm25_top_k=rp.bm25_top_k,
-                              precision=rp.precision, batch_size=rp.batch_size, shard_size=rp.shard_size,
-                              backend=backend)  # fmt: skip
+    scored = score_candidates(
+        questions,
+        docs,
+        model,
+        layout.CACHE_RQE,
+        question_col=qcol,
+        bm25_top_k=rp.bm25_top_k,
+        precision=rp.precision,
+        batch_size=rp.batch_size,
+        shard_size=rp.shard_size,
+        backend=backend,
+    )
     cands = scored.table
     write_parquet(cands[CANDIDATES.names], layout.RQE_CANDIDATES, CANDIDATES)
     chosen = attach_entailed(select_entailed(cands, p.n_candidates, p.rqe_threshold), docs, qcol)
@@ -66,22 +78,30 @@ def main(params_path: str = "params.yaml") -> None:
         "coverage": coverage(cands, rp.coverage_thresholds),
         "retrieved_per_question_mean": round(float(per_q.mean()), 3),
         "fallback_questions": int((~chosen["passes_threshold"]).sum()),
-        "judged": judged_retrieval(cands, chosen, read_parquet(layout.CLEAN_LIVEQA_QRELS), read_parquet(layout.CLEAN_LIVEQA_QUESTIONS)),
+        "judged": judged_retrieval(
+            cands, chosen, read_parquet(layout.CLEAN_LIVEQA_QRELS), read_parquet(layout.CLEAN_LIVEQA_QUESTIONS)
+        ),
         "rqe_model_fingerprint": model.fingerprint,
         # its training sources: a model trained on the LiveQA summaries has seen the judged questions (`judged` flatters)
         "rqe_recipe": read_json(layout.RQE_MODEL / META_FILE).get("recipe"),
         "precision": scored.precision,
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
         "threads": model.threads or threads,
-        "workers": getattr(backend, "workers", None),  # backend local: processes of 1 thread each (only with >= 2 shards)
+        "workers": getattr(
+            backend, "workers", None
+        ),  # backend local: processes of 1 thread each (only with >= 2 shards)
         "runtime": runtime_info(model.device, precision=scored.precision),
         "extract": scored.extract.as_dict(),
         "seconds": {"bm25": round(scored.bm25_seconds, 2), "total": round(time.perf_counter() - t0, 2)},
     }
     write_json(layout.metrics_file("retrieve"), metrics)
     cov = metrics["coverage"]["all"]
-    log.info("retrieve: %s; %d fallbacks, in %.1fs", ", ".join(f"{t} {v['covered']}/{v['questions']}" for t, v in cov.items()),
-             metrics["fallback_questions"], metrics["seconds"]["total"])  # fmt: skip
+    log.info(
+        "retrieve: %s; %d fallbacks, in %.1fs",
+        ", ".join(f"{t} {v['covered']}/{v['questions']}" for t, v in cov.items()),
+        metrics["fallback_questions"],
+        metrics["seconds"]["total"],
+    )
 
 
 if __name__ == "__main__":

@@ -3,13 +3,28 @@ every candidate row of `analysis.rqe` (each set of extra sources, cross-encoder 
 pairs, validation pairs only, the zero-shot cosine, the stacks) -> metrics/rqe_selection.json with the rule's choice and
 whether `finetune.rqe` trains it. No model is written: the default pipeline's finetune_rqe trains the chosen sets."""
 
+from __future__ import annotations
+
 from medrank.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from stages.finetune_rqe import main as finetune_rqe
+    from dvclive import Live
 
-    finetune_rqe(params_path, selection=True)
+    from medrank import layout
+    from medrank.io import write_json
+    from medrank.models import rqe_training as R
+    from medrank.params import load_params
+
+    p = load_params(params_path)
+    tp = R.selection_params(p)
+    inputs = R.read_inputs(p, tp)
+    with Live(dir=str(layout.plots_dir("rqe_selection")), dvcyaml=None, save_dvc_exp=False) as live:
+        live.log_params(tp.model_dump())
+        trainer = R.Trainer(p, tp, inputs.data, live)
+        sel = trainer.select(inputs)
+        live.log_metric("cv/accuracy", sel.rows[sel.chosen]["accuracy"], plot=False)
+    write_json(layout.metrics_file("rqe_selection"), R.selection_metrics(sel, inputs.data, trainer.seconds))
 
 
 if __name__ == "__main__":

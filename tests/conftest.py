@@ -64,13 +64,18 @@ GIT = ["git", "-c", "user.name=medrank-smoke", "-c", "user.email=smoke@medrank.i
 def build_tiny_repo(work: Path, mirror: Path = SHARED_DATA) -> Path:
     """A scratch copy of this checkout's files (tracked + untracked, not ignored) on the tiny params profile, reading
     the raw data from `mirror` only, without dvc.lock, committed to a fresh git repo (dvclive needs a revision)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     for f in files:
         src = REPO / f
         if src.is_file():
             (work / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, work / f)
-    params = deep_merge(yaml.safe_load((REPO / "params.yaml").read_text()), yaml.safe_load((REPO / "tests/smoke/params_tiny.yaml").read_text()))
+    params = deep_merge(
+        yaml.safe_load((REPO / "params.yaml").read_text()),
+        yaml.safe_load((REPO / "tests/smoke/params_tiny.yaml").read_text()),
+    )
     params["acquire"]["mirrors"] = [str(mirror)]
     params["acquire"]["download"] = False
     (work / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))

@@ -14,9 +14,10 @@ import pytest
 
 from medrank import cli
 from medrank.metrics import score_task2, score_task3
+from tests.helpers import FIXTURES
 
 REPO = Path(__file__).resolve().parents[1]
-FIX = Path(__file__).parent / "fixtures" / "metrics"
+FIX = FIXTURES / "metrics"
 GOLD, SUB = FIX / "tiny_gold.csv", FIX / "tiny_submission.csv"
 
 
@@ -69,7 +70,10 @@ def test_malformed_submission_via_module_entry_point(tmp_path):
         [sys.executable, "-m", "medrank.cli", "score", str(GOLD), str(bad)], cwd=REPO, capture_output=True, text=True
     )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == f"error: {bad}: line 2: duplicate row for 1, 1_A2 (first at line 1); the official script silently keeps the first, medrank refuses\n"
+    assert (
+        proc.stderr
+        == f"error: {bad}: line 2: duplicate row for 1, 1_A2 (first at line 1); the official script silently keeps the first, medrank refuses\n"
+    )
 
 
 def test_oversized_input_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
@@ -78,9 +82,15 @@ def test_oversized_input_is_refused_before_it_is_read(tmp_path, capsys, monkeypa
     with open(big, "wb") as f:  # sparse: the size is what counts, not the bytes
         f.truncate(50 << 20)
     read_bytes = Path.read_bytes
-    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self} was read") if self == big else read_bytes(self))
+    monkeypatch.setattr(
+        Path, "read_bytes", lambda self: pytest.fail(f"{self} was read") if self == big else read_bytes(self)
+    )
     code, out, err = run_cli(capsys, "score", str(GOLD), str(big))
-    assert code == 2 and out == "" and err == f"error: {big}: 50.0 MiB, more than a submission file can be (at most 1 MiB)\n"
+    assert (
+        code == 2
+        and out == ""
+        and err == f"error: {big}: 50.0 MiB, more than a submission file can be (at most 1 MiB)\n"
+    )
 
 
 @pytest.mark.parametrize("prefix", [b"", b"\xef\xbb\xbf"])
@@ -114,20 +124,43 @@ def test_adding_a_subcommand_is_one_registry_entry(capsys, monkeypatch):
 @pytest.mark.parametrize("unbuffered", ["", "1"])
 def test_stdout_to_a_full_device_is_one_error_line(unbuffered):
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "medrank.cli", "score", str(GOLD), str(SUB)], cwd=REPO, stdout=full, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, "PYTHONUNBUFFERED": unbuffered})  # fmt: skip
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "No space left on device" in proc.stderr, proc.stderr
-    assert proc.stderr.startswith("error: cannot write to stdout"), proc.stderr  # unbuffered: it used to blame a temp file
+        proc = subprocess.run(
+            [sys.executable, "-m", "medrank.cli", "score", str(GOLD), str(SUB)],
+            cwd=REPO,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": unbuffered},
+        )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "No space left on device" in proc.stderr, (
+        proc.stderr
+    )
+    assert proc.stderr.startswith("error: cannot write to stdout"), (
+        proc.stderr
+    )  # unbuffered: it used to blame a temp file
 
 
 def test_a_pipe_is_a_submission_file():
     """`medrank score GOLD /dev/stdin` (and `<(...)`) said "not found": a pipe is read up to the cap."""
-    proc = subprocess.run([sys.executable, "-m", "medrank.cli", "score", str(GOLD), "/dev/stdin", "--json"], cwd=REPO, input=SUB.read_text(),
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "medrank.cli", "score", str(GOLD), "/dev/stdin", "--json"],
+        cwd=REPO,
+        input=SUB.read_text(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0 and json.loads(proc.stdout)["accuracy"] >= 0, proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "medrank.cli", "score", str(GOLD), "/dev/stdin"], cwd=REPO, input="x" * (2 << 20),
-                          capture_output=True, text=True)  # fmt: skip
-    assert proc.returncode == 2 and proc.stderr == "error: /dev/stdin: more than a submission file can be (at most 1 MiB)\n"
+    proc = subprocess.run(
+        [sys.executable, "-m", "medrank.cli", "score", str(GOLD), "/dev/stdin"],
+        cwd=REPO,
+        input="x" * (2 << 20),
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        proc.returncode == 2
+        and proc.stderr == "error: /dev/stdin: more than a submission file can be (at most 1 MiB)\n"
+    )
 
 
 def test_a_full_disk_while_writing_is_one_error_line(monkeypatch, capsys, tmp_path):
@@ -141,12 +174,20 @@ def test_a_full_disk_while_writing_is_one_error_line(monkeypatch, capsys, tmp_pa
     monkeypatch.setattr(Path, "write_text", full)
     with pytest.raises(SystemExit) as e:
         runner.run(lambda: write_text(tmp_path / "out.txt", "new"))
-    assert e.value.code == 2 and capsys.readouterr().err.startswith("error: No space left on device (files are written to a temp file")
+    assert e.value.code == 2 and capsys.readouterr().err.startswith(
+        "error: No space left on device (files are written to a temp file"
+    )
     monkeypatch.undo()
     assert (tmp_path / "out.txt").read_text() == "previous" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
 def test_a_reader_that_leaves_early_is_no_error():
-    proc = subprocess.run(f"{sys.executable} -m medrank.cli score {GOLD} {SUB} --json | head -c 1", shell=True, cwd=REPO, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONUNBUFFERED": ""})  # fmt: skip
+    proc = subprocess.run(
+        f"{sys.executable} -m medrank.cli score {GOLD} {SUB} --json | head -c 1",
+        shell=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": ""},
+    )
     assert proc.stdout == "{" and "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr

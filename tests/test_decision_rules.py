@@ -68,7 +68,7 @@ def test_prior_matching_rules_follow_the_target_prior(rule):
 
 def test_orders():
     rows = pd.DataFrame({"gid": ["a"] * 3, "prob": [0.6, 0.9, 0.7], "rank_key": [3.0, 1.0, 2.0], "label": [1, 1, 1]})
-    order = lambda o: list(np.argsort(-D.order_key(rows, o)))  # noqa: E731
+    order = lambda o: list(np.argsort(-D.order_key(rows, o)))
     assert order("rank") == [0, 2, 1] and order("prob") == [1, 2, 0]
     assert order("prob_first") == [1, 0, 2]  # the most probable kept answer first, then the rank model's order
     with pytest.raises(MedrankError, match="order"):
@@ -81,8 +81,18 @@ def _cand() -> pd.DataFrame:
     for g in gids:
         split = g.split(":")[0]
         for j, lab in enumerate([1, 0, 0]):
-            rows.append({"gid": g, "qid": g, "split": split, "aid": f"{g}-{j}", "label": lab, "reference_rank": j + 1,
-                         "reference_score": 4 - 2 * j, "chiqa_rank": j + 1})  # fmt: skip
+            rows.append(
+                {
+                    "gid": g,
+                    "qid": g,
+                    "split": split,
+                    "aid": f"{g}-{j}",
+                    "label": lab,
+                    "reference_rank": j + 1,
+                    "reference_score": 4 - 2 * j,
+                    "chiqa_rank": j + 1,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -91,15 +101,24 @@ def test_decide_system_loso_fits_on_the_other_sources():
     sources = ("train_liveqa", "train_alexa", "val")
     # each source's valid answers sit at a different probability; one rule per held-out source from the other two
     level = {"train_alexa": 0.9, "train_liveqa": 0.3, "val": 0.7}
-    rows = E.held_out_copies(cand.assign(prob=[level[s] if lab else 0.1 for s, lab in zip(cand["split"], cand["label"])],
-                                          rank_key=-cand["chiqa_rank"]), k=2, seed=0, sources=sources)  # fmt: skip
+    rows = E.held_out_copies(
+        cand.assign(
+            prob=[level[s] if lab else 0.1 for s, lab in zip(cand["split"], cand["label"])],
+            rank_key=-cand["chiqa_rank"],
+        ),
+        k=2,
+        seed=0,
+        sources=sources,
+    )
     fits, decided = D.decide_system(rows[["part", "fold", "gid", "aid", "prob", "rank_key"]], cand, train=[])
     assert len(fits["loso"]) == 3 and len(fits["folds"]) == 2
     loso = E.loso_summary_of(decided, cand, sources)
     assert set(loso["by_source"]) == set(sources)
     # the rule fitted on sources with higher valid levels misses train_liveqa's 0.3 valid answers: the worst source
     assert loso["accuracy"]["worst_source"] == "train_liveqa" and loso["accuracy"]["worst"] < 1.0
-    assert loso["accuracy"]["mean"] == pytest.approx(np.mean([m["accuracy"] for m in loso["by_source"].values()]), abs=1e-4)
+    assert loso["accuracy"]["mean"] == pytest.approx(
+        np.mean([m["accuracy"] for m in loso["by_source"].values()]), abs=1e-4
+    )
     cv = E.cv_summary_of(decided, cand)
     assert set(cv["accuracy"]) == {"mean", "sd"}
 
@@ -107,11 +126,31 @@ def test_decide_system_loso_fits_on_the_other_sources():
 def test_pick_prefers_the_simplest_within_the_band():
     assert E.pick({"simple": 0.80, "complex": 0.81}, band=0.02) == "simple"
     assert E.pick({"simple": 0.80, "complex": 0.83}, band=0.02) == "complex"
-    runs = [({"accuracy": {"mean": a}, "mrr": {"mean": 0.5}, "spearman": {"mean": 0.3}, "precision": {"mean": 0}, "spearman_true": {"mean": 0}},
-             {"accuracy": {"mean": a}, "mrr": {"mean": 0.5}, "spearman": {"mean": 0.3}, "precision": {"mean": 0}, "spearman_true": {"mean": 0}})
-            for a in (0.8, 0.82)]  # fmt: skip
+    runs = [
+        (
+            {
+                "accuracy": {"mean": a},
+                "mrr": {"mean": 0.5},
+                "spearman": {"mean": 0.3},
+                "precision": {"mean": 0},
+                "spearman_true": {"mean": 0},
+            },
+            {
+                "accuracy": {"mean": a},
+                "mrr": {"mean": 0.5},
+                "spearman": {"mean": 0.3},
+                "precision": {"mean": 0},
+                "spearman_true": {"mean": 0},
+            },
+        )
+        for a in (0.8, 0.82)
+    ]
     spread = E.seed_spread(runs)
-    assert spread["accuracy"] == pytest.approx(np.std([0.8, 0.82], ddof=1), abs=1e-4) and spread["order"] == 0.0 and spread["seeds"] == 2
+    assert (
+        spread["accuracy"] == pytest.approx(np.std([0.8, 0.82], ddof=1), abs=1e-4)
+        and spread["order"] == 0.0
+        and spread["seeds"] == 2
+    )
 
 
 def test_source_folds_reject_unknown_sources():
@@ -124,10 +163,16 @@ def test_confirmed_row_wins_only_beyond_the_default_seed_spread():
     from medrank.evaluation import confirm_table
 
     default = [0.80, 0.81, 0.79, 0.80]  # sd 0.0082: the band
-    out = confirm_table({"default": default, "better": [a + 0.03 for a in default], "noise": [0.81, 0.80, 0.80, 0.81]}, [13, 14, 15, 16])
+    out = confirm_table(
+        {"default": default, "better": [a + 0.03 for a in default], "noise": [0.81, 0.80, 0.80, 0.81]}, [13, 14, 15, 16]
+    )
     assert out["band"] == pytest.approx(np.std(default, ddof=1)) and out["seeds"] == [13, 14, 15, 16]
     rows = out["rows"]
-    assert rows["better"]["win"] and rows["better"]["diff_mean"] == pytest.approx(0.03) and rows["better"]["diff_sd"] == pytest.approx(0.0, abs=1e-12)
+    assert (
+        rows["better"]["win"]
+        and rows["better"]["diff_mean"] == pytest.approx(0.03)
+        and rows["better"]["diff_sd"] == pytest.approx(0.0, abs=1e-12)
+    )
     assert not rows["noise"]["win"] and rows["noise"]["diff_mean"] == pytest.approx(0.005)  # paired +0.005 < band
     assert not rows["default"]["win"] and rows["default"]["diff_mean"] == 0.0
 
@@ -137,14 +182,23 @@ def test_loso_and_cv_jobs_never_put_a_question_on_both_sides():
 
     sources = ("train_liveqa", "train_alexa", "val")
     # several answers per question, questions of every source and of test (never in a fold)
-    cand = pd.DataFrame([{"gid": f"{s}/{q}", "split": s, "aid": f"{s}/{q}/{a}"} for s in (*sources, "test") for q in range(7) for a in range(3)])
+    cand = pd.DataFrame(
+        [
+            {"gid": f"{s}/{q}", "split": s, "aid": f"{s}/{q}/{a}"}
+            for s in (*sources, "test")
+            for q in range(7)
+            for a in range(3)
+        ]
+    )
     loso = source_fold_of(cand, sources)
     assert set(loso) == set(cand.loc[cand["split"] != "test", "gid"])
     labelled = list(loso)
     for folds, k in ((loso, None), (None, 4)):
         fold, jobs = cv_jobs(labelled, cfg=None, make_builder=lambda: None, k=k or 5, seed=3, folds=folds)
         held = [set(j.predict) for j in jobs]
-        assert set().union(*held) == set(labelled) and sum(map(len, held)) == len(labelled)  # each question held out once
+        assert set().union(*held) == set(labelled) and sum(map(len, held)) == len(
+            labelled
+        )  # each question held out once
         for j, h in zip(jobs, held):
             assert not set(j.train) & h and set(j.train) | h == set(labelled)  # never on both sides of a fold
         if folds is loso:  # one fold per source, holding out exactly that source's questions

@@ -1,7 +1,6 @@
 """medrank.features: the answer table, the feature builder (shapes, determinism, no leakage), paper rules."""
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,8 +19,9 @@ from medrank.features import (
     tfidf_rows,
     required_columns,
 )
+from tests.helpers import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "baseline"
+FIX = FIXTURES / "baseline"
 N = 2  # n_candidates in these tests
 
 
@@ -44,10 +44,22 @@ def _retrieved(answers: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (split, qid), _ in answers.groupby(["split", "qid"], sort=False):
         fallback = split == "val"
-        rows.append((split, qid, 1, 0.4 if fallback else 0.9, not fallback, f"entailed answer of {split} {qid} asthma", [0.5] * 4))
+        rows.append(
+            (
+                split,
+                qid,
+                1,
+                0.4 if fallback else 0.9,
+                not fallback,
+                f"entailed answer of {split} {qid} asthma",
+                [0.5] * 4,
+            )
+        )
         if split == "train_liveqa":
             rows.append((split, qid, 2, 0.8, True, "second entailed answer diabetes", [0.25] * 4))
-    return pd.DataFrame(rows, columns=["split", "qid", "rank", "rqe_score", "passes_threshold", "entailed_answer", "rqe_cls"])
+    return pd.DataFrame(
+        rows, columns=["split", "qid", "rank", "rqe_score", "passes_threshold", "entailed_answer", "rqe_cls"]
+    )
 
 
 def _anli(answers: pd.DataFrame, retrieved: pd.DataFrame) -> pd.DataFrame:
@@ -63,7 +75,15 @@ def _anli(answers: pd.DataFrame, retrieved: pd.DataFrame) -> pd.DataFrame:
 def table(answers) -> pd.DataFrame:
     ret = _retrieved(answers)
     cos = np.linspace(0.1, 0.9, len(answers))
-    return answer_table(answers, entailed=ret, anli=_anli(answers, ret), bienc_cos=cos, heading_cos=cos**2, cnn_score=cos[::-1], n_candidates=N)
+    return answer_table(
+        answers,
+        entailed=ret,
+        anli=_anli(answers, ret),
+        bienc_cos=cos,
+        heading_cos=cos**2,
+        cnn_score=cos[::-1],
+        n_candidates=N,
+    )
 
 
 ALL = ("metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "cnn")
@@ -109,7 +129,16 @@ def test_missing_inputs_are_errors_not_zeros(answers):
 
 @pytest.mark.parametrize(
     "groups, n_dense",
-    [(("metadata",), 4), (("rqe",), N), (("anli",), N), (("bienc",), 4), (("heading",), 4), (("rqe_emb",), N * 4), (("cnn",), 4), (ALL, 4 + N + N * 4 + N + 4 + 4 + 4)],
+    [
+        (("metadata",), 4),
+        (("rqe",), N),
+        (("anli",), N),
+        (("bienc",), 4),
+        (("heading",), 4),
+        (("rqe_emb",), N * 4),
+        (("cnn",), 4),
+        (ALL, 4 + N + N * 4 + N + 4 + 4 + 4),
+    ],
 )
 def test_builder_shapes(table, medquad, groups, n_dense):
     tfidf = fit_tfidf(medquad, max_features=50, min_df=1)
@@ -141,7 +170,7 @@ def test_tfidf_vocabulary_has_no_mediqa_text(table, medquad):
     assert "asthma" in vocab and "glaucoma" in vocab
     # words that only occur in validation / test answers never enter the vocabulary
     assert "zyxvalonly" not in vocab and "qwtestonly" not in vocab
-    words = lambda texts: set(re.findall(r"[a-z][a-z0-9-]+", " ".join(texts).lower()))  # noqa: E731
+    words = lambda texts: set(re.findall(r"[a-z][a-z0-9-]+", " ".join(texts).lower()))
     mediqa_only = words(table["answer_text"]) - words(medquad)
     assert "zyxvalonly" in mediqa_only and "allergens" in mediqa_only
     assert not (vocab & mediqa_only)
@@ -199,7 +228,9 @@ def test_tfidf_rows_memo_equals_transform(medquad):
 def test_answer_scores_align_to_answer_order_and_name_gaps(answers):
     keyed = answers[["split", "qid", "aid"]].assign(cnn_score=np.arange(len(answers), dtype=float))
     shuffled = keyed.sample(frac=1.0, random_state=0)
-    np.testing.assert_array_equal(answer_scores(answers, shuffled, "cnn_score", "scores.parquet"), np.arange(len(answers)))
+    np.testing.assert_array_equal(
+        answer_scores(answers, shuffled, "cnn_score", "scores.parquet"), np.arange(len(answers))
+    )
     with pytest.raises(MedrankError, match=r"scores.parquet: no cnn_score for 1 answers"):
         answer_scores(answers, shuffled.iloc[1:], "cnn_score", "scores.parquet")
     with pytest.raises(MedrankError, match="duplicate"):
@@ -216,7 +247,10 @@ def test_cap_questions_keeps_first_questions_per_split(answers):
 @pytest.mark.parametrize(
     "answer, heading",
     [
-        ("Ectopic pregnancy (Symptoms): At first, an ectopic pregnancy might not cause signs.", "Ectopic pregnancy (Symptoms)"),
+        (
+            "Ectopic pregnancy (Symptoms): At first, an ectopic pregnancy might not cause signs.",
+            "Ectopic pregnancy (Symptoms)",
+        ),
         ("What causes Anemia?: The three main causes of anemia are: blood loss", "What causes Anemia?"),
         ("Ear wax:", "Ear wax"),
         ("No title here, only text.", "No title here, only text."),

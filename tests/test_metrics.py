@@ -30,9 +30,10 @@ from medrank.metrics import (
     task3_scores_of,
 )
 from medrank.submission import write_task3_submission
+from tests.helpers import FIXTURES
 
 REPO = Path(__file__).resolve().parents[1]
-FIX = Path(__file__).parent / "fixtures" / "metrics"
+FIX = FIXTURES / "metrics"
 EVAL = REPO.parent / "shared" / "data" / "mediqa2019" / "Eval_Scripts"
 OFFICIAL_SCRIPT = EVAL / "mediqa2019_evaluator_allTasks_final.py"
 QA_GOLD = EVAL / "data" / "QA_validationSet_ground_truth.txt"
@@ -214,7 +215,9 @@ def _official_cases() -> dict[str, list[tuple]]:
         "reversed_within_questions": [r for q in qs.values() for r in reversed(q)],
         "reversed_file": list(reversed(rows)),
         # CHiQA-like: answers in AnswerK order (what a no-op system submits), gold labels kept
-        "answer_number_order": [r for q in qs.values() for r in sorted(q, key=lambda r: int(r[1].rsplit("Answer", 1)[1]))],
+        "answer_number_order": [
+            r for q in qs.values() for r in sorted(q, key=lambda r: int(r[1].rsplit("Answer", 1)[1]))
+        ],
         "all_one": [(q, a, 1) for q, a, _ in rows],
         "some_questions_missing": [r for r in rows if r[0] not in set(list(qs)[::3])],
         "some_answers_missing": [r for i, r in enumerate(rows) if i % 4 != 1],
@@ -278,7 +281,9 @@ def test_question_without_positive_official_keyerror(official, tmp_path):
 
 @needs_official
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), keep_q=st.floats(0.3, 1.0), keep_a=st.floats(0.3, 1.0), p_one=st.floats(0.0, 1.0))
+@given(
+    seed=st.integers(0, 2**32 - 1), keep_q=st.floats(0.3, 1.0), keep_a=st.floats(0.3, 1.0), p_one=st.floats(0.0, 1.0)
+)
 def test_property_random_submissions_match_official(official, seed, keep_q, keep_a, p_one):
     rng = random.Random(seed)
     qs = by_question(gold_rows())
@@ -319,7 +324,15 @@ def test_by_question_parts_of_the_tiny_fixture():
 def test_parts_sum_to_the_official_scores():
     whole = score_task3(FIX / "tiny_gold.csv", FIX / "tiny_submission.csv")
     parts = task3_scores_of(task3_by_question(FIX / "tiny_gold.csv", FIX / "tiny_submission.csv"))
-    for k in ("accuracy", "precision", "mrr", "spearman", "spearman_true", "n_predicted_positive", "n_spearman_questions"):
+    for k in (
+        "accuracy",
+        "precision",
+        "mrr",
+        "spearman",
+        "spearman_true",
+        "n_predicted_positive",
+        "n_spearman_questions",
+    ):
         assert parts[k] == pytest.approx(whole[k]), k
 
 
@@ -341,8 +354,13 @@ def test_repeated_questions_weigh_twice():
 
 
 def _gold_and_subs():
-    gold = pd.DataFrame({"qid": [str(q) for q in range(20) for _ in range(3)], "aid": [f"{q}_{i}" for q in range(20) for i in range(3)],
-                         "label": [1, 0, 0] * 20})  # fmt: skip
+    gold = pd.DataFrame(
+        {
+            "qid": [str(q) for q in range(20) for _ in range(3)],
+            "aid": [f"{q}_{i}" for q in range(20) for i in range(3)],
+            "label": [1, 0, 0] * 20,
+        }
+    )
     perfect = gold.copy()
     noisy = gold.assign(label=[(1 - l) if i % 7 == 0 else l for i, l in enumerate(gold["label"])])
     return gold, perfect, noisy
@@ -353,7 +371,9 @@ def test_paired_bootstrap_difference_and_interval():
     a, b = task3_by_question(gold, perfect), task3_by_question(gold, noisy)
     out = paired_bootstrap(a, b, 500, seed=1)
     acc = out["accuracy"]
-    assert acc["diff"] == pytest.approx(score_task3(gold, perfect)["accuracy"] - score_task3(gold, noisy)["accuracy"], abs=1e-4)
+    assert acc["diff"] == pytest.approx(
+        score_task3(gold, perfect)["accuracy"] - score_task3(gold, noisy)["accuracy"], abs=1e-4
+    )
     assert acc["ci95"][0] <= acc["diff"] <= acc["ci95"][1] and acc["ci95"][0] > 0  # perfect is better in every resample
     assert (acc["p_better"], acc["p_worse"]) == (1.0, 0.0)
     same = paired_bootstrap(a, a, 200, seed=1)["accuracy"]
@@ -364,8 +384,18 @@ def test_paired_bootstrap_difference_and_interval():
 def test_paired_bootstrap_same_scores_in_another_order_tie():
     # q0 and q2 swap reciprocal ranks between the systems; a resample that draws them equally often sums the
     # same values in another order (0.1 + 0.2 + 0.3 != 0.3 + 0.2 + 0.1 in floats): a tie, not a win or a loss
-    a = pd.DataFrame({"qid": ["0", "1", "2"], "gold_rows": 3, "matches": 3, "predicted_positive": 1, "correct_positive": 1,
-                      "rr": [0.1, 0.2, 0.3], "rho": float("nan"), "rho_true": float("nan")})  # fmt: skip
+    a = pd.DataFrame(
+        {
+            "qid": ["0", "1", "2"],
+            "gold_rows": 3,
+            "matches": 3,
+            "predicted_positive": 1,
+            "correct_positive": 1,
+            "rr": [0.1, 0.2, 0.3],
+            "rho": float("nan"),
+            "rho_true": float("nan"),
+        }
+    )
     b = a.assign(rr=[0.3, 0.2, 0.1])
     out = paired_bootstrap(a, b, 400, seed=2)["mrr"]
     rng = np.random.default_rng(2)  # the draws paired_bootstrap makes
@@ -379,11 +409,22 @@ def test_resampled_scores_are_task3_scores_of_each_resample_bit_for_bit():
     rng = np.random.default_rng(0)
     n = 40
     rho = np.where(rng.random(n) < 0.3, np.nan, rng.uniform(-1, 1, n))
-    rows = pd.DataFrame({"qid": [str(i) for i in range(n)], "gold_rows": rng.integers(2, 10, n), "matches": rng.integers(0, 3, n),
-                         "predicted_positive": rng.integers(0, 4, n), "correct_positive": rng.integers(0, 2, n), "rr": rng.random(n),
-                         "rho": rho, "rho_true": np.where(np.isnan(rho), np.nan, rng.uniform(-1, 1, n))})  # fmt: skip
+    rows = pd.DataFrame(
+        {
+            "qid": [str(i) for i in range(n)],
+            "gold_rows": rng.integers(2, 10, n),
+            "matches": rng.integers(0, 3, n),
+            "predicted_positive": rng.integers(0, 4, n),
+            "correct_positive": rng.integers(0, 2, n),
+            "rr": rng.random(n),
+            "rho": rho,
+            "rho_true": np.where(np.isnan(rho), np.nan, rng.uniform(-1, 1, n)),
+        }
+    )
     rows.loc[:5, "predicted_positive"] = 0
-    idx = np.stack([rng.integers(n, size=n) for _ in range(50)] + [np.zeros(n, dtype=np.int64)])  # the last: q0 only (no rho, no positive)
+    idx = np.stack(
+        [rng.integers(n, size=n) for _ in range(50)] + [np.zeros(n, dtype=np.int64)]
+    )  # the last: q0 only (no rho, no positive)
     fast = _resampled_scores(rows, idx)
     for r, i in enumerate(idx):
         slow = task3_scores_of(rows.iloc[i])
@@ -477,7 +518,9 @@ def test_task2_relation_to_official(official, tmp_path, with_header):
     rng = random.Random(1)
     labels = [rng.randint(0, 1) for _ in range(len(gold))]
     sub = tmp_path / "rqe.csv"
-    sub.write_text(("pair_id,label\n" if with_header else "") + "".join(f"{p},{l}\n" for p, l in zip(gold["pair_id"], labels)))
+    sub.write_text(
+        ("pair_id,label\n" if with_header else "") + "".join(f"{p},{l}\n" for p, l in zip(gold["pair_id"], labels))
+    )
     ours = score_task2(RQE_GOLD, sub)
     off = run_official(official, RQE_GOLD, sub, task=2)["score"]
     n = len(gold)
@@ -492,7 +535,11 @@ def test_task2_relation_to_official(official, tmp_path, with_header):
 def test_ir_metrics_hand_computed():
     qrels = pd.DataFrame({"qid": ["1", "1", "1", "2", "2"], "aid": ["a", "b", "c", "d", "e"], "label": [1, 0, 1, 0, 1]})
     run = pd.DataFrame(
-        {"qid": ["1", "1", "1", "2", "2", "5"], "aid": ["a", "b", "c", "d", "e", "x"], "score": [0.2, 0.9, 0.1, 0.8, 0.7, 1.0]}
+        {
+            "qid": ["1", "1", "1", "2", "2", "5"],
+            "aid": ["a", "b", "c", "d", "e", "x"],
+            "score": [0.2, 0.9, 0.1, 0.8, 0.7, 1.0],
+        }
     )
     m = ir_metrics(qrels, run, ["mrr", "precision@1", "map"])
     # q1 ranking b,a,c -> RR 1/2, AP (1/2 + 2/3)/2; q2 ranking d,e -> RR 1/2, AP 1/2; q5 not in qrels: dropped

@@ -16,8 +16,16 @@ def _cand(seed: int = 0) -> pd.DataFrame:
         for q in range(15):
             scores = rng.integers(1, 5, 5)
             for a, r in enumerate(np.argsort(-scores, kind="stable").argsort() + 1):
-                rows.append({"gid": f"{s}:{q}", "qid": f"{s}:{q}", "aid": f"{s}:{q}.{a}", "split": s, "reference_rank": int(r),
-                             "reference_score": int(scores[a])})  # fmt: skip
+                rows.append(
+                    {
+                        "gid": f"{s}:{q}",
+                        "qid": f"{s}:{q}",
+                        "aid": f"{s}:{q}.{a}",
+                        "split": s,
+                        "reference_rank": int(r),
+                        "reference_score": int(scores[a]),
+                    }
+                )
     out = pd.DataFrame(rows)
     return out.assign(label=(out["reference_score"] >= 3).astype(int))
 
@@ -37,8 +45,11 @@ def _fake_models(truth: pd.DataFrame, calls: list):
         prob = np.clip(p.loc[t["aid"]].to_numpy() + shift, 0.01, 0.99)
         base = pd.DataFrame({"gid": t["gid"].to_numpy(), "aid": t["aid"].to_numpy(), "prob": prob, "rank_key": prob})
         is_in = t["gid"].isin(set(inner)).to_numpy()
-        parts = [base[is_in].assign(part="oof", fold=fold_cv[is_in].astype(int).to_numpy()), base[is_in].assign(part="loso", fold=fold_lo[is_in].astype(int).to_numpy()),
-                 base[~is_in].assign(part="test", fold=-1)]  # fmt: skip
+        parts = [
+            base[is_in].assign(part="oof", fold=fold_cv[is_in].astype(int).to_numpy()),
+            base[is_in].assign(part="loso", fold=fold_lo[is_in].astype(int).to_numpy()),
+            base[~is_in].assign(part="test", fold=-1),
+        ]
         return pd.concat(parts, ignore_index=True)
 
     def mtl_rows(inner, inner_sources, outer):
@@ -52,7 +63,9 @@ def _fake_models(truth: pd.DataFrame, calls: list):
     return mtl_rows, base_rows
 
 
-SEL = nested.Selection((0.0, 1.0), ("threshold", "fixed_0.5", "top_k"), ("rank", "prob"), {"accuracy": 0.0, "order": 0.0})
+SEL = nested.Selection(
+    (0.0, 1.0), ("threshold", "fixed_0.5", "top_k"), ("rank", "prob"), {"accuracy": 0.0, "order": 0.0}
+)
 
 
 def test_nested_loso_never_lets_the_held_out_source_reach_a_selection_step():
@@ -63,7 +76,9 @@ def test_nested_loso_never_lets_the_held_out_source_reach_a_selection_step():
     # every fit request: the inner questions are the other sources', the held-out questions only predicted
     for inner, outer in calls:
         assert inner and outer and not inner & outer
-        assert len({g.split(":")[0] for g in outer}) == 1 and not any(g.split(":")[0] == next(iter(outer)).split(":")[0] for g in inner)
+        assert len({g.split(":")[0] for g in outer}) == 1 and not any(
+            g.split(":")[0] == next(iter(outer)).split(":")[0] for g in inner
+        )
     assert set(got["by_source"]) == set(SOURCES)
     assert got["accuracy"]["worst"] == min(r["scores"]["accuracy"] for r in got["by_source"].values())
     for source in SOURCES:
@@ -111,7 +126,10 @@ def test_the_rule_can_average_accuracy_and_mrr_and_takes_the_larger_band():
 
     from medrank.evaluation import noise_band
 
-    band = noise_band([{"accuracy": 0.01, "mrr": 0.03, "order": 0.02}, {"accuracy": 0.02, "mrr": 0.01, "order": 0.05}], ("accuracy", "mrr", "order"))
+    band = noise_band(
+        [{"accuracy": 0.01, "mrr": 0.03, "order": 0.02}, {"accuracy": 0.02, "mrr": 0.01, "order": 0.05}],
+        ("accuracy", "mrr", "order"),
+    )
     assert band == {"accuracy": 0.02, "mrr": 0.03, "order": 0.05}
     cand = _cand()
     mtl_rows, base_rows = _fake_models(cand, [])

@@ -1,6 +1,6 @@
 """`medrank rank`: input validation, and the whole trained pipeline (normalize → retrieve → embed → final system)
 on fixture input with tiny random models (the real pipeline's equality with its validation submission is
-checked by the smoke `dvc repro`, tests/test_pipeline_smoke.py)."""
+checked by the smoke `dvc repro`, tests/pipeline/test_pipeline_smoke.py)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import REPO, error_lines, run_module
+from tests.conftest import REPO, error_lines, run_module
 from medrank.errors import MedrankError
 from medrank.rank import parse_rank_input
+from tests.helpers.models import make_tiny_bert
+from tests.helpers import FIXTURES as FIXTURES_ROOT
 
-FIXTURES = Path(__file__).parent / "fixtures" / "mtl"
+FIXTURES = FIXTURES_ROOT / "mtl"
 HIDDEN = 16
 
 
@@ -42,12 +44,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
         ('{"question": "q", "answers": ["a"]}', r"answers\[0\]: expected an object"),
         ('{"question": "q", "answers": [{"id": "x"}]}', r"answers\[0\]: 'text' must be a non-empty string"),
         ('{"question": "q", "answers": [{"text": 5}]}', "'text' must be a non-empty string"),
-        ('{"question": "q", "answers": [{"text": " \\n"}]}', "'text' must be a non-empty string"),  # empty text was scored
+        (
+            '{"question": "q", "answers": [{"text": " \\n"}]}',
+            "'text' must be a non-empty string",
+        ),  # empty text was scored
         ('{"question": "q", "question": "r", "answers": []}', "duplicate key 'question' in a JSON object"),
         ('{"question": "q", "answers": [{"text": "a", "text": "b"}]}', "duplicate key 'text'"),
-        ('{"question": "q", "answers": [{"text": "a", "id": 1' + "0" * 5000 + '}]}', "an integer of 5001 digits"),
+        ('{"question": "q", "answers": [{"text": "a", "id": 1' + "0" * 5000 + "}]}", "an integer of 5001 digits"),
         ('{"question": "q", "answers": [{"text": "a", "id": true}]}', "'id' must be"),
-        ('{"question": "q", "answers": [{"text": "a", "id": "x"}, {"text": "b", "id": "x"}]}', r"answers\[1\]: duplicate id 'x'"),
+        (
+            '{"question": "q", "answers": [{"text": "a", "id": "x"}, {"text": "b", "id": "x"}]}',
+            r"answers\[1\]: duplicate id 'x'",
+        ),
         ('{"question": "q", "answers": [{"text": "a", "url": 3}]}', "'url' must be a string"),
         ('{"question": "q", "answers": [{"text": "a", "score": 1}]}', "unknown key"),
         ('{"question": "q", "answers": [], "extra": 1}', "unknown key"),
@@ -108,15 +116,15 @@ def test_empty_answer_list_needs_no_model(tmp_path, monkeypatch, capsys):
 
 
 def _tiny_bert(path: Path) -> Path:
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    torch.manual_seed(0)
-    tok = BertTokenizerFast(vocab=str(FIXTURES / "vocab.txt"), do_lower_case=True)
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=64)  # fmt: skip
-    BertModel(cfg).save_pretrained(str(path), safe_serialization=True)
-    tok.save_pretrained(str(path))
-    return path
+    return make_tiny_bert(
+        path,
+        vocab=FIXTURES / "vocab.txt",
+        hidden_size=HIDDEN,
+        num_hidden_layers=1,
+        intermediate_size=32,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    )
 
 
 def _fake_training_data(seed: int = 0):
@@ -129,13 +137,38 @@ def _fake_training_data(seed: int = 0):
         n = int(rng.integers(2, 5))
         for c in range(n):
             ci = len(cand)
-            cand.append(dict(gid=f"t:{q}", split="train_liveqa", qid=str(q), aid=f"{q}_{c}", source=str(rng.choice(["medlineplus", "mayoclinic"])),
-                             n_sentences=float(rng.integers(1, 9)), chiqa_rank=float(c + 1), answer_text="a", label=float(c == 0 or rng.random() < 0.3),
-                             reference_rank=float(c + 1), reference_score=3.0, bienc_cos=rng.random(), heading_cos=rng.random()))  # fmt: skip
+            cand.append(
+                dict(
+                    gid=f"t:{q}",
+                    split="train_liveqa",
+                    qid=str(q),
+                    aid=f"{q}_{c}",
+                    source=str(rng.choice(["medlineplus", "mayoclinic"])),
+                    n_sentences=float(rng.integers(1, 9)),
+                    chiqa_rank=float(c + 1),
+                    answer_text="a",
+                    label=float(c == 0 or rng.random() < 0.3),
+                    reference_rank=float(c + 1),
+                    reference_score=3.0,
+                    bienc_cos=rng.random(),
+                    heading_cos=rng.random(),
+                )
+            )
             for e in range(2):
-                grids.append(rng.normal(size=(int(rng.integers(1, 4)), int(rng.integers(1, 3)), HIDDEN)).astype(np.float16))
+                grids.append(
+                    rng.normal(size=(int(rng.integers(1, 4)), int(rng.integers(1, 3)), HIDDEN)).astype(np.float16)
+                )
                 rqe.append(rng.normal(size=HIDDEN).astype(np.float32))
-                pairs.append(dict(cand=ci, entailed=f"rqe:{e}", augmented=0.0, entailed_log_sentences=1.0, rqe_score=rng.random(), anli=rng.random()))
+                pairs.append(
+                    dict(
+                        cand=ci,
+                        entailed=f"rqe:{e}",
+                        augmented=0.0,
+                        entailed_log_sentences=1.0,
+                        rqe_score=rng.random(),
+                        anli=rng.random(),
+                    )
+                )
     return MTLData(pd.DataFrame(cand), pd.DataFrame(pairs), grids, np.stack(rqe))
 
 
@@ -152,10 +185,12 @@ def workdir(tmp_path_factory) -> Path:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("rank")
     bert = _tiny_bert(root / "bert")
-    CrossEncoder.from_base(str(bert), 3, 32, device="cpu", seed=1, label_names=["entailment", "neutral", "contradiction"],
-                           precision="fp32").save(root / "models" / "nli")  # fmt: skip
-    CrossEncoder.from_base(str(bert), 2, 32, device="cpu", seed=2, label_names=["not_entailment", "entailment"],
-                           precision="fp32").save(root / "models" / "rqe")  # fmt: skip
+    CrossEncoder.from_base(
+        str(bert), 3, 32, device="cpu", seed=1, label_names=["entailment", "neutral", "contradiction"], precision="fp32"
+    ).save(root / "models" / "nli")
+    CrossEncoder.from_base(
+        str(bert), 2, 32, device="cpu", seed=2, label_names=["not_entailment", "entailment"], precision="fp32"
+    ).save(root / "models" / "rqe")
     mq = pd.read_json(FIXTURES / "medquad.jsonl", lines=True)
     mq["question_norm"] = mq["question"]
     mq["answer_norm"] = mq["answer"]
@@ -163,16 +198,48 @@ def workdir(tmp_path_factory) -> Path:
     (root / "data" / "interim" / "normalized").mkdir(parents=True)
     mq.to_parquet(root / "data" / "interim" / "normalized" / "medquad.parquet")
 
-    cfg = MtlParams(proj_channels=4, conv_channels=[4, 4, 4, 4], rqe_dim=4, filter_hidden=[8], pair_hidden=[8], max_epochs=2, inner_val_frac=0.0)
+    cfg = MtlParams(
+        proj_channels=4,
+        conv_channels=[4, 4, 4, 4],
+        rqe_dim=4,
+        filter_hidden=[8],
+        pair_hidden=[8],
+        max_epochs=2,
+        inner_val_frac=0.0,
+    )
     data = _fake_training_data()
-    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "bienc", "heading"], 2)(), seed=0)
-    decision = {"ensemble": "mean", "rank_by": "pairwise", "threshold": None, "prior_shift": "none", "min_keep": 0, "threshold_used": 0.5}
+    model = mtl.fit_mtl(
+        data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "bienc", "heading"], 2)(), seed=0
+    )
+    decision = {
+        "ensemble": "mean",
+        "rank_by": "pairwise",
+        "threshold": None,
+        "prior_shift": "none",
+        "min_keep": 0,
+        "threshold_used": 0.5,
+    }
     model.save(root / "models" / "mtl", extra_meta={"decision": decision, "n_candidates": 2})
-    recipe = Params(device="cpu", n_candidates=2, normalize={"preferred_names": False}, retrieve={"bm25_top_k": 4},
-                    embed={"bi_encoder": str(bert), "max_sentences": 3, "prefilter_top_k": 2}, bienc={"model": str(bert), "max_length": 32})
+    recipe = Params(
+        device="cpu",
+        n_candidates=2,
+        normalize={"preferred_names": False},
+        retrieve={"bm25_top_k": 4},
+        embed={"bi_encoder": str(bert), "max_sentences": 3, "prefilter_top_k": 2},
+        bienc={"model": str(bert), "max_length": 32},
+    )
     keep = {"kind": "threshold", "value": 0.5, "min_keep": 0, "target_prior": None}
-    write_json(root / "models" / "system.json", {"system": "mtl", "mtl_weight": 1.0, "keep": {"val": keep, "test": keep}, "keep_rule": "threshold",
-                                                 "order": "rank", "recipe": inference_recipe(recipe)})  # fmt: skip
+    write_json(
+        root / "models" / "system.json",
+        {
+            "system": "mtl",
+            "mtl_weight": 1.0,
+            "keep": {"val": keep, "test": keep},
+            "keep_rule": "threshold",
+            "order": "rank",
+            "recipe": inference_recipe(recipe),
+        },
+    )
     torch.set_num_threads(n)
     return root
 
@@ -192,7 +259,9 @@ def test_rank_fixture_input_json(workdir, monkeypatch, capsys):
     kept = [a for a in out["answers"] if a["kept"]]
     assert out["n_kept"] == len(kept) and out["answers"][: len(kept)] == kept  # kept first
     assert [a["rank"] for a in kept] == list(range(1, len(kept) + 1))
-    assert all(a["filter_score"] >= 0.5 for a in kept) and all(a["filter_score"] < 0.5 for a in out["answers"][len(kept) :])
+    assert all(a["filter_score"] >= 0.5 for a in kept) and all(
+        a["filter_score"] < 0.5 for a in out["answers"][len(kept) :]
+    )
     assert [a["rank_score"] for a in kept] == sorted((a["rank_score"] for a in kept), reverse=True)
     # deterministic: the same input gives the same output
     again = json.loads(_rank(workdir, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
@@ -210,15 +279,24 @@ def test_rank_stdin_and_table(workdir, monkeypatch, capsys):
     assert len(lines) == 1 + 4 + 1
 
 
-@pytest.mark.parametrize("field, size, message", [
-    ("question", 10_001, "'question' has 10001 characters; at most 10000"),
-    ("answer", 100_001, r"answers\[0\]: 'text' has 100001 characters; at most 100000"),
-    ("total", 11 * 99_000, "1089001 characters of question and answers; at most 1000000 per call"),
-])
+@pytest.mark.parametrize(
+    "field, size, message",
+    [
+        ("question", 10_001, "'question' has 10001 characters; at most 10000"),
+        ("answer", 100_001, r"answers\[0\]: 'text' has 100001 characters; at most 100000"),
+        ("total", 11 * 99_000, "1089001 characters of question and answers; at most 1000000 per call"),
+    ],
+)
 def test_the_work_is_bounded_before_any_model_loads(field, size, message):
     """A 15 MB question took 405 s and 6.8 GB; 1,000 answers 229 s: text is capped, each part and the whole."""
     q = "q" * size if field == "question" else "q"
-    answers = [{"text": "a" * size}] if field == "answer" else [{"text": "a" * 99_000} for _ in range(11)] if field == "total" else []
+    answers = (
+        [{"text": "a" * size}]
+        if field == "answer"
+        else [{"text": "a" * 99_000} for _ in range(11)]
+        if field == "total"
+        else []
+    )
     with pytest.raises(MedrankError, match=message):
         parse_rank_input(json.dumps({"question": q, "answers": answers}), "in.json")
     with pytest.raises(MedrankError, match="101 answers; at most 100 per question"):
@@ -229,8 +307,16 @@ def test_table_output_escapes_control_characters():
     """ids and URLs come from the input: ESC / OSC / CR / NUL printed raw can rewrite what a terminal shows."""
     from medrank.cli import format_result
 
-    result = pd.DataFrame({"id": ["a\x1b[2J\rb"], "url": ["http://x\x1b]8;;http://evil\x07\x00"], "kept": [True], "rank": [1.0],
-                           "prob": [0.9], "rank_score": [1.0]})  # fmt: skip
+    result = pd.DataFrame(
+        {
+            "id": ["a\x1b[2J\rb"],
+            "url": ["http://x\x1b]8;;http://evil\x07\x00"],
+            "kept": [True],
+            "rank": [1.0],
+            "prob": [0.9],
+            "rank_score": [1.0],
+        }
+    )
     out = format_result("q", result, "table")
     assert "\x1b" not in out and "\r" not in out and "\x00" not in out and "\x07" not in out
     assert "a\\x1b[2J\\rb" in out and "http://x\\x1b]8;;http://evil\\x07\\x00" in out
@@ -243,11 +329,20 @@ def test_missing_model_is_a_clear_error(workdir, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         main(["rank", str(FIXTURES / "rank_input.json"), "--models", "models/none"])
     assert e.value.code == 2
-    assert error_lines(capsys.readouterr().err) == ["error: models/none/system.json: no trained system (run `dvc repro score`)"]
+    assert error_lines(capsys.readouterr().err) == [
+        "error: models/none/system.json: no trained system (run `dvc repro score`)"
+    ]
 
 
-@pytest.mark.parametrize("doctor", [lambda s: s["keep"].pop("test"), lambda s: s["keep"]["val"].update(kind="median"),
-                                    lambda s: s.update(order="random"), lambda s: s["keep"]["val"].update(value="high")])
+@pytest.mark.parametrize(
+    "doctor",
+    [
+        lambda s: s["keep"].pop("test"),
+        lambda s: s["keep"]["val"].update(kind="median"),
+        lambda s: s.update(order="random"),
+        lambda s: s["keep"]["val"].update(value="high"),
+    ],
+)
 def test_doctored_decision_is_a_clear_error(workdir, monkeypatch, capsys, tmp_path, doctor):
     from medrank.cli import main
 
@@ -260,7 +355,11 @@ def test_doctored_decision_is_a_clear_error(workdir, monkeypatch, capsys, tmp_pa
     with pytest.raises(SystemExit) as e:
         main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(root / "models")])
     lines = error_lines(capsys.readouterr().err)
-    assert e.value.code == 2 and len(lines) == 1 and "the saved keep rule / order is not one stage score writes" in lines[0]
+    assert (
+        e.value.code == 2
+        and len(lines) == 1
+        and "the saved keep rule / order is not one stage score writes" in lines[0]
+    )
 
 
 def test_rank_command_is_registered():
@@ -272,7 +371,9 @@ def test_rank_command_is_registered():
     assert REPO.exists()
 
 
-def _project_with_group(workdir: Path, tmp_path: Path, group: str, column: str, seed: int, aggregation: str = "max") -> Path:
+def _project_with_group(
+    workdir: Path, tmp_path: Path, group: str, column: str, seed: int, aggregation: str = "max"
+) -> Path:
     """A copy of the project whose MTL was trained with feature groups metadata + `group` (random `column` values)."""
 
     from medrank.models import mtl
@@ -282,8 +383,18 @@ def _project_with_group(workdir: Path, tmp_path: Path, group: str, column: str, 
     shutil.copytree(workdir, root, ignore=shutil.ignore_patterns("mtl"))
     data = _fake_training_data(seed=seed)
     data.cand[column] = np.random.default_rng(seed).random(len(data.cand))
-    cfg = MtlParams(proj_channels=4, conv_channels=[4, 4, 4, 4], rqe_dim=4, filter_hidden=[8], pair_hidden=[8], max_epochs=1, inner_val_frac=0.0)
-    model = mtl.fit_mtl(data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", group], 2)(), seed=0)
+    cfg = MtlParams(
+        proj_channels=4,
+        conv_channels=[4, 4, 4, 4],
+        rqe_dim=4,
+        filter_hidden=[8],
+        pair_hidden=[8],
+        max_epochs=1,
+        inner_val_frac=0.0,
+    )
+    model = mtl.fit_mtl(
+        data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", group], 2)(), seed=0
+    )
     meta = json.loads((workdir / "models" / "mtl" / "mtl.json").read_text())
     model.save(root / "models" / "mtl", extra_meta={k: meta[k] for k in ("decision", "n_candidates")})
     system = json.loads((workdir / "models" / "system.json").read_text())
@@ -306,11 +417,18 @@ def test_rank_with_the_cnn_feature_group(workdir, monkeypatch, capsys, tmp_path)
     with pytest.raises(SystemExit) as e:
         main(["rank", str(FIXTURES / "rank_input.json")])
     assert e.value.code == 2
-    assert error_lines(capsys.readouterr().err) == ["error: models/cnn: the cnn model is missing (run `dvc repro cnn_train`)"]
+    assert error_lines(capsys.readouterr().err) == [
+        "error: models/cnn: the cnn model is missing (run `dvc repro cnn_train`)"
+    ]
 
     words = ["noonan", "syndrome", "inherited", "genetic", "is", "it"]
     vectors = WordVectors(words, np.random.default_rng(0).normal(size=(len(words), 8)).astype(np.float32))
-    CnnRanker.create(vectors, ss.Idf({"noonan": 1}, n_docs=10), {"dropout": 0.0, "n_filters": 4, "hidden_size": 4, "conv_width": 3}, seed=0).save(root / "models" / "cnn")
+    CnnRanker.create(
+        vectors,
+        ss.Idf({"noonan": 1}, n_docs=10),
+        {"dropout": 0.0, "n_filters": 4, "hidden_size": 4, "conv_width": 3},
+        seed=0,
+    ).save(root / "models" / "cnn")
     out = json.loads(_rank(root, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
     assert sorted(a["id"] for a in out["answers"]) == ["3", "4", "A1", "A2"]
 

@@ -14,12 +14,19 @@ from medrank.retrieval import bm25_candidates, coverage, medquad_documents, sele
 def cands() -> pd.DataFrame:
     # q1: a clear ranking; q2: nothing above 0.5 (fallback); q3: a tie broken by BM25 rank; q4 in another split
     rows = [
-        ("val", "q1", 1, "a", 0.60), ("val", "q1", 2, "b", 0.95), ("val", "q1", 3, "c", 0.20),
-        ("val", "q1", 4, "d", 0.80), ("val", "q1", 5, "e", 0.75),
-        ("val", "q2", 1, "f", 0.30), ("val", "q2", 2, "g", 0.45), ("val", "q2", 3, "h", 0.10),
-        ("val", "q3", 2, "i", 0.72), ("val", "q3", 1, "j", 0.72), ("val", "q3", 3, "k", 0.71),
+        ("val", "q1", 1, "a", 0.60),
+        ("val", "q1", 2, "b", 0.95),
+        ("val", "q1", 3, "c", 0.20),
+        ("val", "q1", 4, "d", 0.80),
+        ("val", "q1", 5, "e", 0.75),
+        ("val", "q2", 1, "f", 0.30),
+        ("val", "q2", 2, "g", 0.45),
+        ("val", "q2", 3, "h", 0.10),
+        ("val", "q3", 2, "i", 0.72),
+        ("val", "q3", 1, "j", 0.72),
+        ("val", "q3", 3, "k", 0.71),
         ("test", "q1", 1, "l", 0.99),
-    ]  # fmt: skip
+    ]
     return pd.DataFrame(rows, columns=["split", "qid", "bm25_rank", "qa_id", "rqe_score"])
 
 
@@ -71,8 +78,12 @@ def test_coverage_counts_questions_with_a_candidate_at_t(cands):
 
 
 def test_bm25_ranks_the_matching_question_first():
-    docs = ["What are the symptoms of asthma ?", "What causes diabetes ?", "How to treat high blood pressure ?",
-            "What are the symptoms of diabetes ?"]  # fmt: skip
+    docs = [
+        "What are the symptoms of asthma ?",
+        "What causes diabetes ?",
+        "How to treat high blood pressure ?",
+        "What are the symptoms of diabetes ?",
+    ]
     idx, scores = bm25_candidates(["symptoms of type 2 diabetes", "the of and"], docs, top_k=3)
     assert idx.shape == (2, 3) and idx[0, 0] == 3 and scores[0, 0] > scores[0, 1]
     # a query of stopwords only still gets k candidates (score 0) for the cross-encoder to judge
@@ -84,8 +95,9 @@ def test_bm25_ranks_the_matching_question_first():
 
 
 def test_medquad_documents_drop_empty_and_duplicate_pairs():
-    mq = pd.DataFrame({"qa_id": ["b", "a", "c", "d"], "question_norm": ["q1", "q1", "q2", "q3"],
-                       "answer_norm": ["x", "x", "y", " "]})  # fmt: skip
+    mq = pd.DataFrame(
+        {"qa_id": ["b", "a", "c", "d"], "question_norm": ["q1", "q1", "q2", "q3"], "answer_norm": ["x", "x", "y", " "]}
+    )
     docs = medquad_documents(mq, "question_norm", "answer_norm")
     assert docs["qa_id"].tolist() == ["a", "c"]  # the smallest qa_id of duplicates, whatever the input order
 
@@ -95,12 +107,23 @@ def test_judged_retrieval_scores_rankings_and_selection_against_graded_judgments
 
     # question 1 (MEDIQA qid "7"): relevant m2 (grade 4) and m3 (judged 2 and 3: best grade counts); m1 graded 1
     qrels = pd.DataFrame(
-        {"number": [1, 1, 1, 1, 2, 1], "answer_id": ["a1", "a2", "a3", "a3", "b1", "x"], "grade": [1, 4, 2, 3, 4, 4],
-         "source": ["medquad"] * 5 + ["nist"], "medquad_qa_id": ["m1", "m2", "m3", "m3", None, None]}
-    )  # fmt: skip
+        {
+            "number": [1, 1, 1, 1, 2, 1],
+            "answer_id": ["a1", "a2", "a3", "a3", "b1", "x"],
+            "grade": [1, 4, 2, 3, 4, 4],
+            "source": ["medquad"] * 5 + ["nist"],
+            "medquad_qa_id": ["m1", "m2", "m3", "m3", None, None],
+        }
+    )
     liveqa = pd.DataFrame({"number": [1, 2], "mediqa_qid": ["7", "8"]})
     cands = pd.DataFrame(
-        {"split": "train_liveqa", "qid": "7", "bm25_rank": [1, 2, 3, 4], "qa_id": ["m1", "m9", "m3", "m2"], "rqe_score": [0.2, 0.9, 0.8, 0.1]}
+        {
+            "split": "train_liveqa",
+            "qid": "7",
+            "bm25_rank": [1, 2, 3, 4],
+            "qa_id": ["m1", "m9", "m3", "m2"],
+            "rqe_score": [0.2, 0.9, 0.8, 0.1],
+        }
     )
     chosen = pd.DataFrame({"split": "train_liveqa", "qid": "7", "rank": [1, 2], "qa_id": ["m9", "m3"]})
     out = judged_retrieval(cands, chosen, qrels, liveqa, ks=(1, 2, 4))

@@ -12,9 +12,18 @@ import pytest
 from medrank.errors import MedrankError
 from medrank.metrics import read_task3_gold, score_task2, score_task3
 from medrank.submission import write_task2_submission, write_task3_submission
+from tests.helpers import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "metrics"
-QA_GOLD = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mediqa2019" / "Eval_Scripts" / "data" / "QA_validationSet_ground_truth.txt"
+FIX = FIXTURES / "metrics"
+QA_GOLD = (
+    Path(__file__).resolve().parents[1].parent
+    / "shared"
+    / "data"
+    / "mediqa2019"
+    / "Eval_Scripts"
+    / "data"
+    / "QA_validationSet_ground_truth.txt"
+)
 
 
 def frame(**cols) -> pd.DataFrame:
@@ -104,7 +113,9 @@ def test_round_trip_with_scorer_tiny(tmp_path):
 def test_round_trip_with_scorer_validation_gold(tmp_path):
     gold = read_task3_gold(QA_GOLD)
     rng = random.Random(0)
-    df = gold.assign(score=[rng.random() for _ in range(len(gold))], label=[rng.randint(0, 1) for _ in range(len(gold))])
+    df = gold.assign(
+        score=[rng.random() for _ in range(len(gold))], label=[rng.randint(0, 1) for _ in range(len(gold))]
+    )
     out = tmp_path / "sub.csv"
     write_task3_submission(out, df.sample(frac=1.0, random_state=0))
     written = read_task3_gold(out)  # same 3-column format

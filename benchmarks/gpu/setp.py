@@ -1,5 +1,8 @@
 """python setp.py key.sub=value ... : set params.yaml values (YAML-parsed) in place."""
-import sys, yaml
+
+import sys
+import yaml
+
 p = yaml.safe_load(open("params.yaml"))
 for kv in sys.argv[1:]:
     k, v = kv.split("=", 1)

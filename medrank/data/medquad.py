@@ -21,7 +21,7 @@ MEDQUAD_FILE = "medquad/MedQuAD-577bd37.tar.gz"
 ROOTS = ("Document", "doc", "DiseaseFile")
 COLUMNS = [
     "qa_id", "collection", "document_id", "url", "focus", "question_type", "question", "answer", "answer_raw",
-]  # fmt: skip
+]
 
 
 def _first(elem: Element, *tags: str) -> Element | None:

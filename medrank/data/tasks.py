@@ -44,11 +44,11 @@ class TaskData:
         """The first `n` validation and test pairs (smoke profiles); None = all."""
         if n is None:
             return self
-        cut = lambda x: x[:n] if x is not None else None  # noqa: E731
+        cut = lambda x: x[:n] if x is not None else None
         return TaskData(
             self.label_names, self.train_pairs, self.train_labels, cut(self.eval_pairs), cut(self.eval_labels),
             cut(self.eval_ids), cut(self.test_pairs), cut(self.test_ids), cut(self.test_labels),
-        )  # fmt: skip
+        )
 
 
 def _pairs(df: pd.DataFrame, a: str, b: str) -> list[Pair]:
@@ -71,17 +71,17 @@ def nli_task(table: pd.DataFrame, dataset: str = "sick") -> TaskData:
     test = parts["test"]
     labelled_test = not test.empty and test["label"].notna().all()
     return _split_task(NLI_LABELS, parts, ("train", "dev", "test"), ("premise", "hypothesis"), "pair_id",
-                       lambda d: d["label"].map(idx).to_numpy(np.int64), labelled_test)  # fmt: skip
+                       lambda d: d["label"].map(idx).to_numpy(np.int64), labelled_test)
 
 
 def _split_task(labels: tuple[str, ...], parts: dict[str, pd.DataFrame], splits: tuple[str, str, str], columns: tuple[str, str], id_col: str,
-                label_of, labelled_test: bool = False) -> TaskData:  # fmt: skip
+                label_of, labelled_test: bool = False) -> TaskData:
     """TaskData of the (train, eval, test) parts: pairs of `columns`, labels by `label_of`, ids from `id_col`."""
     train, dev, test = (parts[s] for s in splits)
     return TaskData(
         labels, _pairs(train, *columns), label_of(train), _pairs(dev, *columns), label_of(dev), dev[id_col].astype(str).tolist(),
         _pairs(test, *columns), test[id_col].astype(str).tolist(), label_of(test) if labelled_test else None,
-    )  # fmt: skip
+    )
 
 
 def rqe_task(table: pd.DataFrame) -> TaskData:

@@ -159,7 +159,9 @@ class PairCache:
                 elif recorded.decode() != shard_digest(keys, arrays):
                     raise ValueError("content differs from its sha256")
             except Exception as e:  # a damaged or foreign shard is skipped (its pairs computed again), never fatal
-                log.warning("cache shard %s skipped: its pairs are computed again (%s: %s)", shard.name, type(e).__name__, e)
+                log.warning(
+                    "cache shard %s skipped: its pairs are computed again (%s: %s)", shard.name, type(e).__name__, e
+                )
                 self.skipped.append(shard.name)
                 continue
             for row, k in enumerate(keys):
@@ -206,7 +208,10 @@ class PairCache:
         if self.read_only:
             where = self.dir / f"<memory-{next(_counter):06d}>"
             self._memory.add(where)
-            self._loaded[where] = {name: np.ascontiguousarray(arrays[name][idx].astype(dt, copy=False)) for name, (_, dt) in self.columns.items()}
+            self._loaded[where] = {
+                name: np.ascontiguousarray(arrays[name][idx].astype(dt, copy=False))
+                for name, (_, dt) in self.columns.items()
+            }
             for row, i in enumerate(fresh):
                 self._index[keys[i]] = (where, row)
             return None
@@ -268,5 +273,11 @@ class PairCache:
     def info(self) -> dict[str, object]:
         meta_path = self.dir / META_FILE
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-        return {"namespace": self.dir.name, "rows": len(self), "shards": len(self.shards), "skipped_shards": len(self.skipped),
-                "unverified_shards": self.unverified, **meta}  # fmt: skip
+        return {
+            "namespace": self.dir.name,
+            "rows": len(self),
+            "shards": len(self.shards),
+            "skipped_shards": len(self.skipped),
+            "unverified_shards": self.unverified,
+            **meta,
+        }

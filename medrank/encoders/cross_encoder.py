@@ -2,7 +2,7 @@
 
 Inference is built for CPUs: identical pairs are scored once, pairs are tokenized once and batched by
 length with dynamic padding, under torch.inference_mode, at an explicit precision (fp32, bf16 autocast, or int8
-dynamic quantization of Linear layers); `auto` is the hardware's choice (encoders.base.probe_precision: flags, never a
+dynamic quantization of Linear layers); `auto` is the hardware's choice (encoders.hardware.probe_precision: flags, never a
 timing), and benchmarks/extraction.py says which precision is fastest on a machine.
 """
 
@@ -20,25 +20,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from medrank.encoders.base import (
+from medrank.encoders.hardware import PRECISIONS, PrecisionReport, hardware_precision, probe_precision, resolve_device
+from medrank.encoders.int8 import LazyInt8
+from medrank.encoders.models import (
     ENCODER_META,
-    PRECISIONS,
-    LazyInt8,
-    PrecisionReport,
-    deterministic_torch,
-    hardware_precision,
     model_fingerprint,
-    pick_threads,
-    probe_precision,
     quiet_transformers,
     read_json,
-    resolve_device,
     resolve_model_path,
     save_checkpoint,
-    set_seed,
-    set_threads,
     verify_saved,
 )
+from medrank.encoders.runtime import deterministic_torch, pick_threads, set_seed, set_threads
 from medrank.encoders.batching import (
     bucketed_shuffle_batches,
     dedup,
@@ -68,10 +61,14 @@ def _load_hf(path: Path, saved: bool = False, **kw: Any) -> tuple[torch.nn.Modul
                 str(path), use_safetensors=True, trust_remote_code=False, output_loading_info=True, **kw
             )
         except (OSError, ValueError, KeyError) as e:
-            raise MedrankError(f"{path}: cannot load a sequence-pair classifier ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+            raise MedrankError(
+                f"{path}: cannot load a sequence-pair classifier ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+            ) from None
     missing = sorted(info.get("missing_keys") or [])
     if saved and missing:
-        raise MedrankError(f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[0]}): it would load with random ones")
+        raise MedrankError(
+            f"{path}: {len(missing)} weights missing from the checkpoint (e.g. {missing[0]}): it would load with random ones"
+        )
     return model.float(), tok
 
 
@@ -174,8 +171,18 @@ class CrossEncoder(LazyInt8):
             ignore_mismatched_sizes=True,  # a base with another head (e.g. NLI → RQE) gets a new one
         )
         fp = model_fingerprint(path)
-        log.info("cross-encoder from %s (fingerprint %s), %d labels, max_length %d", path, fp[:12], num_labels, max_length)
-        return cls(model, tok, max_length=max_length, label_names=labels, device=device, precision=precision, base_fingerprint=fp)
+        log.info(
+            "cross-encoder from %s (fingerprint %s), %d labels, max_length %d", path, fp[:12], num_labels, max_length
+        )
+        return cls(
+            model,
+            tok,
+            max_length=max_length,
+            label_names=labels,
+            device=device,
+            precision=precision,
+            base_fingerprint=fp,
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str = "auto", precision: str = "auto") -> "CrossEncoder":
@@ -326,9 +333,11 @@ class CrossEncoder(LazyInt8):
         try:
             # one autocast region for every batch: it casts each fp32 weight to bf16 once and keeps the copy (a region
             # per batch re-cast all ~22M weights every batch); the casts are the same, so are the outputs' bits
-            with torch.inference_mode(), self._autocast(precision), tqdm(
-                total=len(unique), unit="pair", desc="predict", disable=not show_progress, leave=False
-            ) as bar:
+            with (
+                torch.inference_mode(),
+                self._autocast(precision),
+                tqdm(total=len(unique), unit="pair", desc="predict", disable=not show_progress, leave=False) as bar,
+            ):
                 for idx in batches:
                     batch = self._collate(enc, idx)
                     logits = model(**batch).logits
@@ -348,7 +357,14 @@ class CrossEncoder(LazyInt8):
             "pairs_per_s": round(len(unique) / dt, 1) if dt > 0 else float("inf"),
             "precision": precision,
         }
-        log.info("predicted %d pairs (%d unique) in %.1fs: %.1f pairs/s at %s", n, len(unique), dt, len(unique) / max(dt, 1e-9), precision)
+        log.info(
+            "predicted %d pairs (%d unique) in %.1fs: %.1f pairs/s at %s",
+            n,
+            len(unique),
+            dt,
+            len(unique) / max(dt, 1e-9),
+            precision,
+        )
         if embs is not None:
             return probs[inverse], embs[inverse]
         return probs[inverse]
@@ -448,9 +464,20 @@ class CrossEncoder(LazyInt8):
         lengths = [len(x) for x in enc["input_ids"]]
         if self.device.type == "cpu":
             # a fixed count by default: float sums, and so the trained weights, depend on the thread count
-            self.threads = pick_threads(self._train_step_probe(enc, y, batch_size, "fp32")) if threads == "probe" else set_threads(threads)
+            self.threads = (
+                pick_threads(self._train_step_probe(enc, y, batch_size, "fp32"))
+                if threads == "probe"
+                else set_threads(threads)
+            )
         self.train_precision = self._train_precision(precision)
-        log.info("training on %d pairs, %d epochs, batch %d, lr %g, precision %s", len(pairs), epochs, batch_size, lr, self.train_precision)
+        log.info(
+            "training on %d pairs, %d epochs, batch %d, lr %g, precision %s",
+            len(pairs),
+            epochs,
+            batch_size,
+            lr,
+            self.train_precision,
+        )
 
         decay, no_decay = [], []
         for name, prm in self.model.named_parameters():
@@ -492,7 +519,9 @@ class CrossEncoder(LazyInt8):
             eval_seconds = 0.0
             losses: list[float] = []
             batches = bucketed_shuffle_batches(lengths, batch_size, rng)
-            with tqdm(total=len(pairs), unit="pair", desc=f"epoch {epoch}/{epochs}", disable=not show_progress, leave=False) as bar:
+            with tqdm(
+                total=len(pairs), unit="pair", desc=f"epoch {epoch}/{epochs}", disable=not show_progress, leave=False
+            ) as bar:
                 for idx in batches:
                     batch = self._collate(enc, idx)
                     target = torch.from_numpy(y[idx]).to(self.device)
@@ -510,7 +539,12 @@ class CrossEncoder(LazyInt8):
                     global_step += 1
                     bar.update(len(idx))
                     bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
-                    if step_callback is not None and eval_every and global_step % eval_every == 0 and idx is not batches[-1]:
+                    if (
+                        step_callback is not None
+                        and eval_every
+                        and global_step % eval_every == 0
+                        and idx is not batches[-1]
+                    ):
                         eval_seconds += report(global_step, None)
                         self.model.train()
             self.model.eval()
@@ -543,14 +577,17 @@ class CrossEncoder(LazyInt8):
     # ------------------------------------------------------------------ save
     def save(self, path: str | os.PathLike, extra_meta: dict[str, Any] | None = None) -> str:
         """Write safetensors weights + tokenizer + medrank_encoder.json atomically; return the fingerprint."""
-        meta = lambda fp: (META_FILE, {  # noqa: E731
-            "label_names": self.label_names,
-            "max_length": self.max_length,
-            "fingerprint": fp,
-            "base_fingerprint": self.base_fingerprint,
-            "train_precision": self.train_precision,
-            **(extra_meta or {}),
-        })  # fmt: skip
+        meta = lambda fp: (
+            META_FILE,
+            {
+                "label_names": self.label_names,
+                "max_length": self.max_length,
+                "fingerprint": fp,
+                "base_fingerprint": self.base_fingerprint,
+                "train_precision": self.train_precision,
+                **(extra_meta or {}),
+            },
+        )
         fp = save_checkpoint(self.model, self.tokenizer, path, meta)
         self._fingerprint = fp
         log.info("saved cross-encoder to %s (fingerprint %s)", path, fp[:12])

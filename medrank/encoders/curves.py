@@ -11,7 +11,12 @@ import numpy as np
 from medrank.encoders.cross_encoder import CrossEncoder, EpochCallback, Pair
 
 # train loss (mean since the last point) and validation metrics, the curves of every fine-tuned cross-encoder
-CURVES = {"train_loss": "train/loss", "eval_loss": "val/loss", "eval_accuracy": "val/accuracy", "eval_macro_f1": "val/macro_f1"}
+CURVES = {
+    "train_loss": "train/loss",
+    "eval_loss": "val/loss",
+    "eval_accuracy": "val/accuracy",
+    "eval_macro_f1": "val/macro_f1",
+}
 
 
 def live_step_logger(live: Any, keys: dict[str, str]) -> EpochCallback:
@@ -47,9 +52,19 @@ def fit_with_curves(
         live.log_params(knobs.model_dump())
         t0 = time.perf_counter()
         history = model.fit(
-            pairs, labels, epochs=knobs.epochs, lr=knobs.lr, batch_size=knobs.batch_size, warmup_ratio=knobs.warmup_ratio,
-            weight_decay=knobs.weight_decay, eval_pairs=eval_pairs, eval_labels=eval_labels, seed=seed,
-            precision=knobs.train_precision, threads=knobs.threads, eval_every=knobs.eval_every,
+            pairs,
+            labels,
+            epochs=knobs.epochs,
+            lr=knobs.lr,
+            batch_size=knobs.batch_size,
+            warmup_ratio=knobs.warmup_ratio,
+            weight_decay=knobs.weight_decay,
+            eval_pairs=eval_pairs,
+            eval_labels=eval_labels,
+            seed=seed,
+            precision=knobs.train_precision,
+            threads=knobs.threads,
+            eval_every=knobs.eval_every,
             step_callback=live_step_logger(live, CURVES),
-        )  # fmt: skip
+        )
         return history, time.perf_counter() - t0

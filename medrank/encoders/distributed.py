@@ -2,13 +2,13 @@
 
 `cached_extract(..., backend=...)` cuts the pairs it must compute into the same shards whatever the backend, and
 every backend computes a whole shard with `extract_pairs` (the same length-sorted batches), so the cache content, and
-everything downstream, is the in-process path's (tests/test_embed_cache.py, test_pipeline_smoke.py).
+everything downstream, is the in-process path's (tests/encoders/test_embed_cache.py, test_pipeline_smoke.py).
 
 `LocalPool(workers)`: shards on `workers` forked processes, one torch thread each. A MiniLM cross-encoder gains only
 1.5x from 1 to 2 threads in one process (its small GEMMs and the attention, LayerNorm and GELU between them do not
 split well), yet on the 2-core development machine two one-thread processes computed only 3-6% more pairs/s than one
 two-thread process (retrieve 246 -> 262, embed 241 -> 247). A batch's outputs do not depend on the thread count, so
-the bits are the in-process path's (tests/test_embed_cache.py) whatever the number of cores.
+the bits are the in-process path's (tests/encoders/test_embed_cache.py) whatever the number of cores.
 
 `RayBackend`: each actor loads the saved model from its folder (weights verified against the driver's fingerprint),
 computes whole shards with the local batch size, and the driver writes the results into the same content-addressed
@@ -34,6 +34,15 @@ log = logging.getLogger(__name__)
 Pair = tuple[str, str]
 
 
+# ---------------------------------------------------------------------- pure batch function
+def extract_pairs(encoder: Any, pairs: Sequence[Pair], precision: str, batch_size: int = 64) -> dict[str, np.ndarray]:
+    """Probabilities (n, num_labels) float32 and pooled [CLS] vectors (n, H) float16 for a batch of pairs."""
+    probs, cls = encoder.predict(
+        pairs, batch_size=batch_size, return_embeddings=True, show_progress=False, precision=precision
+    )
+    return {"probs": probs.astype(np.float32), "cls": cls.astype(np.float16)}
+
+
 @dataclass(frozen=True)
 class RayBackend:
     """Where and how wide: cluster address (None = local Ray), actors, CPUs/GPUs per actor."""
@@ -55,7 +64,9 @@ def extraction_backend(backend: str, ray: Any, workers: int | str) -> "LocalPool
     """The backend an extraction params section names: `backend: local` with its `workers` (auto = every core this
     process may use), or `backend: ray` with its `ray` settings."""
     if backend == "ray":
-        return RayBackend(address=ray.address, actors=ray.actors, cpus_per_actor=ray.cpus_per_actor, gpus_per_actor=ray.gpus_per_actor)
+        return RayBackend(
+            address=ray.address, actors=ray.actors, cpus_per_actor=ray.cpus_per_actor, gpus_per_actor=ray.gpus_per_actor
+        )
     if workers == "auto":
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return LocalPool(max(1, int(workers)))
@@ -66,8 +77,6 @@ _POOL_STATE: dict = {}  # the forked workers' view of the encoder and shards (se
 
 def _pool_shard(i: int) -> tuple[int, dict[str, np.ndarray]]:
     import torch
-
-    from medrank.encoders.extract import extract_pairs
 
     encoder, shards, precision, batch_size = (_POOL_STATE[k] for k in ("encoder", "shards", "precision", "batch_size"))
     torch.set_num_threads(1)
@@ -84,8 +93,6 @@ def pool_extract(
 ) -> None:
     """Compute each (keys, pairs) shard and `put(keys, arrays)` its result, in shard order: on `pool.workers` forked
     processes when there are several shards on a CPU, else here (the caller's threads)."""
-    from medrank.encoders.extract import extract_pairs
-
     workers = min(pool.workers, len(shards))
     if workers <= 1 or encoder.device.type != "cpu":  # CUDA cannot be forked; one shard needs no second process
         for keys, pairs in shards:
@@ -96,7 +103,9 @@ def pool_extract(
     _POOL_STATE.update(encoder=encoder, shards=shards, precision=precision, batch_size=batch_size)
     try:
         with mp.get_context("fork").Pool(workers) as procs:
-            for i, out in procs.imap(_pool_shard, range(len(shards))):  # in order: the cache's files are written as here
+            for i, out in procs.imap(
+                _pool_shard, range(len(shards))
+            ):  # in order: the cache's files are written as here
                 put(shards[i][0], out)
     finally:
         _POOL_STATE.clear()
@@ -105,7 +114,9 @@ def pool_extract(
 class ExtractActor:
     """One loaded cross-encoder; one call computes one shard (a row of keys and text pairs) with `extract_pairs`."""
 
-    def __init__(self, model_dir: str, fingerprint: str, precision: str, batch_size: int, threads: int, device: str) -> None:
+    def __init__(
+        self, model_dir: str, fingerprint: str, precision: str, batch_size: int, threads: int, device: str
+    ) -> None:
         import torch
 
         from medrank.encoders.cross_encoder import CrossEncoder
@@ -114,12 +125,12 @@ class ExtractActor:
             torch.set_num_threads(max(1, threads))
         self.encoder = CrossEncoder.load(model_dir, device=device, precision=precision)
         if self.encoder.fingerprint != fingerprint:
-            raise MedrankError(f"{model_dir}: the Ray worker loaded weights {self.encoder.fingerprint[:12]}…, the driver {fingerprint[:12]}…")
+            raise MedrankError(
+                f"{model_dir}: the Ray worker loaded weights {self.encoder.fingerprint[:12]}…, the driver {fingerprint[:12]}…"
+            )
         self.precision, self.batch_size = precision, batch_size
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from medrank.encoders.extract import extract_pairs
-
         keys, outs = [], []
         for k, a, b in zip(batch["keys"], batch["a"], batch["b"]):
             keys.extend(bytes(x) for x in k)
@@ -137,10 +148,16 @@ def ray_session(backend: RayBackend) -> Iterator[Any]:
     started = not ray.is_initialized()
     if started:
         try:
-            ray.init(address=backend.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+            ray.init(
+                address=backend.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False
+            )
         except (ConnectionError, ValueError, RuntimeError) as e:  # no cluster at that address, a malformed address
-            raise MedrankError(f"backend ray: cannot start or join Ray at address {backend.address!r} ({type(e).__name__}: {e})") from e
-    ray.data.DataContext.get_current().enable_progress_bars = False  # the caller's tqdm counts pairs written to the cache
+            raise MedrankError(
+                f"backend ray: cannot start or join Ray at address {backend.address!r} ({type(e).__name__}: {e})"
+            ) from e
+    ray.data.DataContext.get_current().enable_progress_bars = (
+        False  # the caller's tqdm counts pairs written to the cache
+    )
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     try:
         yield ray
@@ -167,8 +184,14 @@ def ray_extract(
         ds = ray.data.from_items(rows, override_num_blocks=len(rows))
         out = ds.map_batches(
             ExtractActor,
-            fn_constructor_kwargs={"model_dir": str(Path(model_dir).resolve()), "fingerprint": fingerprint, "precision": precision,
-                                   "batch_size": batch_size, "threads": int(backend.cpus_per_actor), "device": device},  # fmt: skip
+            fn_constructor_kwargs={
+                "model_dir": str(Path(model_dir).resolve()),
+                "fingerprint": fingerprint,
+                "precision": precision,
+                "batch_size": batch_size,
+                "threads": int(backend.cpus_per_actor),
+                "device": device,
+            },
             batch_size=1,
             batch_format="numpy",
             concurrency=min(backend.actors, len(rows)),

@@ -21,20 +21,13 @@ from tqdm.auto import tqdm
 from medrank.encoders.batching import dedup
 from medrank.encoders.cache import PairCache, existing_precisions, namespace_name, pair_key
 from medrank.encoders.cross_encoder import CrossEncoder
-from medrank.encoders.distributed import LocalPool, RayBackend, pool_extract, ray_extract
+from medrank.encoders.distributed import LocalPool, RayBackend, extract_pairs, pool_extract, ray_extract
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
 Pair = tuple[str, str]
-
-
-# ---------------------------------------------------------------------- pure batch function
-def extract_pairs(encoder: CrossEncoder, pairs: Sequence[Pair], precision: str, batch_size: int = 64) -> dict[str, np.ndarray]:
-    """Probabilities (n, num_labels) float32 and pooled [CLS] vectors (n, H) float16 for a batch of pairs."""
-    probs, cls = encoder.predict(pairs, batch_size=batch_size, return_embeddings=True, show_progress=False, precision=precision)
-    return {"probs": probs.astype(np.float32), "cls": cls.astype(np.float16)}
 
 
 @dataclass
@@ -56,13 +49,20 @@ class ExtractStats:
 
 
 def choose_precision(
-    encoder: CrossEncoder | SentenceEncoder, requested: str, cache_root: str | os.PathLike, kind: str, sample_pairs: Sequence[Pair]
+    encoder: CrossEncoder | SentenceEncoder,
+    requested: str,
+    cache_root: str | os.PathLike,
+    kind: str,
+    sample_pairs: Sequence[Pair],
 ) -> str:
     """'auto' reuses the precision of an existing cache for this model (no recompute), else probes."""
     chosen = requested
     if requested == "auto":
-        have = [p for p in existing_precisions(cache_root, kind, encoder.fingerprint, encoder.max_length)
-                if p != "int8" or encoder.device.type == "cpu"]  # fmt: skip
+        have = [
+            p
+            for p in existing_precisions(cache_root, kind, encoder.fingerprint, encoder.max_length)
+            if p != "int8" or encoder.device.type == "cpu"
+        ]
         if not have:
             return encoder.resolve_precision(list(sample_pairs)[:256]) if isinstance(encoder, CrossEncoder) else "fp32"
         chosen = have[0]
@@ -70,13 +70,22 @@ def choose_precision(
     return chosen
 
 
-def open_cache(encoder: CrossEncoder, kind: str, cache_root: str | os.PathLike, precision: str, read_only: bool = False) -> PairCache:
+def open_cache(
+    encoder: CrossEncoder, kind: str, cache_root: str | os.PathLike, precision: str, read_only: bool = False
+) -> PairCache:
     """The cache namespace of this model at this precision: probs (num_labels) float32 + cls (H) float16."""
     hidden = int(encoder.model.config.hidden_size)
     ns = namespace_name(kind, encoder.fingerprint, precision, encoder.max_length)
-    meta = {"kind": kind, "fingerprint": encoder.fingerprint, "precision": precision, "max_length": encoder.max_length,
-            "label_names": list(encoder.label_names)}  # fmt: skip
-    return PairCache(cache_root, ns, {"probs": ((encoder.num_labels,), np.float32), "cls": ((hidden,), np.float16)}, meta, read_only)
+    meta = {
+        "kind": kind,
+        "fingerprint": encoder.fingerprint,
+        "precision": precision,
+        "max_length": encoder.max_length,
+        "label_names": list(encoder.label_names),
+    }
+    return PairCache(
+        cache_root, ns, {"probs": ((encoder.num_labels,), np.float32), "cls": ((hidden,), np.float16)}, meta, read_only
+    )
 
 
 def cached_extract(
@@ -123,13 +132,21 @@ def cached_extract(
     stats.pairs_per_s = round(stats.computed / stats.seconds, 1) if stats.computed and stats.seconds > 0 else 0.0
     log.info(
         "%s: %d pairs, %d unique, %d cached, %d computed (%.1f pairs/s, %s)",
-        desc, stats.pairs, stats.unique, stats.cached, stats.computed, stats.pairs_per_s, precision,
-    )  # fmt: skip
+        desc,
+        stats.pairs,
+        stats.unique,
+        stats.cached,
+        stats.computed,
+        stats.pairs_per_s,
+        precision,
+    )
     got = cache.get(keys) if keys else {k: np.zeros((0, *s), d) for k, (s, d) in cache.columns.items()}
     return {k: v[inverse] for k, v in got.items()}, stats
 
 
-def precision_check(encoder: CrossEncoder, pairs: Sequence[Pair], precision: str, batch_size: int = 64) -> dict[str, float]:
+def precision_check(
+    encoder: CrossEncoder, pairs: Sequence[Pair], precision: str, batch_size: int = 64
+) -> dict[str, float]:
     """max |Δp| (and max |Δcls|) of `precision` against fp32 on a sample of real pairs."""
     if precision == "fp32" or not pairs:
         return {"pairs": 0, "max_abs_prob_diff": 0.0, "max_abs_cls_diff": 0.0}
@@ -138,7 +155,9 @@ def precision_check(encoder: CrossEncoder, pairs: Sequence[Pair], precision: str
     return {
         "pairs": len(pairs),
         "max_abs_prob_diff": round(float(np.abs(ref["probs"] - got["probs"]).max()), 6),
-        "max_abs_cls_diff": round(float(np.abs(ref["cls"].astype(np.float32) - got["cls"].astype(np.float32)).max()), 6),
+        "max_abs_cls_diff": round(
+            float(np.abs(ref["cls"].astype(np.float32) - got["cls"].astype(np.float32)).max()), 6
+        ),
     }
 
 

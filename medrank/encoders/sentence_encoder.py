@@ -10,15 +10,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from medrank.encoders.base import (
+from medrank.encoders.hardware import resolve_device
+from medrank.encoders.int8 import LazyInt8
+from medrank.encoders.models import (
     ENCODER_META,
-    LazyInt8,
     model_fingerprint,
     quiet_transformers,
-    resolve_device,
     resolve_model_path,
-    verify_saved,
     save_checkpoint,
+    verify_saved,
 )
 from medrank.encoders.batching import length_sorted_batches, padded_width
 from medrank.errors import MedrankError
@@ -70,14 +70,24 @@ class SentenceEncoder(LazyInt8):
 
     # ------------------------------------------------------------------ fine-tuning (RQE: question pairs)
     def fit(
-        self, pairs: Sequence[tuple[str, str]], labels: Sequence[int], *, epochs: int, lr: float, batch_size: int,
-        seed: int, warmup_ratio: float = 0.1, weight_decay: float = 0.01, precision: str = "bf16", scale: float = 20.0,
+        self,
+        pairs: Sequence[tuple[str, str]],
+        labels: Sequence[int],
+        *,
+        epochs: int,
+        lr: float,
+        batch_size: int,
+        seed: int,
+        warmup_ratio: float = 0.1,
+        weight_decay: float = 0.01,
+        precision: str = "bf16",
+        scale: float = 20.0,
         show_progress: bool = True,
-    ) -> list[dict[str, float]]:  # fmt: skip
+    ) -> list[dict[str, float]]:
         """Fine-tune on labelled text pairs: P(label 1) = sigmoid(scale * cos(a, b) + bias), binary cross-entropy,
         AdamW with linear warmup/decay, length-bucketed shuffled batches (by the first text). The learned bias is
         only a training aid: what the encoder keeps is the geometry (callers calibrate cosines on their own data)."""
-        from medrank.encoders.base import set_seed
+        from medrank.encoders.runtime import set_seed
         from medrank.encoders.batching import bucketed_shuffle_batches
 
         y = np.asarray(labels, dtype=np.float32)
@@ -95,35 +105,65 @@ class SentenceEncoder(LazyInt8):
                 u = self._pooled([enc_a[i] for i in idx], self.model)
                 v = self._pooled([enc_b[i] for i in idx], self.model)
             cos = (u.float() * v.float()).sum(1)
-            return torch.nn.functional.binary_cross_entropy_with_logits(scale * cos + bias, torch.from_numpy(y[idx]).to(self.device))
+            return torch.nn.functional.binary_cross_entropy_with_logits(
+                scale * cos + bias, torch.from_numpy(y[idx]).to(self.device)
+            )
 
-        return self._train(lambda: bucketed_shuffle_batches([len(x) for x in enc_a], batch_size, rng), loss_of, n=len(pairs), epochs=epochs,
-                           lr=lr, batch_size=batch_size, warmup_ratio=warmup_ratio, weight_decay=weight_decay, precision=precision,
-                           extra_params=[bias], desc="bi-encoder", show_progress=show_progress)  # fmt: skip
+        return self._train(
+            lambda: bucketed_shuffle_batches([len(x) for x in enc_a], batch_size, rng),
+            loss_of,
+            n=len(pairs),
+            epochs=epochs,
+            lr=lr,
+            batch_size=batch_size,
+            warmup_ratio=warmup_ratio,
+            weight_decay=weight_decay,
+            precision=precision,
+            extra_params=[bias],
+            desc="bi-encoder",
+            show_progress=show_progress,
+        )
 
     def fit_ranking(
-        self, queries: Sequence[str], positives: Sequence[str], negatives: Sequence[str] | None = None, *, epochs: int, lr: float,
-        batch_size: int, seed: int, warmup_ratio: float = 0.1, weight_decay: float = 0.01, precision: str = "bf16",
-        scale: float = 20.0, show_progress: bool = True,
-    ) -> list[dict[str, float]]:  # fmt: skip
+        self,
+        queries: Sequence[str],
+        positives: Sequence[str],
+        negatives: Sequence[str] | None = None,
+        *,
+        epochs: int,
+        lr: float,
+        batch_size: int,
+        seed: int,
+        warmup_ratio: float = 0.1,
+        weight_decay: float = 0.01,
+        precision: str = "bf16",
+        scale: float = 20.0,
+        show_progress: bool = True,
+    ) -> list[dict[str, float]]:
         """Fine-tune for retrieval: each query against every positive (and hard negative) of its batch, softmax
         cross-entropy towards its own positive (in-batch negatives, multiple-negatives ranking loss), AdamW with
         linear warmup/decay; batches of random queries (length buckets would put near-duplicate queries together)."""
-        from medrank.encoders.base import set_seed
+        from medrank.encoders.runtime import set_seed
 
         n = len(queries)
         if not n or len(positives) != n or (negatives is not None and len(negatives) != n):
-            raise MedrankError(f"fit_ranking: {n} queries, {len(positives)} positives, {len(negatives or [])} negatives (need the same, > 0)")
+            raise MedrankError(
+                f"fit_ranking: {n} queries, {len(positives)} positives, {len(negatives or [])} negatives (need the same, > 0)"
+            )
         set_seed(seed)
         rng = np.random.default_rng(seed)
-        tok = lambda texts: self.tokenizer([str(t) for t in texts], truncation=True, max_length=self.max_length, padding=False)["input_ids"]  # noqa: E731
+        tok = lambda texts: self.tokenizer(
+            [str(t) for t in texts], truncation=True, max_length=self.max_length, padding=False
+        )["input_ids"]
         enc_q, enc_p = tok(queries), tok(positives)
         enc_n = tok(negatives) if negatives is not None else None
 
         def loss_of(idx: np.ndarray, cast) -> torch.Tensor:
             with cast:
                 q = self._pooled([enc_q[i] for i in idx], self.model)
-                d = self._pooled([enc_p[i] for i in idx] + ([enc_n[i] for i in idx] if enc_n is not None else []), self.model)
+                d = self._pooled(
+                    [enc_p[i] for i in idx] + ([enc_n[i] for i in idx] if enc_n is not None else []), self.model
+                )
             logits = scale * q.float() @ d.float().T  # (b, b or 2b): column i is query i's positive
             return torch.nn.functional.cross_entropy(logits, torch.arange(len(idx), device=self.device))
 
@@ -131,30 +171,62 @@ class SentenceEncoder(LazyInt8):
             order = rng.permutation(n)
             return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
-        return self._train(batches, loss_of, n=n, epochs=epochs, lr=lr, batch_size=batch_size, warmup_ratio=warmup_ratio,
-                           weight_decay=weight_decay, precision=precision, extra_params=[], desc="ranking", show_progress=show_progress)  # fmt: skip
+        return self._train(
+            batches,
+            loss_of,
+            n=n,
+            epochs=epochs,
+            lr=lr,
+            batch_size=batch_size,
+            warmup_ratio=warmup_ratio,
+            weight_decay=weight_decay,
+            precision=precision,
+            extra_params=[],
+            desc="ranking",
+            show_progress=show_progress,
+        )
 
     def _train(
-        self, batches, loss_of, *, n: int, epochs: int, lr: float, batch_size: int, warmup_ratio: float, weight_decay: float,
-        precision: str, extra_params: list[torch.nn.Parameter], desc: str, show_progress: bool,
-    ) -> list[dict[str, float]]:  # fmt: skip
+        self,
+        batches,
+        loss_of,
+        *,
+        n: int,
+        epochs: int,
+        lr: float,
+        batch_size: int,
+        warmup_ratio: float,
+        weight_decay: float,
+        precision: str,
+        extra_params: list[torch.nn.Parameter],
+        desc: str,
+        show_progress: bool,
+    ) -> list[dict[str, float]]:
         """The fine-tuning loop of fit / fit_ranking: AdamW (no decay on biases, LayerNorm and `extra_params`) with linear
         warmup/decay, gradient clipping at 1; `batches()` gives an epoch's index batches, `loss_of(idx, cast)` a loss."""
         from tqdm import tqdm
 
         decay = [p for n_, p in self.model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n_]
-        no_decay = [p for n_, p in self.model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n_)] + list(extra_params)
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+        no_decay = [p for n_, p in self.model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n_)] + list(
+            extra_params
+        )
+        opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=lr
+        )
         steps = max(1, epochs * -(-n // batch_size))
         warmup = int(steps * warmup_ratio)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup)))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: (s + 1) / (warmup + 1) if s < warmup else max(0.0, (steps - s) / max(1, steps - warmup))
+        )
         cast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
         history = []
         self._int8_model = None
         for epoch in range(1, epochs + 1):
             self.model.train()
             losses: list[float] = []
-            for idx in tqdm(batches(), desc=f"{desc} epoch {epoch}/{epochs}", unit="batch", disable=not show_progress, leave=False):
+            for idx in tqdm(
+                batches(), desc=f"{desc} epoch {epoch}/{epochs}", unit="batch", disable=not show_progress, leave=False
+            ):
                 loss = loss_of(idx, cast)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -181,5 +253,10 @@ class SentenceEncoder(LazyInt8):
 
     def save(self, path: str | os.PathLike) -> str:
         """Write safetensors weights + config + tokenizer to `path` (atomically: a temp folder renamed); the fingerprint."""
-        self.fingerprint = save_checkpoint(self.model, self.tokenizer, path, meta=lambda fp: (ENCODER_META, {"kind": "sentence-encoder", "fingerprint": fp}))
+        self.fingerprint = save_checkpoint(
+            self.model,
+            self.tokenizer,
+            path,
+            meta=lambda fp: (ENCODER_META, {"kind": "sentence-encoder", "fingerprint": fp}),
+        )
         return self.fingerprint

@@ -204,16 +204,28 @@ class FittedBaseline:
         from medrank.io import write_json
 
         cfg = self.config
-        write_json(path, {
-            "config": {"params": cfg.params.model_dump(mode="json"), "groups": list(cfg.groups), "n_candidates": cfg.n_candidates,
-                       "seed": cfg.seed, "ranker": cfg.ranker},
-            "builder": builder_to_json(self.builder),
-            "filter": {"coef": self.filter.coef_.tolist(), "intercept": self.filter.intercept_.tolist(), "classes": self.filter.classes_.tolist()},
-            "rank_svm": None if self.ranker is None else {"c": self.ranker.c, "coef": self.ranker.coef_.tolist()},
-            "threshold": self.threshold,
-            "train_prior": self.train_prior,
-            "info": self.info,
-        })  # fmt: skip
+        write_json(
+            path,
+            {
+                "config": {
+                    "params": cfg.params.model_dump(mode="json"),
+                    "groups": list(cfg.groups),
+                    "n_candidates": cfg.n_candidates,
+                    "seed": cfg.seed,
+                    "ranker": cfg.ranker,
+                },
+                "builder": builder_to_json(self.builder),
+                "filter": {
+                    "coef": self.filter.coef_.tolist(),
+                    "intercept": self.filter.intercept_.tolist(),
+                    "classes": self.filter.classes_.tolist(),
+                },
+                "rank_svm": None if self.ranker is None else {"c": self.ranker.c, "coef": self.ranker.coef_.tolist()},
+                "threshold": self.threshold,
+                "train_prior": self.train_prior,
+                "info": self.info,
+            },
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedBaseline":
@@ -226,7 +238,13 @@ class FittedBaseline:
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
             c = d["config"]
-            cfg = BaselineConfig(BaselineParams.model_validate(c["params"]), tuple(c["groups"]), int(c["n_candidates"]), int(c["seed"]), c["ranker"])
+            cfg = BaselineConfig(
+                BaselineParams.model_validate(c["params"]),
+                tuple(c["groups"]),
+                int(c["n_candidates"]),
+                int(c["seed"]),
+                c["ranker"],
+            )
             lr = LogisticRegression(C=cfg.params.lr_c, solver="liblinear", max_iter=1000, random_state=cfg.seed)
             lr.coef_ = np.asarray(d["filter"]["coef"], dtype=np.float64)
             lr.intercept_ = np.asarray(d["filter"]["intercept"], dtype=np.float64)
@@ -236,19 +254,33 @@ class FittedBaseline:
             if d["rank_svm"] is not None:
                 ranker = RankSVM(float(d["rank_svm"]["c"]), cfg.seed)
                 ranker.coef_ = np.asarray(d["rank_svm"]["coef"], dtype=np.float64)
-            return cls(cfg, builder_from_json(d["builder"]), lr, ranker, float(d["threshold"]), float(d["train_prior"]), dict(d.get("info", {})))
+            return cls(
+                cfg,
+                builder_from_json(d["builder"]),
+                lr,
+                ranker,
+                float(d["threshold"]),
+                float(d["train_prior"]),
+                dict(d.get("info", {})),
+            )
         except (ValueError, KeyError, TypeError) as e:
-            raise MedrankError(f"{path}: not a baseline model written by this version ({type(e).__name__}: {e})") from None
+            raise MedrankError(
+                f"{path}: not a baseline model written by this version ({type(e).__name__}: {e})"
+            ) from None
 
 
-def _fit_core(table: pd.DataFrame, cfg: BaselineConfig, tfidf) -> tuple[FeatureBuilder, LogisticRegression, RankSVM | None]:
+def _fit_core(
+    table: pd.DataFrame, cfg: BaselineConfig, tfidf
+) -> tuple[FeatureBuilder, LogisticRegression, RankSVM | None]:
     builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
     X = builder.fit_transform(table)
     rows = _filter_rows(table, cfg)
     clf = fit_filter(X[rows], _labels(table)[rows], cfg.params.lr_c, cfg.seed)
     ranker = None
     if cfg.ranker == "svm":
-        ranker = RankSVM(cfg.params.svm_c, cfg.seed).fit(X, _relevance(table, cfg.params.rank_target), table["gid"].to_numpy())
+        ranker = RankSVM(cfg.params.svm_c, cfg.seed).fit(
+            X, _relevance(table, cfg.params.rank_target), table["gid"].to_numpy()
+        )
     return builder, clf, ranker
 
 
@@ -291,7 +323,9 @@ def fit_baseline(table: pd.DataFrame, cfg: BaselineConfig, tfidf=None) -> Fitted
 def with_variant(model: FittedBaseline, variant: dict) -> FittedBaseline:
     """The same fitted model with prediction-time overrides: prior_shift, min_keep, threshold, ranker='lr'."""
     over = {k: v for k, v in variant.items() if k in ("prior_shift", "min_keep")}
-    out = replace(model, config=replace(model.config, params=model.config.params.model_copy(update=over)), info=dict(model.info))
+    out = replace(
+        model, config=replace(model.config, params=model.config.params.model_copy(update=over)), info=dict(model.info)
+    )
     if "threshold" in variant:
         out = replace(out, threshold=float(variant["threshold"]))
     if variant.get("ranker") == "lr":
@@ -300,7 +334,12 @@ def with_variant(model: FittedBaseline, variant: dict) -> FittedBaseline:
 
 
 def holdout(
-    train: pd.DataFrame, test: pd.DataFrame, cfg: BaselineConfig, tfidf, variants: dict[str, dict] | None = None, with_predictions: bool = False
+    train: pd.DataFrame,
+    test: pd.DataFrame,
+    cfg: BaselineConfig,
+    tfidf,
+    variants: dict[str, dict] | None = None,
+    with_predictions: bool = False,
 ) -> dict | tuple[dict, pd.DataFrame]:
     """Train on `train`, score labelled `test`: official metrics per variant ('base' = cfg as is, with its threshold);
     with `with_predictions`, also the base model's rows (FittedBaseline.predict columns + threshold) in `test`'s index."""
@@ -374,7 +413,9 @@ def leave_one_source_out(
     return out, held_out.loc[table.index[table.index.isin(held_out.index)]].reset_index(drop=True)
 
 
-def protocols(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], variants: dict[str, dict] | None = None) -> dict:
+def protocols(
+    table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], variants: dict[str, dict] | None = None
+) -> dict:
     """The recipe under both protocols: question-grouped CV (mean ± sd) and LOSO (per source, mean, worst), per
     variant ('base' + `variants`), with both protocols' held-out rows ("oof", "loso")."""
     from medrank.evaluation import loso_summary
@@ -385,8 +426,14 @@ def protocols(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence
     return {"cv": cv, "loso": loso, "per_source": per_source, "oof": oof, "loso_rows": loso_rows}
 
 
-def held_out_rows(table: pd.DataFrame, cfg: BaselineConfig, tfidf, inner: Sequence[str], inner_sources: Sequence[str],
-                  outer: Sequence[str]) -> pd.DataFrame:  # fmt: skip
+def held_out_rows(
+    table: pd.DataFrame,
+    cfg: BaselineConfig,
+    tfidf,
+    inner: Sequence[str],
+    inner_sources: Sequence[str],
+    outer: Sequence[str],
+) -> pd.DataFrame:
     """Rows for a nested selection (medrank.nested): part oof / loso (`protocols` over the `inner` questions and
     `inner_sources` only) and test (the `outer` questions, by a model trained on every inner question); columns
     part, gid, aid, fold, prob, rank_score. No fit sees an outer question."""
@@ -395,18 +442,30 @@ def held_out_rows(table: pd.DataFrame, cfg: BaselineConfig, tfidf, inner: Sequen
     target = _scored(table[table["gid"].isin(set(outer))])
     test = fit_baseline(inner_table, cfg, tfidf).predict(target).assign(fold=-1)
     cols = ["part", "gid", "aid", "fold", "prob", "rank_score"]
-    return pd.concat([proto["oof"].assign(part="oof")[cols], proto["loso_rows"].assign(part="loso")[cols],
-                      test.assign(part="test")[cols]], ignore_index=True)  # fmt: skip
+    return pd.concat(
+        [
+            proto["oof"].assign(part="oof")[cols],
+            proto["loso_rows"].assign(part="loso")[cols],
+            test.assign(part="test")[cols],
+        ],
+        ignore_index=True,
+    )
 
 
-def spread_over_seeds(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int, first: dict | None = None) -> dict:
+def spread_over_seeds(
+    table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int, first: dict | None = None
+) -> dict:
     """`evaluation.seed_spread` of the recipe over `n` seeds (folds, inner-CV folds, rank-SVM pair flips);
     `first`: the `protocols` output of the configured seed, reused."""
     from medrank.evaluation import seed_spread
 
     runs = []
     for i in range(n):
-        r = first if (i == 0 and first is not None) else protocols(table, replace(cfg, seed=cfg.seed + i), tfidf, sources)
+        r = (
+            first
+            if (i == 0 and first is not None)
+            else protocols(table, replace(cfg, seed=cfg.seed + i), tfidf, sources)
+        )
         runs.append((r["cv"]["base"], r["loso"]["base"]))
     return seed_spread(runs)
 
@@ -423,8 +482,14 @@ VARIANTS = {
 }
 
 
-def ablation_tables(labelled: pd.DataFrame, train: pd.DataFrame, val: pd.DataFrame, configs: dict[str, BaselineConfig], tfidf,
-                    sources: Sequence[str]) -> tuple[dict, dict]:
+def ablation_tables(
+    labelled: pd.DataFrame,
+    train: pd.DataFrame,
+    val: pd.DataFrame,
+    configs: dict[str, BaselineConfig],
+    tfidf,
+    sources: Sequence[str],
+) -> tuple[dict, dict]:
     """Paper Table 1 (+ extras) and Table 4: each row's CV and LOSO on train+val and train -> val, by filter and by
     ranker, and the written rule's selection score (mean of CV and LOSO mean accuracy)."""
     from medrank.evaluation import rounded_scores, rounded_summary, selection_score
@@ -434,19 +499,37 @@ def ablation_tables(labelled: pd.DataFrame, train: pd.DataFrame, val: pd.DataFra
         r = protocols(labelled, cfg, tfidf, sources, LR_RANK)
         cv, loso = r["cv"], r["loso"]
         ho = holdout(train, val, cfg, tfidf, LR_RANK)
-        table1[name] = {"groups": list(cfg.groups), "cv": rounded_summary(cv["base"]), "loso": loso["base"],
-                        "selection_score": round(selection_score(cv["base"], loso["base"], "accuracy"), 4),
-                        "val": rounded_scores(ho["base"]), "val_threshold": ho["base"]["threshold"]}  # fmt: skip
+        table1[name] = {
+            "groups": list(cfg.groups),
+            "cv": rounded_summary(cv["base"]),
+            "loso": loso["base"],
+            "selection_score": round(selection_score(cv["base"], loso["base"], "accuracy"), 4),
+            "val": rounded_scores(ho["base"]),
+            "val_threshold": ho["base"]["threshold"],
+        }
         table4[name] = {
-            ranker: {"cv_spearman": rounded_summary(cv[key])["spearman"], "cv_spearman_true": rounded_summary(cv[key])["spearman_true"],
-                     "cv_mrr": rounded_summary(cv[key])["mrr"], "loso_spearman": loso[key]["spearman"], "loso_mrr": loso[key]["mrr"],
-                     "val_spearman": rounded_scores(ho[key])["spearman"],
-                     "val_spearman_true": rounded_scores(ho[key])["spearman_true"], "val_mrr": rounded_scores(ho[key])["mrr"]}
+            ranker: {
+                "cv_spearman": rounded_summary(cv[key])["spearman"],
+                "cv_spearman_true": rounded_summary(cv[key])["spearman_true"],
+                "cv_mrr": rounded_summary(cv[key])["mrr"],
+                "loso_spearman": loso[key]["spearman"],
+                "loso_mrr": loso[key]["mrr"],
+                "val_spearman": rounded_scores(ho[key])["spearman"],
+                "val_spearman_true": rounded_scores(ho[key])["spearman_true"],
+                "val_mrr": rounded_scores(ho[key])["mrr"],
+            }
             for ranker, key in (("lr_filter_score", "lr_rank"), ("rank_svm", "base"))
-        }  # fmt: skip
-        log.info("%-40s cv acc %.3f±%.3f | loso acc %.3f (worst %.3f %s) | val acc %.3f", name, cv["base"]["accuracy"]["mean"],
-                 cv["base"]["accuracy"]["sd"], loso["base"]["accuracy"]["mean"], loso["base"]["accuracy"]["worst"],
-                 loso["base"]["accuracy"]["worst_source"], ho["base"]["accuracy"])  # fmt: skip
+        }
+        log.info(
+            "%-40s cv acc %.3f±%.3f | loso acc %.3f (worst %.3f %s) | val acc %.3f",
+            name,
+            cv["base"]["accuracy"]["mean"],
+            cv["base"]["accuracy"]["sd"],
+            loso["base"]["accuracy"]["mean"],
+            loso["base"]["accuracy"]["worst"],
+            loso["base"]["accuracy"]["worst_source"],
+            ho["base"]["accuracy"],
+        )
     return table1, table4
 
 
@@ -455,8 +538,12 @@ def transfer_report(transfer: dict) -> dict:
     from medrank.evaluation import rounded_scores
 
     return {
-        split: {"positive_rate": round(r["positive_rate"], 4), "train_positive_rate": round(r["train_positive_rate"], 4),
-                "em_estimated_rate": round(r["prior_shift_em"]["target_prior"], 4),
-                "none": rounded_scores(r["prior_shift_none"]), "em": rounded_scores(r["prior_shift_em"])}
+        split: {
+            "positive_rate": round(r["positive_rate"], 4),
+            "train_positive_rate": round(r["train_positive_rate"], 4),
+            "em_estimated_rate": round(r["prior_shift_em"]["target_prior"], 4),
+            "none": rounded_scores(r["prior_shift_none"]),
+            "em": rounded_scores(r["prior_shift_em"]),
+        }
         for split, r in transfer.items()
-    }  # fmt: skip
+    }

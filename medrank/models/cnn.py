@@ -324,7 +324,10 @@ class CnnRanker:
         with atomic_path(out_dir / "model.safetensors") as tmp:
             save_file(state, str(tmp))
         # the weights' sha256 beside the config, checked at every load: flipped tensor bytes are refused
-        write_json(out_dir / "config.json", {**asdict(self.model.cfg), "weights_sha256": sha256_file(out_dir / "model.safetensors")})
+        write_json(
+            out_dir / "config.json",
+            {**asdict(self.model.cfg), "weights_sha256": sha256_file(out_dir / "model.safetensors")},
+        )
         write_json(out_dir / "vocab.json", self.encoder.words)
         write_json(out_dir / "idf.json", {"n_docs": self.encoder.idf.n_docs, "doc_freq": self.encoder.idf.doc_freq})
 
@@ -337,8 +340,10 @@ class CnnRanker:
             raise MedrankError(f"{out_dir}: no trained CNN (run the cnn_train stage)")
         raw = json.loads((out_dir / "config.json").read_text())
         if raw.pop("weights_sha256", None) != sha256_file(out_dir / "model.safetensors"):
-            raise MedrankError(f"{out_dir}/model.safetensors: no sha256 recorded in config.json, or the weights differ from it; "
-                               "restore them with `dvc checkout` (or `dvc pull`), or re-run the stage that trained them")  # fmt: skip
+            raise MedrankError(
+                f"{out_dir}/model.safetensors: no sha256 recorded in config.json, or the weights differ from it; "
+                "restore them with `dvc checkout` (or `dvc pull`), or re-run the stage that trained them"
+            )
         cfg = CnnConfig(**raw)
         words = json.loads((out_dir / "vocab.json").read_text())
         idf_raw = json.loads((out_dir / "idf.json").read_text())

@@ -1,4 +1,4 @@
-"""Question entailment for consumer questions: training-pair sources, the question-type signal, and selection by
+"""Question entailment for consumer questions: training-pair sources (their question types: models.qtype), selection by
 question-grouped CV over the MEDIQA Task 2 validation pairs (the only labelled pairs with consumer CHQs).
 
 Two model kinds: a cross-encoder (P(entailed) of the pair) and a fine-tuned bi-encoder (cosine of mean-pooled unit
@@ -26,6 +26,7 @@ import pandas as pd
 
 from medrank.data.mining import Pair, medquad_rqe_pairs
 from medrank.errors import MedrankError
+from medrank.models.qtype import QuestionTypes
 
 log = logging.getLogger(__name__)
 
@@ -71,74 +72,6 @@ def pair_slices(chqs: Sequence[str], faqs: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame({"overlap": ov, "bucket": bucket, "same_focus": ov > 0})
 
 
-# ---------------------------------------------------------------- question type
-
-
-# more consumer wordings of some types (beside mining.CONSUMER_ASKS, which also drives the mined pairs' draws)
-MORE_ASKS: dict[str, tuple[str, ...]] = {
-    "treatment": ("What therapy is there for {f}?", "What is the best medication for {f}?", "How is {f} treated?"),
-    "inheritance": ("Is {f} hereditary?", "Is {f} genetic?", "Can I pass {f} to my baby?"),
-    "exams and tests": ("Where can I get tested for {f}?", "Is there a test for {f}?", "Where can I get genetic testing for {f}?"),
-    "outlook": ("What is the prognosis for {f}?", "Will {f} come back?"),
-    "causes": ("What is the cause of {f}?", "Can {f} be caused by stress?"),
-}
-
-
-class QuestionTypes:
-    """A classifier of MedQuAD's question types (TF-IDF word 1-2 grams + logistic regression), trained on MedQuAD
-    questions with their focus masked so that it learns the asking words, not the topic; `proba(texts)` gives the
-    type distribution of any question (consumer or FAQ), `agreement(a, b)` the chance both ask the same type."""
-
-    def __init__(self, medquad: pd.DataFrame, seed: int = 13, min_count: int = 20) -> None:
-        from sklearn.feature_extraction.text import TfidfVectorizer
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.pipeline import make_union
-
-        from medrank.data.mining import CONSUMER_ASKS
-
-        df = medquad[["focus", "question_type", "question"]].dropna()
-        counts = df["question_type"].value_counts()
-        if (counts >= min_count).sum() >= 2:  # rare types (support groups: 1 question) are dropped
-            df = df[df["question_type"].isin(counts[counts >= min_count].index)]
-        if df["question_type"].nunique() < 2:
-            raise MedrankError("medquad table: fewer than two question types to learn the question type from")
-        texts = [self._mask(q, f) for q, f in zip(df["question"], df["focus"])]
-        labels = df["question_type"].tolist()
-        # MedQuAD asks in a few templates per type: the consumer wordings of each type (mining.CONSUMER_ASKS,
-        # weighted like 50 template questions each) teach the other ways people ask it
-        asks = [(a.format(f=" "), t) for t in sorted(set(labels)) for a in CONSUMER_ASKS.get(t, ()) + MORE_ASKS.get(t, ())]
-        texts += [a for a, _ in asks] * 50
-        labels += [t for _, t in asks] * 50
-        # words and character n-grams within words ("treated" ~ "treatments")
-        self.vectorizer = make_union(
-            TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True),
-            TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), min_df=3, sublinear_tf=True, max_features=20000),
-        )
-        x = self.vectorizer.fit_transform(texts)
-        from medrank.encoders.base import fixed_blas_threads
-
-        with fixed_blas_threads():  # lbfgs's BLAS sums depend on the thread count: fixed, the same on any machine
-            self.model = LogisticRegression(max_iter=2000, C=4.0, class_weight="balanced", random_state=seed).fit(x, labels)
-        self.types = list(self.model.classes_)
-
-    @staticmethod
-    def _mask(question: str, focus: str) -> str:
-        return re.sub(re.escape(str(focus)), " ", str(question), flags=re.IGNORECASE)
-
-    def proba(self, texts: Sequence[str]) -> np.ndarray:
-        from medrank.encoders.base import fixed_blas_threads
-
-        with fixed_blas_threads():
-            return self.model.predict_proba(self.vectorizer.transform([str(t) for t in texts]))
-
-    def predict(self, texts: Sequence[str]) -> np.ndarray:
-        return np.asarray(self.types)[self.proba(texts).argmax(1)]
-
-    def agreement(self, a: Sequence[str], b: Sequence[str]) -> np.ndarray:
-        """sum_t P(type t | a) P(type t | b), per pair."""
-        return (self.proba(a) * self.proba(b)).sum(1)
-
-
 # ---------------------------------------------------------------- training-pair sources
 
 
@@ -168,9 +101,14 @@ def _norm(text: str) -> str:
 
 
 def summary_pairs(
-    chqs: Sequence[str], positives: Sequence[Sequence[str]], qtypes: QuestionTypes, rng: np.random.Generator,
-    hard: int = 1, easy: int = 1, focus_vocab: frozenset[str] | None = None,
-) -> tuple[list[Pair], np.ndarray]:  # fmt: skip
+    chqs: Sequence[str],
+    positives: Sequence[Sequence[str]],
+    qtypes: QuestionTypes,
+    rng: np.random.Generator,
+    hard: int = 1,
+    easy: int = 1,
+    focus_vocab: frozenset[str] | None = None,
+) -> tuple[list[Pair], np.ndarray]:
     """Consumer question -> short question pairs: (chq_i, each of its positives) labelled 1; negatives are other
     questions' summaries (the first positive of each): `hard` per CHQ = the most similar summaries (TF-IDF over
     the content words in `focus_vocab`: the same topic) whose predicted question type differs from the CHQ's own summary's (so a
@@ -233,14 +171,33 @@ class PairSources:
             raise MedrankError(f"unknown RQE training source '{source}' (expected one of {', '.join(EXTRA_SOURCES)})")
         rng = np.random.default_rng([seed, EXTRA_SOURCES.index(source)])
         if source == "amia":
-            pairs, y = list(zip(self.amia["chq"].astype(str), self.amia["faq"].astype(str))), self.amia["label"].to_numpy(np.int64)
+            pairs, y = (
+                list(zip(self.amia["chq"].astype(str), self.amia["faq"].astype(str))),
+                self.amia["label"].to_numpy(np.int64),
+            )
         elif source == "meqsum":
-            pairs, y = summary_pairs(self.meqsum["chq"].tolist(), [[s] for s in self.meqsum["summary"]], qtypes, rng,
-                                     self.hard_negatives, self.easy_negatives, self.focus_vocab)  # fmt: skip
+            pairs, y = summary_pairs(
+                self.meqsum["chq"].tolist(),
+                [[s] for s in self.meqsum["summary"]],
+                qtypes,
+                rng,
+                self.hard_negatives,
+                self.easy_negatives,
+                self.focus_vocab,
+            )
         elif source == "liveqa":
-            pos = [[s, p] for s, p in zip(self.liveqa["nlm_summary"].fillna(""), self.liveqa["nist_paraphrase"].fillna(""))]
-            pairs, y = summary_pairs(self.liveqa["question"].tolist(), pos, qtypes, rng, self.hard_negatives, self.easy_negatives,
-                                     self.focus_vocab)  # fmt: skip
+            pos = [
+                [s, p] for s, p in zip(self.liveqa["nlm_summary"].fillna(""), self.liveqa["nist_paraphrase"].fillna(""))
+            ]
+            pairs, y = summary_pairs(
+                self.liveqa["question"].tolist(),
+                pos,
+                qtypes,
+                rng,
+                self.hard_negatives,
+                self.easy_negatives,
+                self.focus_vocab,
+            )
         else:
             pairs, y = medquad_rqe_pairs(self.medquad, self.medquad_pairs, rng)
         return cap_pairs(list(pairs), y, self.max_pairs, rng)
@@ -282,7 +239,11 @@ class CvData:
 def fold_accuracies(y: np.ndarray, pred: np.ndarray, folds: np.ndarray, mask: np.ndarray | None = None) -> list[float]:
     """Accuracy per fold (over the rows of `mask`; a fold without such rows is skipped)."""
     mask = np.ones(len(y), dtype=bool) if mask is None else mask
-    return [float(np.mean(pred[(folds == k) & mask] == y[(folds == k) & mask])) for k in np.unique(folds) if ((folds == k) & mask).any()]
+    return [
+        float(np.mean(pred[(folds == k) & mask] == y[(folds == k) & mask]))
+        for k in np.unique(folds)
+        if ((folds == k) & mask).any()
+    ]
 
 
 def row_report(data: CvData, prob: np.ndarray, pred: np.ndarray | None = None) -> dict:
@@ -318,7 +279,11 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p / (1 - p))
 
 
-FEATURES = ("ce", "cosine", "qtype")  # what a stacked scorer may combine: CE P(entailed), a bi-encoder cosine, type agreement
+FEATURES = (
+    "ce",
+    "cosine",
+    "qtype",
+)  # what a stacked scorer may combine: CE P(entailed), a bi-encoder cosine, type agreement
 
 
 def stack_features(columns: dict[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
@@ -413,7 +378,7 @@ class Recipe:
     bi: tuple[tuple[str, ...], bool] | None = None
 
     def as_dict(self) -> dict:
-        part = lambda r: None if r is None else {"extras": list(r[0]), "val_stage": r[1]}  # noqa: E731
+        part = lambda r: None if r is None else {"extras": list(r[0]), "val_stage": r[1]}
         return {"features": list(self.features), "cross_encoder": part(self.ce), "bi_encoder": part(self.bi)}
 
 
@@ -437,9 +402,14 @@ def _better(a: dict, b: dict | None) -> bool:
 
 
 def select(
-    data: CvData, sources: PairSources, qtypes: QuestionTypes, families: Sequence[Family], zero_shot_cos: np.ndarray,
-    seed: int, val_only: bool = True,
-) -> Selection:  # fmt: skip
+    data: CvData,
+    sources: PairSources,
+    qtypes: QuestionTypes,
+    families: Sequence[Family],
+    zero_shot_cos: np.ndarray,
+    seed: int,
+    val_only: bool = True,
+) -> Selection:
     """Every row side by side (see the module docstring) and the choice: the row with the best mean CV accuracy,
     among the cross-encoder rows, the bi-encoder rows (cosine calibrated on the other folds), the zero-shot cosine
     and the stacks of the best cross-encoder with the best cosine (and the question-type agreement)."""
@@ -453,16 +423,26 @@ def select(
         prob = raw if kind == "cross_encoder" else stack_oof(data, raw[:, None], seed)
         rows[name] = {"kind": kind, "recipe": recipe.as_dict(), **row_report(data, prob)}
         scores[name] = (kind, raw, recipe, prob)
-        log.info("rqe row %-45s CV accuracy %.3f ± %.3f (same-focus %.3f)", name, rows[name]["accuracy"], rows[name]["accuracy_sd"],
-                 rows[name]["same_focus"]["accuracy"] or float("nan"))  # fmt: skip
+        log.info(
+            "rqe row %-45s CV accuracy %.3f ± %.3f (same-focus %.3f)",
+            name,
+            rows[name]["accuracy"],
+            rows[name]["accuracy_sd"],
+            rows[name]["same_focus"]["accuracy"] or float("nan"),
+        )
 
     add(ZERO_SHOT, "cosine", zero_shot_cos, Recipe(("cosine",)))
     for fam in families:
         check_row_sources(fam.sets)
         tag, feat = KINDS[fam.kind], ("ce" if fam.kind == "cross_encoder" else "cosine")
-        recipe = lambda key, v: Recipe((feat,), **{tag: (key, v)})  # noqa: E731
+        recipe = lambda key, v: Recipe((feat,), **{tag: (key, v)})
         if val_only:
-            add(f"{tag}: {row_name((), True)}", fam.kind, cv_scores(data, None, fam.train_val, fam.predict), recipe((), True))
+            add(
+                f"{tag}: {row_name((), True)}",
+                fam.kind,
+                cv_scores(data, None, fam.train_val, fam.predict),
+                recipe((), True),
+            )
         for srcs in fam.sets:
             key = tuple(srcs)
             if key not in cache:
@@ -474,7 +454,12 @@ def select(
             pretrained[(fam.kind, key)] = model
             add(f"{tag}: {row_name(key, False)}", fam.kind, fam.predict(model, data.pairs), recipe(key, False))
             if fam.val_stage:
-                add(f"{tag}: {row_name(key, True)}", fam.kind, cv_scores(data, model, fam.train_val, fam.predict), recipe(key, True))
+                add(
+                    f"{tag}: {row_name(key, True)}",
+                    fam.kind,
+                    cv_scores(data, model, fam.train_val, fam.predict),
+                    recipe(key, True),
+                )
 
     def best(kinds: tuple[str, ...]) -> str | None:
         out = None
@@ -485,7 +470,9 @@ def select(
 
     ce_name, cos_name = best(("cross_encoder",)), best(("bi_encoder", "cosine"))
     if ce_name is None:
-        raise MedrankError("finetune.rqe: no cross-encoder row (retrieval needs one): give the cross-encoder family a set")
+        raise MedrankError(
+            "finetune.rqe: no cross-encoder row (retrieval needs one): give the cross-encoder family a set"
+        )
     qt = qtypes.agreement(data.chq, data.faq)
     if cos_name is not None:
         base = {"ce": scores[ce_name][1], "cosine": scores[cos_name][1], "qtype": qt}
@@ -508,8 +495,11 @@ def missing_from_default(recipe: dict, trained: dict) -> dict[str, list]:
     `best_cross_encoder`: retrieval always needs a cross-encoder), `trained` = metrics/finetune_rqe.json's (extra_sets,
     bi_encoder_sets, val_stages). Empty: the default trains the chosen row and the best cross-encoder."""
     ce, bi = recipe.get("best_cross_encoder") or {}, recipe.get("bi_encoder") or {}
-    needed = {"extra_sets": [ce["extras"]] if ce.get("extras") else [], "bi_encoder_sets": [bi["extras"]] if bi.get("extras") else [],
-              "val_stages": [k for k, part in (("cross_encoder", ce), ("bi_encoder", bi)) if part.get("val_stage")]}  # fmt: skip
+    needed = {
+        "extra_sets": [ce["extras"]] if ce.get("extras") else [],
+        "bi_encoder_sets": [bi["extras"]] if bi.get("extras") else [],
+        "val_stages": [k for k, part in (("cross_encoder", ce), ("bi_encoder", bi)) if part.get("val_stage")],
+    }
     missing = {k: [s for s in v if s not in (trained.get(k) or [])] for k, v in needed.items()}
     return {k: v for k, v in missing.items() if v}
 

@@ -51,8 +51,10 @@ class WordVectors:
             sums = {}
         for name in ("vectors.npy", "vocab.txt"):
             if sums.get(name) != sha256_file(out_dir / name):
-                raise MedrankError(f"{out_dir / name}: no sha256 recorded in meta.json, or the file differs from it; restore it with "
-                                   "`dvc checkout cnn_word2vec` (or `dvc pull`), or re-run `dvc repro cnn_word2vec`")  # fmt: skip
+                raise MedrankError(
+                    f"{out_dir / name}: no sha256 recorded in meta.json, or the file differs from it; restore it with "
+                    "`dvc checkout cnn_word2vec` (or `dvc pull`), or re-run `dvc repro cnn_word2vec`"
+                )
         words = (out_dir / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
         vectors = np.load(out_dir / "vectors.npy")
         if len(words) != len(vectors):

@@ -103,11 +103,15 @@ class AbbreviationExpander:
             if defined and _words(defined.group(1)) == long_words:
                 # "ABBR (long form)": keep the long form once
                 parts.append(head)
-                parts.append(_capitalize(m.replacement) if sentence_case and _sentence_start(text, m.start) else m.replacement)
+                parts.append(
+                    _capitalize(m.replacement) if sentence_case and _sentence_start(text, m.start) else m.replacement
+                )
                 pos = m.end + defined.end()
                 continue
             parts.append(head)
-            parts.append(_capitalize(m.replacement) if sentence_case and _sentence_start(text, m.start) else m.replacement)
+            parts.append(
+                _capitalize(m.replacement) if sentence_case and _sentence_start(text, m.start) else m.replacement
+            )
             pos = m.end
         parts.append(text[pos:])
         return "".join(parts), n

@@ -45,7 +45,7 @@ class Rule(NamedTuple):
 
 
 # Trailing / inline web-page boilerplate, applied in order to whitespace-normalised text. Found by reading
-# the most frequent answer endings of the MEDIQA Task 3 and MedQuAD answers (tests/test_clean.py holds a
+# the most frequent answer endings of the MEDIQA Task 3 and MedQuAD answers (tests/data/test_clean.py holds a
 # real example of each); the replacement's surplus spaces are collapsed afterwards.
 BOILERPLATE: tuple[Rule, ...] = (
     # A.D.A.M. encyclopedia credits: "Updated by: <author>. Review provided by VeriMed ... A.D.A.M. Editorial

@@ -29,7 +29,9 @@ _SEMANTIC_TAG = re.compile(
     re.I,
 )
 # index-style or qualified strings that do not occur as such in running text
-_UNNATURAL = re.compile(r"[,;:\[\]{}()<>|&@#=_*\"]|\bNOS\b|\bNEC\b|\bunspecified\b|\bnot otherwise\b|\bother specified\b", re.I)
+_UNNATURAL = re.compile(
+    r"[,;:\[\]{}()<>|&@#=_*\"]|\bNOS\b|\bNEC\b|\bunspecified\b|\bnot otherwise\b|\bother specified\b", re.I
+)
 
 
 @dataclass
@@ -66,10 +68,7 @@ def load_stoplist(path: str | Path | None = None) -> frozenset[str]:
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
     path = Path(path) if path is not None else default_stoplist_path()
-    words = {
-        line.split("#", 1)[0].strip().lower()
-        for line in decode_utf8(path.read_bytes(), path).splitlines()
-    }
+    words = {line.split("#", 1)[0].strip().lower() for line in decode_utf8(path.read_bytes(), path).splitlines()}
     return frozenset(w for w in words if w) | frozenset(ENGLISH_STOP_WORDS)
 
 
@@ -86,7 +85,9 @@ def iter_disease_ontology(path: str | Path) -> Iterator[tuple[str, list[str]]]:
     """(name, EXACT synonyms) of every non-obsolete [Term] in an OBO file (plain or .gz)."""
     path = Path(path)
     if not path.exists():
-        raise MedrankError(f"{path}: Disease Ontology file not found (run the acquire stage, or set normalize.disease_ontology)")
+        raise MedrankError(
+            f"{path}: Disease Ontology file not found (run the acquire stage, or set normalize.disease_ontology)"
+        )
     name: str | None = None
     synonyms: list[str] = []
     obsolete = in_term = False
@@ -183,7 +184,9 @@ class ConceptNormalizer:
     def __init__(self, entries: Iterable[tuple[str, str]]):
         self._matcher = PhraseMatcher(entries, case_sensitive=False)
         log.info(
-            "concept matcher: %d phrases (%d ambiguous dropped)", self._matcher.report.n_phrases, self._matcher.report.n_ambiguous
+            "concept matcher: %d phrases (%d ambiguous dropped)",
+            self._matcher.report.n_phrases,
+            self._matcher.report.n_ambiguous,
         )
 
     def __len__(self) -> int:

@@ -38,7 +38,9 @@ def stanza_pipeline(processors: str, stanza_dir: str | None = None) -> Any:
         return stanza.Pipeline("en", dir=model_dir, processors=processors, download_method=None, logging_level="WARN")
     except (FileNotFoundError, OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MedrankError(f"stanza English models for '{processors}' not found in {model_dir} ({first}); {_DOWNLOAD_HINT}") from None
+        raise MedrankError(
+            f"stanza English models for '{processors}' not found in {model_dir} ({first}); {_DOWNLOAD_HINT}"
+        ) from None
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,9 @@ def build_normalizer(p: NormalizeParams) -> TextNormalizer:
     abbr = AbbreviationExpander(load_abbreviations(p.abbreviation_list)) if p.expand_abbreviations else None
     concepts = None
     if p.preferred_names:
-        vfilter = VocabularyFilter(min_chars=p.min_term_chars, max_tokens=p.max_term_tokens, stoplist=load_stoplist(p.concept_stoplist))
+        vfilter = VocabularyFilter(
+            min_chars=p.min_term_chars, max_tokens=p.max_term_tokens, stoplist=load_stoplist(p.concept_stoplist)
+        )
         if p.umls_mrconso:
             entries = umls_entries(p.umls_mrconso, vfilter, p.umls_sources)
         else:
@@ -103,9 +105,13 @@ class TableSpec:
 
 
 TABLES: dict[str, TableSpec] = {
-    "answers": TableSpec({"question": "question_norm", "answer": "answer_norm"}, {"answer_norm": "answer_sentences"}, ("answer",)),
+    "answers": TableSpec(
+        {"question": "question_norm", "answer": "answer_norm"}, {"answer_norm": "answer_sentences"}, ("answer",)
+    ),
     "rqe_pairs": TableSpec({"chq": "chq_norm", "faq": "faq_norm"}),
-    "medquad": TableSpec({"question": "question_norm", "answer": "answer_norm"}, {"answer_norm": "answer_sentences"}, ("answer",)),
+    "medquad": TableSpec(
+        {"question": "question_norm", "answer": "answer_norm"}, {"answer_norm": "answer_sentences"}, ("answer",)
+    ),
     # the judged LiveQA answers (extra training rows: medrank.data.judged); their MedQuAD question is a heading only
     "liveqa_qrels": TableSpec({"answer": "answer_norm"}, {"answer_norm": "answer_sentences"}, ("answer",)),
 }

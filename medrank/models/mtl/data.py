@@ -99,18 +99,28 @@ def build_mtl_data(
     scores = dict(scores or {})
     retrieved = retrieved[retrieved["rank"] <= n_candidates]
     have = set(zip(retrieved["split"].astype(str), retrieved["qid"].astype(str)))
-    keep = np.array([(s, q) in have for s, q in zip(answers["split"].astype(str), answers["qid"].astype(str))], dtype=bool)
+    keep = np.array(
+        [(s, q) in have for s, q in zip(answers["split"].astype(str), answers["qid"].astype(str))], dtype=bool
+    )
     if not keep.all():
-        log.info("%d answers of %d questions without retrieval results left out", int((~keep).sum()),
-                 answers.loc[~keep, ["split", "qid"]].drop_duplicates().shape[0])  # fmt: skip
+        log.info(
+            "%d answers of %d questions without retrieval results left out",
+            int((~keep).sum()),
+            answers.loc[~keep, ["split", "qid"]].drop_duplicates().shape[0],
+        )
         answers = answers[keep].reset_index(drop=True)
         scores = {k: np.asarray(v)[keep] for k, v in scores.items()}
     grid = grid[(grid["entailed_kind"] == "augment") | (grid["entailed_rank"] <= n_candidates)]
     # a capped profile (embed.max_answers_per_question) embeds only some answers of a question: keep those
     in_grid = set(zip(grid["split"].astype(str), grid["qid"].astype(str), grid["aid"].astype(str)))
     q_in_grid = {(s, q) for s, q, _ in in_grid}
-    keep = np.array([(s, q, a) in in_grid or (s, q) not in q_in_grid
-                     for s, q, a in zip(answers["split"].astype(str), answers["qid"].astype(str), answers["aid"].astype(str))], dtype=bool)  # fmt: skip
+    keep = np.array(
+        [
+            (s, q, a) in in_grid or (s, q) not in q_in_grid
+            for s, q, a in zip(answers["split"].astype(str), answers["qid"].astype(str), answers["aid"].astype(str))
+        ],
+        dtype=bool,
+    )
     if not keep.all():
         log.info("%d answers without NLI grids (capped embed stage) left out", int((~keep).sum()))
         answers = answers[keep].reset_index(drop=True)
@@ -132,7 +142,9 @@ def build_mtl_data(
     grids = [_as_grid(f, int(r), int(c), grid_hidden) for f, r, c in zip(g["nli_cls"], g["n_rows"], g["n_cols"])]
     rqe_key = {
         (str(s), str(q), int(r)): (float(sc), v)
-        for s, q, r, sc, v in zip(retrieved["split"], retrieved["qid"], retrieved["rank"], retrieved["rqe_score"], retrieved["rqe_cls"])
+        for s, q, r, sc, v in zip(
+            retrieved["split"], retrieved["qid"], retrieved["rank"], retrieved["rqe_score"], retrieved["rqe_cls"]
+        )
     }
     zero = np.zeros(hidden, dtype=np.float32)
     rvec, rscore = [], []
@@ -154,7 +166,16 @@ def build_mtl_data(
     missing = np.setdiff1d(np.arange(len(cand)), pairs.loc[pairs["augmented"] == 0, "cand"].to_numpy())
     if len(missing):
         log.warning("%d candidate answers have no entailed answer: scored from an empty grid", len(missing))
-        extra = pd.DataFrame({"cand": missing, "entailed": "none", "augmented": 0.0, "entailed_log_sentences": 0.0, "rqe_score": 0.0, "anli": 0.0})
+        extra = pd.DataFrame(
+            {
+                "cand": missing,
+                "entailed": "none",
+                "augmented": 0.0,
+                "entailed_log_sentences": 0.0,
+                "rqe_score": 0.0,
+                "anli": 0.0,
+            }
+        )
         pairs = pd.concat([pairs, extra], ignore_index=True)
         grids += [np.zeros((1, 1, grid_hidden), dtype=np.float16) for _ in missing]
         rvec += [zero] * len(missing)
@@ -169,8 +190,10 @@ def check_augmentation(data: MTLData, configs: dict, where: str = "params.yaml")
         return
     wants = [name for name, cfg in configs.items() if cfg.augment]
     if wants:
-        raise MedrankError(f"{where}: {wants[0]}: augment needs the embed stage's augmentation pairs and the NLI grids have none: "
-                           "set embed.augment_top > 0 (e.g. `dvc exp run -S embed.augment_top=3 -S mtl.augment=true`)")
+        raise MedrankError(
+            f"{where}: {wants[0]}: augment needs the embed stage's augmentation pairs and the NLI grids have none: "
+            "set embed.augment_top > 0 (e.g. `dvc exp run -S embed.augment_top=3 -S mtl.augment=true`)"
+        )
 
 
 def read_mtl_data(p, groups: Iterable[str]) -> tuple[pd.DataFrame, MTLData]:
@@ -183,4 +206,6 @@ def read_mtl_data(p, groups: Iterable[str]) -> tuple[pd.DataFrame, MTLData]:
     retrieved = read_parquet(L.RETRIEVED)
     answers = read_parquet(L.ANSWERS).merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])
     scores = read_answer_scores(answers, set(groups))
-    return answers, build_mtl_data(answers, read_parquet(L.NLI_GRID), retrieved, n_candidates=p.n_candidates, scores=scores)
+    return answers, build_mtl_data(
+        answers, read_parquet(L.NLI_GRID), retrieved, n_candidates=p.n_candidates, scores=scores
+    )

@@ -132,7 +132,12 @@ class MTLNet(nn.Module):
         self.hidden_size = hidden_size
         self.encoder = GridEncoder(hidden_size, cfg.proj_channels, cfg.conv_channels) if cfg.nli_grid else None
         self.rqe_proj = nn.Linear(rqe_size, cfg.rqe_dim) if cfg.rqe_dim > 0 and rqe_size > 0 else None
-        self.joint_dim = (self.encoder.out_dim if self.encoder is not None else 0) + (cfg.rqe_dim if self.rqe_proj is not None else 0) + meta_dim + pair_dim
+        self.joint_dim = (
+            (self.encoder.out_dim if self.encoder is not None else 0)
+            + (cfg.rqe_dim if self.rqe_proj is not None else 0)
+            + meta_dim
+            + pair_dim
+        )
         self.filter_head = _mlp(self.joint_dim, cfg.filter_hidden, cfg.dropout)
         self.pair_head = _mlp(2 * self.joint_dim, cfg.pair_hidden, cfg.dropout)
 
@@ -165,6 +170,10 @@ def mtl_loss(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(total, filter, pair): Σ BCE_filter + α Σ BCE_pair over the batch, divided by its number of questions."""
     lf = F.binary_cross_entropy_with_logits(filter_logits, labels, reduction="sum")
-    lp = F.binary_cross_entropy_with_logits(pair_logits, pair_targets, reduction="sum") if len(pair_logits) else filter_logits.new_zeros(())
+    lp = (
+        F.binary_cross_entropy_with_logits(pair_logits, pair_targets, reduction="sum")
+        if len(pair_logits)
+        else filter_logits.new_zeros(())
+    )
     n = max(n_questions, 1)
     return (lf + alpha * lp) / n, lf / n, lp / n

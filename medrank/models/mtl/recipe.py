@@ -3,6 +3,7 @@ train-only / train+val fits, ablation rows. Decisions go through medrank.decisio
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from dataclasses import dataclass
@@ -52,11 +53,12 @@ def ensemble(filter_df: pd.DataFrame, pair_df: pd.DataFrame, mode: EnsembleMode 
         out["pair_score"] = s.reindex(key).fillna(0.0).to_numpy(dtype=float)
         pi = p_mean.reindex(pd.MultiIndex.from_frame(pm[["gid", "aid_i"]])).to_numpy()
         pj = p_mean.reindex(pd.MultiIndex.from_frame(pm[["gid", "aid_j"]])).to_numpy()
-        wins = pd.Series(pi * (pj * pm["prob"].to_numpy() + (1 - pj)), index=pd.MultiIndex.from_frame(pm[["gid", "aid_i"]]))
+        wins = pd.Series(
+            pi * (pj * pm["prob"].to_numpy() + (1 - pj)), index=pd.MultiIndex.from_frame(pm[["gid", "aid_i"]])
+        )
         w = wins.groupby(level=[0, 1], sort=False).sum()
         out["expected_score"] = w.reindex(key).fillna(0.0).to_numpy(dtype=float) + 1e-3 * p_mean.reindex(key).to_numpy()
     return out
-
 
 
 # ---------------------------------------------------------------- the CV recipe
@@ -122,7 +124,9 @@ def _run_job(i: int) -> tuple[int, FitResult]:
     return i, FitResult(fd, pdf, model.best_epoch, model.history, round(time.perf_counter() - t0, 1))
 
 
-def fit_many(data: MTLData, jobs: Sequence[FitJob], *, device: str | torch.device = "cpu", workers: int = 1) -> list[FitResult]:
+def fit_many(
+    data: MTLData, jobs: Sequence[FitJob], *, device: str | torch.device = "cpu", workers: int = 1
+) -> list[FitResult]:
     """Every job's result, in job order. `workers` > 1 forks that many processes (CPU only; each at the parent's
     torch thread count), biggest jobs first; the results are the same bits as one process's."""
     from tqdm.auto import tqdm
@@ -132,7 +136,8 @@ def fit_many(data: MTLData, jobs: Sequence[FitJob], *, device: str | torch.devic
     if str(device).startswith("cuda") or workers == 1 or not jobs:
         workers = 1
     data.grids32()  # converted once here: the forked workers share it
-    import torch._dynamo  # noqa: F401  (the first AdamW imports it, 1.6 s: once here, not in every forked worker)
+    importlib.import_module("torch._dynamo")  # the first AdamW imports it (1.6 s): once here, not in every forked worker
+
     _POOL_STATE.update(data=data, jobs=jobs, device=device, threads=torch.get_num_threads())
     out: list[FitResult | None] = [None] * len(jobs)
     bar = tqdm(total=len(jobs), desc="mtl fits", unit="fit", disable=not jobs)
@@ -159,17 +164,38 @@ def fit_many(data: MTLData, jobs: Sequence[FitJob], *, device: str | torch.devic
     return out  # type: ignore[return-value]
 
 
-def cv_jobs(gids: Sequence[str], cfg: MtlParams, make_builder: Callable[[], object], *, k: int, seed: int,
-            folds: dict[str, int] | None = None, name: str = "") -> tuple[dict[str, int], list[FitJob]]:  # fmt: skip
+def cv_jobs(
+    gids: Sequence[str],
+    cfg: MtlParams,
+    make_builder: Callable[[], object],
+    *,
+    k: int,
+    seed: int,
+    folds: dict[str, int] | None = None,
+    name: str = "",
+) -> tuple[dict[str, int], list[FitJob]]:
     """(gid -> fold, one FitJob per fold): question-grouped k folds (shuffled by `seed`), or the given `folds`
     (e.g. one per source: leave-one-source-out). Fold f trains with seed + f."""
     gids = list(gids)
-    fold = dict(zip(gids, grouped_folds(np.asarray(gids), k, seed).tolist())) if folds is None else {g: folds[g] for g in gids}
+    fold = (
+        dict(zip(gids, grouped_folds(np.asarray(gids), k, seed).tolist()))
+        if folds is None
+        else {g: folds[g] for g in gids}
+    )
     tag = f"{name} " if name else ""
     kind = "CV" if folds is None else "LOSO"
     ids = sorted(set(fold.values()))
-    jobs = [FitJob(cfg, make_builder, tuple(g for g in gids if fold[g] != f), tuple(g for g in gids if fold[g] == f), seed + f,
-                   f"{tag}{kind} fold {f + 1}/{len(ids)}") for f in ids]  # fmt: skip
+    jobs = [
+        FitJob(
+            cfg,
+            make_builder,
+            tuple(g for g in gids if fold[g] != f),
+            tuple(g for g in gids if fold[g] == f),
+            seed + f,
+            f"{tag}{kind} fold {f + 1}/{len(ids)}",
+        )
+        for f in ids
+    ]
     return fold, jobs
 
 
@@ -177,8 +203,14 @@ def cv_result(fold: dict[str, int], results: Sequence[FitResult]) -> CVResult:
     """The CVResult of cv_jobs' jobs from their results (fold order)."""
     f_parts = [r.filter_df.assign(fold=f) for f, r in zip(sorted(set(fold.values())), results)]
     p_parts = [r.pair_df.assign(fold=f) for f, r in zip(sorted(set(fold.values())), results)]
-    return CVResult(pd.concat(f_parts, ignore_index=True), pd.concat(p_parts, ignore_index=True), fold,
-                    [r.best_epoch for r in results], [r.seconds for r in results], [r.history for r in results])  # fmt: skip
+    return CVResult(
+        pd.concat(f_parts, ignore_index=True),
+        pd.concat(p_parts, ignore_index=True),
+        fold,
+        [r.best_epoch for r in results],
+        [r.seconds for r in results],
+        [r.history for r in results],
+    )
 
 
 def cross_validate_mtl(
@@ -200,7 +232,9 @@ def cross_validate_mtl(
     return cv_result(fold, fit_many(data, jobs, device=device, workers=workers))
 
 
-def cv_metrics(cv: CVResult, cand: pd.DataFrame, decision: MtlParams, sources: Sequence[str] | None = None) -> tuple[dict, pd.DataFrame]:
+def cv_metrics(
+    cv: CVResult, cand: pd.DataFrame, decision: MtlParams, sources: Sequence[str] | None = None
+) -> tuple[dict, pd.DataFrame]:
     """Per-fold official metrics (threshold for fold f chosen on the out-of-fold rows of the other folds,
     unless fixed) → (mean/sd summary with thresholds, decided OOF rows). With `sources` (the folds are
     leave-one-source-out: fold i holds out sources[i]) the summary is evaluation.loso_summary's."""
@@ -210,12 +244,20 @@ def cv_metrics(cv: CVResult, cand: pd.DataFrame, decision: MtlParams, sources: S
     per_fold, thresholds, decided = [], [], []
     for f in sorted(ens["fold"].unique()):
         rest, part = ens[ens["fold"] != f], ens[ens["fold"] == f]
-        t = decision.threshold if decision.threshold is not None else choose_threshold(rest, rest["label_true"].to_numpy(), decision.ensemble)
+        t = (
+            decision.threshold
+            if decision.threshold is not None
+            else choose_threshold(rest, rest["label_true"].to_numpy(), decision.ensemble)
+        )
         d = decide(part, t, decision, float(rest["label_true"].mean()))
         per_fold.append(evaluate_rows(d))
         thresholds.append(float(t))
         decided.append(d)
-    out = summarize(per_fold) if sources is None else loso_summary({sources[f]: m for f, m in zip(sorted(ens["fold"].unique()), per_fold)})
+    out = (
+        summarize(per_fold)
+        if sources is None
+        else loso_summary({sources[f]: m for f, m in zip(sorted(ens["fold"].unique()), per_fold)})
+    )
     out["thresholds"] = thresholds
     return out, pd.concat(decided, ignore_index=True)
 
@@ -270,7 +312,9 @@ def _variants(decision: MtlParams) -> dict[str, MtlParams]:
     for mode in ENSEMBLE_MODES:
         for rank_by in ("pairwise", "expected", "filter"):
             out[f"{mode}/{rank_by}"] = decision.model_copy(update={"ensemble": mode, "rank_by": rank_by})
-    out["mean/pairwise/em"] = decision.model_copy(update={"ensemble": "mean", "rank_by": "pairwise", "prior_shift": "em"})
+    out["mean/pairwise/em"] = decision.model_copy(
+        update={"ensemble": "mean", "rank_by": "pairwise", "prior_shift": "em"}
+    )
     return out
 
 
@@ -331,8 +375,10 @@ def run_recipe(
     if sources is not None:
         source_folds = source_fold_of(data.cand, sources)
         plans["loso"] = cv_jobs(labelled, cfg, make_builder, k=k, seed=seed, folds=source_folds)
-    models = [FitJob(cfg, make_builder, tuple(train_gids), None, seed + 101, "train-only (validation) model"),
-              FitJob(cfg, make_builder, tuple(labelled), None, seed + 202, "final model")]  # fmt: skip
+    models = [
+        FitJob(cfg, make_builder, tuple(train_gids), None, seed + 101, "train-only (validation) model"),
+        FitJob(cfg, make_builder, tuple(labelled), None, seed + 202, "final model"),
+    ]
     jobs = [j for _, js in plans.values() for j in js] + models
     t0 = time.perf_counter()
     results = fit_many(data, jobs, device=device, workers=workers)
@@ -368,9 +414,21 @@ def run_recipe(
     dec_val = decide(ens_val, t_val, decision, prior_train)
     val_metrics = evaluate_rows(dec_val)
 
-    parts = [_rows("oof", oof, oof["fold"].map(dict(enumerate(cv_summary["thresholds"]))).to_numpy(), oof["fold"].to_numpy()), _rows("val", dec_val, t_val)]
+    parts = [
+        _rows(
+            "oof", oof, oof["fold"].map(dict(enumerate(cv_summary["thresholds"]))).to_numpy(), oof["fold"].to_numpy()
+        ),
+        _rows("val", dec_val, t_val),
+    ]
     if loso_rows is not None:
-        parts.append(_rows("loso", loso_rows, loso_rows["fold"].map(dict(enumerate(loso_result["thresholds"]))).to_numpy(), loso_rows["fold"].to_numpy()))
+        parts.append(
+            _rows(
+                "loso",
+                loso_rows,
+                loso_rows["fold"].map(dict(enumerate(loso_result["thresholds"]))).to_numpy(),
+                loso_rows["fold"].to_numpy(),
+            )
+        )
     if test_gids:
         ens_test = with_truth(ensemble(*final.predict(data, test_gids, device=device), decision.ensemble), data.cand)
         parts.append(_rows("test", decide(ens_test, t_final, decision, prior_all), t_final))
@@ -393,27 +451,57 @@ def run_recipe(
         "loso": loso_result,
         "cv_variants": variants,
         "val": {m: val_metrics[m] for m in ("accuracy", "precision", "mrr", "spearman", "spearman_true")},
-        "val_counts": {m: val_metrics[m] for m in ("n_questions", "n_gold_rows", "n_predicted_positive", "n_correct_positive", "n_spearman_questions")},
+        "val_counts": {
+            m: val_metrics[m]
+            for m in (
+                "n_questions",
+                "n_gold_rows",
+                "n_predicted_positive",
+                "n_correct_positive",
+                "n_spearman_questions",
+            )
+        },
         "best_epochs": {"cv_folds": cv.best_epochs, "val_model": val_model.best_epoch, "final_model": final.best_epoch},
         # fit seconds (each in its own process when workers > 1) and the wall time of all fits side by side
-        "seconds": {"fits_wall": round(fit_seconds, 1), "fits_sum": round(sum(r.seconds for r in results), 1), "workers": workers,
-                    "cv_folds": cv.seconds, "val_model": val_fit.seconds, "final_model": final_fit.seconds},  # fmt: skip
+        "seconds": {
+            "fits_wall": round(fit_seconds, 1),
+            "fits_sum": round(sum(r.seconds for r in results), 1),
+            "workers": workers,
+            "cv_folds": cv.seconds,
+            "val_model": val_fit.seconds,
+            "final_model": final_fit.seconds,
+        },
         "n_pairs": {"all": int(len(data.pairs)), "augmented": int(data.pairs["augmented"].sum())},
         "questions": {"train": len(train_gids), "val": len(val_gids), "test": len(test_gids)},
     }
     return RecipeReport(final, val_model, pd.concat(parts, ignore_index=True), metrics, decisions)
 
 
-def spread_over_seeds(data: MTLData, labelled: Sequence[str], cfg: MtlParams, make_builder: Callable[[], object], *, seeds: Sequence[int],
-                      sources: Sequence[str], device: str | torch.device = "cpu", workers: int = 1) -> dict:
+def spread_over_seeds(
+    data: MTLData,
+    labelled: Sequence[str],
+    cfg: MtlParams,
+    make_builder: Callable[[], object],
+    *,
+    seeds: Sequence[int],
+    sources: Sequence[str],
+    device: str | torch.device = "cpu",
+    workers: int = 1,
+) -> dict:
     """`evaluation.seed_spread` of the recipe's CV and LOSO under each of `seeds` (folds and initialisation): the same
     jobs as `run_recipe`'s CV and LOSO for each seed, all run `workers` side by side."""
     source_folds = source_fold_of(data.cand, sources)
-    plans = [cv_jobs(labelled, cfg, make_builder, k=cfg.cv_folds, seed=s, folds=f, name=f"seed {s}") for s in seeds for f in (None, source_folds)]
+    plans = [
+        cv_jobs(labelled, cfg, make_builder, k=cfg.cv_folds, seed=s, folds=f, name=f"seed {s}")
+        for s in seeds
+        for f in (None, source_folds)
+    ]
     results = fit_many(data, [j for _, js in plans for j in js], device=device, workers=workers)
     summaries, at = [], 0
     for i, (fold, js) in enumerate(plans):
-        summaries.append(cv_metrics(cv_result(fold, results[at : at + len(js)]), data.cand, cfg, sources if i % 2 else None)[0])
+        summaries.append(
+            cv_metrics(cv_result(fold, results[at : at + len(js)]), data.cand, cfg, sources if i % 2 else None)[0]
+        )
         at += len(js)
     return seed_spread(list(zip(summaries[::2], summaries[1::2])))
 
@@ -462,16 +550,28 @@ def ablation_cv(
             out[name]["seconds"] = 0.0
         else:
             out[name]["loso"], _ = cv_metrics(cv_result(fold, part), data.cand, cfg, sources)
-        out[name]["seconds"] = round(out[name]["seconds"] + sum(r.seconds for r in part), 1)  # fit seconds (summed over processes)
+        out[name]["seconds"] = round(
+            out[name]["seconds"] + sum(r.seconds for r in part), 1
+        )  # fit seconds (summed over processes)
         if kind == "cv":
-            log.info("ablation %s: CV accuracy %.3f ± %.3f", name, out[name]["accuracy"]["mean"], out[name]["accuracy"]["sd"])
+            log.info(
+                "ablation %s: CV accuracy %.3f ± %.3f", name, out[name]["accuracy"]["mean"], out[name]["accuracy"]["sd"]
+            )
     return out
 
 
 def held_out_rows(
-    data: MTLData, inner: Sequence[str], inner_sources: Sequence[str], outer: Sequence[str], cfg: MtlParams,
-    make_builder: Callable[[], object], *, seed: int, device: str | torch.device = "cpu", workers: int = 1,
-) -> pd.DataFrame:  # fmt: skip
+    data: MTLData,
+    inner: Sequence[str],
+    inner_sources: Sequence[str],
+    outer: Sequence[str],
+    cfg: MtlParams,
+    make_builder: Callable[[], object],
+    *,
+    seed: int,
+    device: str | torch.device = "cpu",
+    workers: int = 1,
+) -> pd.DataFrame:
     """Rows for a nested selection (medrank.nested): part oof (question-grouped CV over the `inner` questions),
     loso (leave one of `inner_sources` out; fold = its index) and test (the `outer` questions, by a model trained
     on every inner question); columns part, gid, aid, fold, prob_mean, rank_key. No fit sees an outer question."""
@@ -483,7 +583,12 @@ def held_out_rows(
     res = fit_many(data, [*cv_js, *lo_js, final], device=device, workers=workers)
     _, oof = cv_metrics(cv_result(fold_cv, res[: len(cv_js)]), data.cand, cfg)
     _, loso = cv_metrics(cv_result(fold_lo, res[len(cv_js) : -1]), data.cand, cfg, inner_sources)
-    ens = with_truth(ensemble(res[-1].filter_df, res[-1].pair_df, cfg.ensemble), data.cand).rename(columns={"label": "label_true"})
+    ens = with_truth(ensemble(res[-1].filter_df, res[-1].pair_df, cfg.ensemble), data.cand).rename(
+        columns={"label": "label_true"}
+    )
     test = decide(ens, 0.5, cfg).assign(fold=-1)  # the threshold is the keep rule's business downstream: rank_key only
     cols = ["part", "gid", "aid", "fold", "prob_mean", "rank_key"]
-    return pd.concat([oof.assign(part="oof")[cols], loso.assign(part="loso")[cols], test.assign(part="test")[cols]], ignore_index=True)
+    return pd.concat(
+        [oof.assign(part="oof")[cols], loso.assign(part="loso")[cols], test.assign(part="test")[cols]],
+        ignore_index=True,
+    )

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 from torch.nn import functional as F
 
-from medrank.encoders.base import set_seed
+from medrank.encoders.runtime import set_seed
 from medrank.errors import MedrankError
 from medrank.features import builder_from_json, builder_to_json
 from medrank.models.mtl.data import PAIR_FEATURES, MTLData
@@ -76,15 +76,21 @@ class _Batcher:
         h = torch.tensor([g.shape[0] for g in grids], dtype=torch.long)
         w = torch.tensor([g.shape[1] for g in grids], dtype=torch.long)
         cells = torch.from_numpy(np.concatenate([g.reshape(-1, g.shape[2]) for g in grids]))
-        to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(self.device)  # noqa: E731
+        to = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(self.device)
         return (
-            cells.to(self.device), h.to(self.device), w.to(self.device),
-            to(self.data.rqe[rows]), to(self.prep.meta[rows]), to(self.prep.pf[rows]),
-        )  # fmt: skip
+            cells.to(self.device),
+            h.to(self.device),
+            w.to(self.device),
+            to(self.data.rqe[rows]),
+            to(self.prep.meta[rows]),
+            to(self.prep.pf[rows]),
+        )
 
     def joint(self, net: MTLNet, rows: np.ndarray) -> torch.Tensor:
         """Joint embeddings of `rows` (in order), grids encoded in size-sorted chunks to limit padding."""
-        order = sorted(range(len(rows)), key=lambda k: (self.data.grids[rows[k]].shape[0], self.data.grids[rows[k]].shape[1]))
+        order = sorted(
+            range(len(rows)), key=lambda k: (self.data.grids[rows[k]].shape[0], self.data.grids[rows[k]].shape[1])
+        )
         chunks: list[list[int]] = [[]]
         hmax = wmax = 0
         for k in order:
@@ -125,7 +131,9 @@ class FittedMTL:
         return _prepare(data, self.builder, self.pf_mean, self.pf_scale)
 
     @torch.no_grad()
-    def predict(self, data: MTLData, gids: Sequence[str] | None = None, device: str | torch.device = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
+    def predict(
+        self, data: MTLData, gids: Sequence[str] | None = None, device: str | torch.device = "cpu"
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Per-(candidate, entailed) filter probabilities and per-ordered-pair P(i above j), non-augmented rows.
 
         Returns (filter_df: gid, aid, entailed, prob; pair_df: gid, entailed, aid_i, aid_j, prob) with both
@@ -146,15 +154,32 @@ class FittedMTL:
             sub = np.concatenate([rows[by_q[q]] for q in qs[s : s + 16]]) if qs else rows
             joint = batcher.joint(self.net, sub)
             prob = torch.sigmoid(self.net.filter_logits(joint)).cpu().numpy()
-            f_parts.append(pd.DataFrame({"gid": data.pairs["gid"].to_numpy()[sub], "aid": aid[sub], "entailed": data.pairs["entailed"].to_numpy()[sub], "prob": prob}))
+            f_parts.append(
+                pd.DataFrame(
+                    {
+                        "gid": data.pairs["gid"].to_numpy()[sub],
+                        "aid": aid[sub],
+                        "entailed": data.pairs["entailed"].to_numpy()[sub],
+                        "prob": prob,
+                    }
+                )
+            )
             i, j, _ = pair_index(prep.groups[sub], None)
             if len(i):
-                pij = torch.sigmoid(self.net.pair_logits(joint, torch.as_tensor(i, device=dev), torch.as_tensor(j, device=dev))).cpu().numpy()
+                pij = (
+                    torch.sigmoid(
+                        self.net.pair_logits(joint, torch.as_tensor(i, device=dev), torch.as_tensor(j, device=dev))
+                    )
+                    .cpu()
+                    .numpy()
+                )
                 g = data.pairs["gid"].to_numpy()[sub]
                 e = data.pairs["entailed"].to_numpy()[sub]
                 a = aid[sub]
                 p_parts.append(pd.DataFrame({"gid": g[i], "entailed": e[i], "aid_i": a[i], "aid_j": a[j], "prob": pij}))
-                p_parts.append(pd.DataFrame({"gid": g[i], "entailed": e[i], "aid_i": a[j], "aid_j": a[i], "prob": 1.0 - pij}))
+                p_parts.append(
+                    pd.DataFrame({"gid": g[i], "entailed": e[i], "aid_i": a[j], "aid_j": a[i], "prob": 1.0 - pij})
+                )
         fcols = ["gid", "aid", "entailed", "prob"]
         pcols = ["gid", "entailed", "aid_i", "aid_j", "prob"]
         f_df = pd.concat(f_parts, ignore_index=True) if f_parts else pd.DataFrame(columns=fcols)
@@ -205,17 +230,40 @@ class FittedMTL:
         try:  # a truncated or doctored model folder is one line naming it, not a traceback
             meta = json.loads((path / "mtl.json").read_text(encoding="utf-8"))
             if meta.get("model_sha256") != sha256_file(path / "model.pt"):  # flipped tensor bytes load fine otherwise
-                raise ValueError("no model_sha256 in mtl.json" if "model_sha256" not in meta else "model.pt differs from mtl.json's model_sha256")
+                raise ValueError(
+                    "no model_sha256 in mtl.json"
+                    if "model_sha256" not in meta
+                    else "model.pt differs from mtl.json's model_sha256"
+                )
             cfg = MtlParams.model_validate(meta["config"])
             net = MTLNet(cfg, **meta["dims"])
             state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
             net.load_state_dict(state)
-            fitted = cls(cfg, net.eval(), builder_from_json(meta["builder"]), np.asarray(meta["pf_mean"], dtype=float),
-                         np.asarray(meta["pf_scale"], dtype=float), meta.get("history", []), meta.get("best_epoch", 0))  # fmt: skip
-        except (ValueError, KeyError, TypeError, AttributeError, RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
+            fitted = cls(
+                cfg,
+                net.eval(),
+                builder_from_json(meta["builder"]),
+                np.asarray(meta["pf_mean"], dtype=float),
+                np.asarray(meta["pf_scale"], dtype=float),
+                meta.get("history", []),
+                meta.get("best_epoch", 0),
+            )
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            RuntimeError,
+            EOFError,
+            OSError,
+            pickle.UnpicklingError,
+            zipfile.BadZipFile,
+        ) as e:
             # ValueError covers JSON, UTF-8 and pydantic errors; RuntimeError a state dict of other shapes or a torn model.pt
             reason = str(e).splitlines()[0][:200] if str(e) else ""
-            raise MedrankError(f"{path}: not a model folder the mtl stage writes ({type(e).__name__}: {reason}); re-run `dvc repro mtl` or `dvc checkout mtl`") from None
+            raise MedrankError(
+                f"{path}: not a model folder the mtl stage writes ({type(e).__name__}: {reason}); re-run `dvc repro mtl` or `dvc checkout mtl`"
+            ) from None
         return fitted, meta
 
 
@@ -238,7 +286,9 @@ class MTLBag:
         """The first member's curves (what dvclive plots)."""
         return self.members[0].history
 
-    def predict(self, data: MTLData, gids: Sequence[str] | None = None, device: str | torch.device = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
+    def predict(
+        self, data: MTLData, gids: Sequence[str] | None = None, device: str | torch.device = "cpu"
+    ) -> tuple[pd.DataFrame, pd.DataFrame]:
         """FittedMTL.predict of every member, probabilities averaged (members return rows in the same order)."""
         outs = [m.predict(data, gids, device) for m in self.members]
         f_df, p_df = outs[0][0].copy(), outs[0][1].copy()
@@ -258,15 +308,28 @@ class MTLBag:
     def load(cls, path: str | Path) -> tuple["MTLBag", dict]:
         """(bag, the first member's mtl.json) from a folder written by `save` (or by FittedMTL.save: one member)."""
         first, meta = FittedMTL.load(path)
-        members = [first] + [FittedMTL.load(Path(path) / f"member{i}")[0] for i in range(1, int(meta.get("n_members", 1)))]
+        members = [first] + [
+            FittedMTL.load(Path(path) / f"member{i}")[0] for i in range(1, int(meta.get("n_members", 1)))
+        ]
         return cls(members), meta
 
 
-def fit_mtl_bag(data: MTLData, train_gids: Sequence[str], cfg: MtlParams, make_builder: Callable[[], object], *, seed: int = 13,
-                device: str | torch.device = "cpu") -> MTLBag:  # fmt: skip
+def fit_mtl_bag(
+    data: MTLData,
+    train_gids: Sequence[str],
+    cfg: MtlParams,
+    make_builder: Callable[[], object],
+    *,
+    seed: int = 13,
+    device: str | torch.device = "cpu",
+) -> MTLBag:
     """`cfg.n_seeds` networks (fit_mtl with seeds seed, seed + 1000, ...), each with a fresh feature builder."""
-    return MTLBag([fit_mtl(data, train_gids, cfg, make_builder(), seed=seed + 1000 * i, device=device) for i in range(cfg.n_seeds)])
-
+    return MTLBag(
+        [
+            fit_mtl(data, train_gids, cfg, make_builder(), seed=seed + 1000 * i, device=device)
+            for i in range(cfg.n_seeds)
+        ]
+    )
 
 
 # ---------------------------------------------------------------- training
@@ -303,7 +366,16 @@ def _training_pairs(prep: _Prepared, rows: np.ndarray, pair_scope: str) -> tuple
     return i, j, t
 
 
-def _batch_loss(net: MTLNet, batcher: _Batcher, prep: _Prepared, rows: np.ndarray, alpha: float, n_q: int, dev: torch.device, pair_scope: str = "all"):
+def _batch_loss(
+    net: MTLNet,
+    batcher: _Batcher,
+    prep: _Prepared,
+    rows: np.ndarray,
+    alpha: float,
+    n_q: int,
+    dev: torch.device,
+    pair_scope: str = "all",
+):
     joint = batcher.joint(net, rows)
     fl = net.filter_logits(joint)
     y = torch.as_tensor(prep.labels[rows], dtype=torch.float32, device=dev)
@@ -385,7 +457,12 @@ def fit_mtl(
             tf += float(lf.detach()) * len(qs)
             tp += float(lp.detach()) * len(qs)
             nb += len(qs)
-        rec = {"epoch": epoch, "train_loss": tot / max(nb, 1), "train_filter_loss": tf / max(nb, 1), "train_pair_loss": tp / max(nb, 1)}
+        rec = {
+            "epoch": epoch,
+            "train_loss": tot / max(nb, 1),
+            "train_filter_loss": tf / max(nb, 1),
+            "train_pair_loss": tp / max(nb, 1),
+        }
         if len(rows_inner):
             rec.update(_inner_eval(net, batcher, prep, rows_inner, gid_of, cfg.alpha, dev, cfg.pair_scope))
         rec["seconds"] = round(time.perf_counter() - t0, 2)

@@ -1,5 +1,7 @@
 """Measurement-only stand-in for dvclive on the lent GPU machine (dvclive's dvc dependency is not installed there)."""
-import json, os
+
+import json
+import os
 
 
 class Live:

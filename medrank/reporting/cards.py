@@ -1,0 +1,148 @@
+"""Model cards: one markdown file per trained model declared under `artifacts:` in dvc.yaml, plus an index.
+
+Rendered by `medrank report` beside the README / RESULTS blocks and held current by the same drift check
+(`stale_docs`). Every number is read at generation time: evaluation from metrics/*.json (and the score stage's
+error-analysis CSVs), the training recipe from dvc.lock (the params the committed models were trained with; from
+params.yaml, marked, for a stage never run), the data files from medrank/data/sources.py. A value no file holds
+reads "not measured". The prose (what a model is for, where it stops) lives in card_encoders.py / card_rankers.py, per artifact name; an artifact
+without a section still gets a card from dvc.yaml and its stage's metrics files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from medrank.reporting.card_base import (
+    Card,
+    HEADER,
+    INDEX,
+    MARK,
+    MISSING,
+    NOT_MEASURED,
+    Repo,
+    code_text,
+    lock_file,
+    md_cell,
+    out_path,
+)
+from medrank.reporting.card_encoders import COMMON_LIMITS, gated_note, nli_card, qa_card, rqe_card
+from medrank.reporting.card_rankers import cnn_card, mtl_card
+from medrank.reporting.formatting import flat_keys, fmt_num, md_table
+
+
+CARDS: dict[str, Callable[[Repo, dict], Card]] = {
+    "nli-cross-encoder": nli_card,
+    "rqe-cross-encoder": rqe_card,
+    "qa-cross-encoder": qa_card,
+    "mtl-reranker": mtl_card,
+    "cnn-reranker": cnn_card,
+}
+
+
+def _generic(repo: Repo, art: dict) -> Card:
+    """An artifact without a section here: its dvc.yaml entry, its stage's params and metrics files in full."""
+    stage = repo.stage_of(art["path"])
+    files = [out_path(f) for f in ((repo.dvc.get("stages") or {}).get(stage or "") or {}).get("metrics") or []]
+    ev = []
+    for f in files:
+        flat = flat_keys(repo.metrics.get(Path(f).stem) or {})
+        ev += [f"<details><summary><code>{f}</code></summary>", "", "| key | value |", "|---|---|"] + [
+            f"| {k} | {fmt_num(v)} |" for k, v in sorted(flat.items())
+        ]
+        ev += ["", "</details>", ""] if flat else [f"| — | {NOT_MEASURED} |", "", "</details>", ""]
+    return Card(
+        data=[f"{NOT_MEASURED}: no section for this artifact in `medrank/reporting/` yet.", ""],
+        recipe=tuple(repo.declared_params(stage)),
+        evaluation=ev or [f"{NOT_MEASURED}: stage `{stage}` declares no metrics file.", ""],
+        use=[f"- {art.get('desc') or NOT_MEASURED}"],
+    )
+
+
+def render_card(repo: Repo, name: str, art: dict) -> str:
+    """Markdown of one artifact's card."""
+    card = CARDS.get(name, _generic)(repo, art)
+    stage = repo.stage_of(art.get("path", ""))
+    cmd = ((repo.dvc.get("stages") or {}).get(stage or "") or {}).get("cmd")
+    what = [
+        [
+            "path",
+            f"`{art.get('path')}` (type: {art.get('type', NOT_MEASURED)}; a DVC output, not in git: `dvc repro`, or `dvc pull` from a remote)",
+        ],
+        ["produced by", f"stage `{stage}` (`{cmd}`)" if stage else "no stage of dvc.yaml outputs it"],
+        [
+            "DVC hash",
+            f"`{h}` ({lock_file(stage)})"
+            if (h := repo.locked_hash(stage, art.get("path", "")))
+            else f"{NOT_MEASURED} (stage not in dvc.lock)",
+        ],
+        ["labels", ", ".join(f"`{x}`" for x in art.get("labels") or []) or "—"],
+    ] + card.what
+    recipe = []
+    for key in card.recipe:
+        value, source = repo.param(key, stage)
+        recipe.append([f"`{key}`", NOT_MEASURED if value is MISSING else code_text(value), source or "not recorded"])
+    lines = [f"# Model card: {name}", "", HEADER, "", md_cell(art.get("desc") or ""), "", "## What it is", ""]
+    lines += md_table(["field", "value"], [[a, md_cell(b)] for a, b in what])
+    lines += ["## Training data", ""] + card.data + [gated_note(repo), ""]
+    lines += ["## Training recipe", ""]
+    lines += ["The params the committed model was trained with (dvc.lock), then what the run recorded:", ""]
+    if stage and repo.locked_params(stage) is None:
+        lines += [f"Stage `{stage}` has no dvc.lock entry yet: values from params.yaml, not a trained model's.", ""]
+    lines += (
+        md_table(["setting", "value", "read from"], recipe + card.recorded)
+        if recipe or card.recorded
+        else [f"{NOT_MEASURED}.", ""]
+    )
+    lines += ["## Evaluation", ""] + card.evaluation + ["## Intended use", ""] + card.use + [""]
+    lines += ["## Known limits", ""] + COMMON_LIMITS + card.limits
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_index(repo: Repo) -> str:
+    rows = [
+        [
+            f"[{name}]({name}.md)",
+            f"`{art.get('path')}`",
+            f"`{repo.stage_of(art.get('path', '')) or '—'}`",
+            md_cell(art.get("desc") or ""),
+        ]
+        for name, art in repo.artifacts.items()
+    ]
+    lines = [
+        "# Model cards",
+        "",
+        HEADER,
+        "",
+        "One card per trained model declared under `artifacts:` in dvc.yaml: what it is, its training data and "
+        "licences, the recipe (dvc.lock), held-out and downstream evaluation (metrics/), intended use and known limits. "
+        f'Numbers are read from the repository by `medrank report`; a value no file holds reads "{NOT_MEASURED}".',
+        "",
+    ]
+    return "\n".join(lines + md_table(["artifact", "path", "stage", "what it is"], rows)).rstrip() + "\n"
+
+
+def render_cards(repo_root: str | Path = ".", metrics_dir: str | Path = "metrics") -> dict[str, str]:
+    """File name -> markdown for every artifact of the repo's dvc.yaml, plus the index (none without artifacts)."""
+    repo = Repo.load(repo_root, metrics_dir)
+    if not repo.artifacts:
+        return {}
+    return {
+        INDEX: render_index(repo),
+        **{f"{name}.md": render_card(repo, name, art) for name, art in repo.artifacts.items()},
+    }
+
+
+def pending_cards(
+    repo_root: str | Path, cards_dir: str | Path, metrics_dir: str | Path
+) -> list[tuple[Path, str | None]]:
+    """(card file, its new text) for each card that is stale or missing; (file, None) for a generated card whose artifact is gone."""
+    cards_dir = Path(cards_dir)
+    wanted = {cards_dir / name: text for name, text in render_cards(repo_root, metrics_dir).items()}
+    out: list[tuple[Path, str | None]] = [
+        (p, t) for p, t in wanted.items() if not p.is_file() or p.read_text(encoding="utf-8") != t
+    ]
+    for p in sorted(cards_dir.glob("*.md")) if cards_dir.is_dir() else []:
+        if p not in wanted and MARK in p.read_text(encoding="utf-8"):
+            out.append((p, None))
+    return out

@@ -1,0 +1,100 @@
+"""README.md and RESULTS.md blocks and the model cards, rendered from the repo itself (never typed by hand).
+
+README.md holds the headline table (`headline` block) and `dvc dag --md` (`dag` block); RESULTS.md holds every other
+table (`results` block). Each block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; the prose around
+the markers is hand-written and left alone. The model cards (docs/model_cards/, medrank/reporting/cards.py) are whole
+generated files, one per `artifacts:` entry of the README's repository's dvc.yaml.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from medrank.errors import MedrankError
+from medrank.io import write_text
+from medrank.reporting.card_base import CARDS_DIR
+from medrank.reporting.cards import pending_cards
+from medrank.reporting.headline import render_headline
+from medrank.reporting.results import render_results
+
+
+def render_dag(repo: str | Path = ".") -> str:
+    """`dvc dag --md` of the repo (the mermaid graph README shows)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "dvc", "dag", "--md"], cwd=repo, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise MedrankError(f"dvc dag --md failed in {repo}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    return r.stdout.rstrip() + "\n"
+
+
+# Which generated blocks each document must hold (the DAG is rendered in the README's own repository).
+README_BLOCKS = ("headline", "dag")
+
+
+RESULTS_BLOCKS = ("results",)
+
+
+def _render(block: str, doc: Path, metrics_dir: str | Path) -> str:
+    if block == "dag":
+        return render_dag(doc.resolve().parent)
+    return {"headline": render_headline, "results": render_results}[block](metrics_dir)
+
+
+def _refreshed(doc: Path, blocks: tuple[str, ...], metrics_dir: str | Path) -> tuple[str, str]:
+    """(current text, text with every block in `blocks` re-rendered)."""
+    if not doc.is_file():
+        raise MedrankError(f"{doc}: not found (run from the repository root, or pass its path)")
+    text = new = doc.read_text(encoding="utf-8")
+    for block in blocks:
+        start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
+        if new.count(start) != 1 or new.count(end) != 1 or new.index(start) > new.index(end):
+            raise MedrankError(f"{doc}: needs exactly one {start} ... {end} pair")
+        head, rest = new.split(start, 1)
+        tail = rest.split(end, 1)[1]
+        new = f"{head}{start}\n{_render(block, doc, metrics_dir)}{end}{tail}"
+    return text, new
+
+
+def _pending(
+    readme: str | Path, results: str | Path, metrics_dir: str | Path, cards: str | Path | None
+) -> list[tuple[Path, str | None]]:
+    """(document, its re-rendered text) for each document whose generated text is out of date; (card, None) for a
+    generated card whose artifact left dvc.yaml. Cards: `cards`, else docs/model_cards/ beside the README."""
+
+    out: list[tuple[Path, str | None]] = []
+    for doc, blocks in ((Path(readme), README_BLOCKS), (Path(results), RESULTS_BLOCKS)):
+        text, new = _refreshed(doc, blocks, metrics_dir)
+        if new != text:
+            out.append((doc, new))
+    repo = Path(readme).parent
+    return out + pending_cards(repo, Path(cards) if cards else repo / CARDS_DIR, metrics_dir)
+
+
+def stale_docs(
+    readme: str | Path = "README.md",
+    results: str | Path = "RESULTS.md",
+    metrics_dir: str | Path = "metrics",
+    cards: str | Path | None = None,
+) -> list[Path]:
+    """The documents whose generated text differs from metrics/ (or from dvc.yaml / dvc.lock: the DAG, the cards),
+    missing cards included."""
+    return [doc for doc, _ in _pending(readme, results, metrics_dir, cards)]
+
+
+def update_docs(
+    readme: str | Path = "README.md",
+    results: str | Path = "RESULTS.md",
+    metrics_dir: str | Path = "metrics",
+    cards: str | Path | None = None,
+) -> list[Path]:
+    """Re-render README's headline and DAG blocks, RESULTS.md's results block and the model cards (a card whose
+    artifact is gone is removed); returns the files that changed."""
+    pending = _pending(readme, results, metrics_dir, cards)
+    for doc, new in pending:
+        if new is None:
+            doc.unlink()
+        else:
+            write_text(doc, new)
+    return [doc for doc, _ in pending]

@@ -1,0 +1,111 @@
+"""README's headline block: the final system beside the MEDIQA 2019 bar (Task 3 and Task 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from medrank.reporting.formatting import TASK3_COLUMNS, acc_text, fmt_num, loso_text, md_table, pm_text, read_metrics
+
+
+# The bar: the best MEDIQA 2019 team per metric on the blind test sets (Ben Abacha et al., BioNLP 2019 overview).
+# Published figures, not ours: the only numbers in README/RESULTS that do not come from metrics/.
+MEDIQA2019_BEST_TASK3 = {"accuracy": 0.783, "precision": 0.819, "mrr": 0.962, "spearman": 0.338}
+
+
+MEDIQA2019_BEST_TASK2 = {"accuracy": 0.749}
+
+
+def final_line(final: dict, short: bool = False) -> list[str]:
+    """One sentence naming the score stage's final system, its decision rules and how they were chosen (`short`: the
+    rule itself is left to the README's prose)."""
+    if not final:
+        return []
+    sel = final.get("selection") or {}
+    rule = sel.get("rule", "") if isinstance(sel, dict) else sel
+    band = sel.get("noise_band") if isinstance(sel, dict) else None
+    noise = (
+        f" Noise band (seed spread): accuracy {band['accuracy']:.3f}, order score {band['order']:.3f}." if band else ""
+    )
+    how = "Chosen by the written rule (below)." if short else f"Rule: {rule}"
+    if final.get("system") == "baseline":  # said plainly: the paper's system does not beat the simpler one here
+        how += " The MTL is not better beyond the noise band, under CV or LOSO, so the simpler baseline is kept."
+    return [
+        f"Final system: `{final.get('system')}` (MTL weight {final.get('mtl_weight', 0):g}), keep rule `{final.get('keep_rule')}`, "
+        f"order `{final.get('order')}`. {how}{noise}",
+        "",
+    ]
+
+
+def _headline(metrics: dict[str, dict]) -> list[str]:
+    """README's one table: the final Task 3 system beside the baseline, CHiQA's order and the 2019 bar; Task 2 in a line."""
+    final = metrics.get("task3_val")
+    if not final:
+        return []
+    baseline, chiqa = metrics.get("task3_val_baseline", {}), metrics.get("task3_val_chiqa")
+    sys_rows = final.get("systems", {})
+    nested = ((metrics.get("nested_loso") or {}).get("final_system") or {}).get("nested_loso")
+    cells = lambda m, r, n=None: (
+        [fmt_num(m.get(k)) for k, _ in TASK3_COLUMNS]
+        + [loso_text(n)]
+        + [pm_text((r.get("cv") or {}).get("accuracy")), loso_text(r.get("loso"))]
+    )
+    rows = [
+        [f"**{final.get('system')}** (final: `submissions/task3_{{val,test}}.csv`)"]
+        + cells(final, sys_rows.get("final", {}), nested)
+    ]
+    if baseline and final.get("system") != "baseline":
+        rows.append(["baseline (LR filter + rank SVM)"] + cells(baseline, sys_rows.get("baseline", baseline)))
+    mtl = metrics.get("task3_val_mtl")
+    if (
+        mtl and final.get("system") != "mtl" and "mtl" in sys_rows
+    ):  # the paper's system, whenever the rule did not pick it alone
+        rows.append(["MTL (multi-task network)"] + cells(mtl, sys_rows["mtl"]))
+    if chiqa:
+        rows.append(["CHiQA order (every answer kept)"] + cells(chiqa, sys_rows.get("chiqa", {})))
+    rows.append(["MEDIQA 2019 bar: best team per metric, blind test"] + cells(MEDIQA2019_BEST_TASK3, {}))
+    n_val, n_cv, folds = (chiqa or {}).get("n_questions", 25), baseline.get("cv_questions"), baseline.get("cv_folds", 5)
+    out = [
+        f"**MEDIQA 2019 Task 3**: the {n_val} validation questions (swings ±0.1); **nested LOSO** (selection re-made on two "
+        "labelled sources, the third scored: mean, worst source); what the rule selected on: question-grouped "
+        f"{folds}-fold CV over the {f'{n_cv} ' if n_cv else ''}train + validation questions and plain LOSO. The 2019 bar is "
+        "on the blind test: where we stand, not a paired comparison.",
+        "",
+    ]
+    head = (
+        ["system"]
+        + [h for _, h in TASK3_COLUMNS]
+        + ["**nested LOSO accuracy (worst)**", "CV accuracy", "LOSO accuracy (worst)"]
+    )
+    out += md_table(head, rows) + final_line(final, short=True)
+    fs = (metrics.get("nested_loso") or {}).get("final_system") or {}
+    if fs.get("overstatement"):
+        over = fs["overstatement"]
+        out += [
+            f"Nested LOSO: MRR {loso_text(nested, 'mrr')}, Spearman {loso_text(nested, 'spearman')}; plain LOSO minus nested: "
+            f"accuracy {over['accuracy']['mean']:+.3f}, MRR {over['mrr']['mean']:+.3f}.",
+            "",
+        ]
+    out += _task2_line(metrics)
+    return out
+
+
+def _task2_line(metrics: dict[str, dict]) -> list[str]:
+    """Task 2 in a line: the RQE model finetune_rqe chose and the within-CHQ decision stage task2 chose."""
+    rqe, t2 = metrics.get("finetune_rqe") or {}, metrics.get("task2") or {}
+    if not rqe.get("cv"):
+        return []
+    line = (
+        f"**MEDIQA 2019 Task 2** (question entailment): `{rqe.get('chosen')}`, question-grouped CV accuracy over the "
+        f"{rqe.get('n_val_pairs')} validation pairs {acc_text(rqe['cv'])} (each pair alone at 0.5)"
+    )
+    if t2.get("cv"):
+        line += (
+            f"; within each CHQ (`{t2['chosen']}`): CV {acc_text(t2['cv'])}, **nested {acc_text(t2['nested_cv'])}**; "
+            f"entailed: test {fmt_num(t2.get('test_positive_rate'))} predicted, validation {fmt_num(t2.get('val_true_positive_rate'))}"
+        )
+    return [line + f"; the best 2019 team, blind test: {fmt_num(MEDIQA2019_BEST_TASK2['accuracy'])}.", ""]
+
+
+def render_headline(metrics_dir: str | Path = "metrics") -> str:
+    """Markdown for README: the final Task 3 system beside the baseline, CHiQA's order and the MEDIQA 2019 bar."""
+    return "\n".join(_headline(read_metrics(metrics_dir))).rstrip() + "\n"

@@ -1,0 +1,329 @@
+"""medrank.models.baseline: rank SVM, threshold choice, EM prior shift, grouped CV, the full recipe."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+from medrank.decision import em_prior_shift, grouped_folds, keep_labels, select_threshold, submission_score
+from medrank.errors import MedrankError
+from medrank.evaluation import evaluate, ranked_rows
+from medrank.models.baseline import (
+    BaselineConfig,
+    FittedBaseline,
+    RankSVM,
+    cross_validate,
+    fit_baseline,
+    leave_one_source_out,
+    pairwise_differences,
+    protocols,
+)
+from medrank.params import BaselineParams, Params
+
+
+def config(groups=None, seed=13, ranker="svm", **params) -> BaselineConfig:
+    """A baseline run: `params` are params.yaml `baseline` keys, the rest what the run fixes."""
+    return BaselineConfig(BaselineParams(**params), tuple(groups or GROUPS), seed=seed, ranker=ranker)
+
+
+def synthetic_table(n_questions: int = 40, seed: int = 0, split: str = "train_liveqa") -> pd.DataFrame:
+    """Answer table (features.answer_table columns) whose bi-encoder cosine carries the relevance signal."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for q in range(n_questions):
+        n = int(rng.integers(5, 9))
+        quality = rng.normal(size=n)
+        ref_rank = np.argsort(np.argsort(-quality)) + 1
+        for i in range(n):
+            score = 4 if quality[i] > 0.8 else 3 if quality[i] > 0.0 else 2 if quality[i] > -0.8 else 1
+            rows.append(
+                {
+                    "gid": f"{split}:{q}",
+                    "split": split,
+                    "qid": str(q),
+                    "aid": f"{q}_Answer{i + 1}",
+                    "source": rng.choice(["medlineplus", "mayoclinic", "gard"]),
+                    "n_sentences": float(rng.integers(1, 30)),
+                    "chiqa_rank": float(i + 1),
+                    "answer_text": "",
+                    "label": float(score >= 3),
+                    "reference_rank": float(ref_rank[i]),
+                    "reference_score": float(score),
+                    "bienc_cos": 0.5 + 0.15 * quality[i] + 0.05 * rng.normal(),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+GROUPS = ("metadata", "bienc")
+
+
+def test_grouped_folds_keep_questions_together_and_are_seeded():
+    gid = np.repeat([f"q{i}" for i in range(10)], 3)
+    f1 = grouped_folds(gid, 5, seed=1)
+    assert (pd.Series(f1).groupby(gid).nunique() == 1).all()
+    assert sorted(np.bincount(f1)) == [6] * 5  # 2 questions (6 rows) per fold
+    np.testing.assert_array_equal(f1, grouped_folds(gid, 5, seed=1))
+    assert not np.array_equal(f1, grouped_folds(gid, 5, seed=2))
+    with pytest.raises(MedrankError):
+        grouped_folds(gid, 11, seed=1)
+
+
+def test_pairwise_differences_within_questions_only():
+    X = sp.csr_matrix(np.arange(10, dtype=float).reshape(5, 2))
+    rel = np.array([3, 1, 2, 2, 5])
+    gid = np.array(["a", "a", "a", "a", "b"])
+    Xd, yd = pairwise_differences(X, rel, gid, seed=0)
+    # question a: 6 pairs minus the tie (2, 2) = 5; question b has one answer: no pair
+    assert Xd.shape == (5, 2)
+    assert set(yd) <= {-1, 1}
+    # every row, sign-corrected, is better - worse
+    pairs = {(0, 1), (0, 2), (0, 3), (2, 1), (3, 1)}
+    got = {tuple((Xd[k].toarray().ravel() * yd[k])) for k in range(5)}
+    assert got == {tuple(X[i].toarray().ravel() - X[j].toarray().ravel()) for i, j in pairs}
+
+
+def test_rank_svm_orders_a_separable_question():
+    rng = np.random.default_rng(3)
+    # relevance is a linear function of feature 0; feature 1 is noise
+    X = np.column_stack([np.arange(8, dtype=float), rng.normal(size=8)])
+    perm = rng.permutation(8)
+    X = X[perm]
+    rel = X[:, 0].copy()
+    gid = np.array(["q"] * 8)
+    svm = RankSVM(c=1.0, seed=0).fit(sp.csr_matrix(X), rel, gid)
+    score = svm.decision_function(sp.csr_matrix(X))
+    assert list(np.argsort(-score)) == list(np.argsort(-rel))
+    # unseen question on the same scale: ordered by feature 0 too
+    Z = np.column_stack([[5.0, 1.0, 3.0], [0.0, 0.0, 0.0]])
+    assert list(np.argsort(-svm.decision_function(sp.csr_matrix(Z)))) == [0, 2, 1]
+
+
+def test_select_threshold_maximises_accuracy_and_breaks_ties_in_the_middle():
+    y = np.array([0, 0, 0, 1, 1, 1])
+    p = np.array([0.1, 0.2, 0.3, 0.6, 0.7, 0.8])
+    t = select_threshold(y, p)
+    assert 0.3 < t <= 0.6
+    assert t == pytest.approx(0.45, abs=0.011)  # middle of the perfect plateau (0.31..0.60)
+    # imbalanced, overlapping: the best threshold is not 0.5
+    y2 = np.array([0] * 8 + [1] * 2)
+    p2 = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.58, 0.6, 0.7, 0.9])
+    t2 = select_threshold(y2, p2)
+    assert 0.6 < t2 <= 0.7
+
+
+def test_em_prior_shift_recovers_a_shifted_positive_rate():
+    rng = np.random.default_rng(0)
+    # calibrated posteriors under a training prior of 0.5; the target set has 20% positives
+    n = 4000
+    y = rng.random(n) < 0.2
+    x = rng.normal(loc=np.where(y, 1.0, -1.0))
+    p_train = 1 / (1 + np.exp(-2 * x))  # exact posterior for N(+-1, 1) classes at prior 0.5
+    prior, adj = em_prior_shift(p_train, train_prior=0.5)
+    assert prior == pytest.approx(0.2, abs=0.03)
+    assert adj.mean() == pytest.approx(prior, abs=1e-4)
+    assert ((adj >= 0.5) == y).mean() > ((p_train >= 0.5) == y).mean()  # better accuracy after the shift
+    same, same_adj = em_prior_shift(np.full(10, 0.3), train_prior=0.3)
+    assert same == pytest.approx(0.3) and np.allclose(same_adj, 0.3)
+
+
+def test_keep_labels_and_submission_order():
+    p = np.array([0.2, 0.6, 0.1, 0.3])
+    gid = np.array(["a", "a", "b", "b"])
+    assert keep_labels(p, 0.5, gid).tolist() == [0, 1, 0, 0]
+    assert keep_labels(p, 0.5, gid, min_keep=1).tolist() == [0, 1, 0, 1]
+    labels = np.array([1, 0, 1, 1])
+    rank_score = np.array([-5.0, 9.0, 1.0, 2.0])
+    s = submission_score(labels, rank_score, gid)
+    assert s[0] > s[1]  # kept answers come before dropped ones whatever their rank score
+    assert s[3] > s[2]
+    pred = pd.DataFrame({"gid": gid, "aid": ["x", "y", "z", "w"], "score": s})
+    assert ranked_rows(pred)["aid"].tolist() == ["x", "y", "w", "z"]
+
+
+def test_fit_predict_beats_keep_all_and_is_deterministic():
+    train = synthetic_table(60, seed=1)
+    test = synthetic_table(20, seed=2, split="val")
+    cfg = config(seed=5)
+    model = fit_baseline(train, cfg)
+    assert 0.05 <= model.threshold <= 0.95
+    pred = model.predict(test)
+    assert list(pred.columns) == ["gid", "qid", "aid", "prob", "label", "rank_score", "score"]
+    m = evaluate(pred, test)
+    keep_all = evaluate(pred.assign(label=1), test)
+    assert m["accuracy"] > keep_all["accuracy"] + 0.15
+    assert m["spearman_true"] > 0.3
+    again = fit_baseline(train, cfg).predict(test)
+    pd.testing.assert_frame_equal(pred, again)
+
+
+def test_saved_model_predicts_bit_for_bit(tmp_path):
+    train, test = synthetic_table(40, seed=1), synthetic_table(10, seed=2, split="val")
+    model = fit_baseline(train, config(seed=5, prior_shift="em", min_keep=1))
+    model.save(tmp_path / "m.json")
+    loaded = FittedBaseline.load(tmp_path / "m.json")
+    pd.testing.assert_frame_equal(model.predict(test), loaded.predict(test), check_exact=True)
+    assert loaded.config == model.config and loaded.threshold == model.threshold
+    (tmp_path / "bad.json").write_text('{"config": {}}')
+    with pytest.raises(MedrankError, match="bad.json: not a baseline model"):
+        FittedBaseline.load(tmp_path / "bad.json")
+
+
+def test_fixed_threshold_and_lr_ranker():
+    train = synthetic_table(30, seed=1)
+    model = fit_baseline(train, config(threshold=0.5, ranker="lr"))
+    assert model.threshold == 0.5 and model.ranker is None
+    pred = model.predict(train)
+    np.testing.assert_array_equal(pred["rank_score"], pred["prob"])
+
+
+def test_training_rows_must_be_labelled():
+    train = synthetic_table(10, seed=1)
+    train.loc[0, "label"] = np.nan
+    with pytest.raises(MedrankError, match="without a label"):
+        fit_baseline(train, config())
+
+
+def test_cross_validate_and_source_transfer_report_every_metric():
+    table = pd.concat(
+        [synthetic_table(15, seed=1), synthetic_table(15, seed=2, split="train_alexa")], ignore_index=True
+    )
+    cfg = config(cv_folds=3)
+    out = cross_validate(table, cfg, None, k=3, seed=0, variants={"em": {"prior_shift": "em"}, "lr": {"ranker": "lr"}})
+    assert set(out) == {"base", "em", "lr"}
+    for name in out:
+        for metric in ("accuracy", "precision", "mrr", "spearman", "spearman_true"):
+            assert set(out[name][metric]) == {"mean", "sd"}
+    assert len(out["base"]["thresholds"]) == 3
+    assert out["base"]["accuracy"]["mean"] > 0.7
+    tr, rows = leave_one_source_out(
+        table, cfg, None, ("train_liveqa", "train_alexa", "val"), {"em": {"prior_shift": "em"}}
+    )
+    assert set(tr) == {"train_liveqa", "train_alexa"}  # a source without rows is skipped
+    assert 0 < tr["train_alexa"]["em"]["target_prior"] < 1
+    # held-out rows in table order, fold = the source's index
+    assert list(rows["aid"]) == list(table["aid"]) and set(rows["fold"]) == {0, 1}
+    both = protocols(table, cfg, None, ("train_liveqa", "train_alexa"))
+    assert set(both["loso"]["base"]["by_source"]) == {"train_liveqa", "train_alexa"}
+    assert both["loso"]["base"]["accuracy"]["worst"] <= both["loso"]["base"]["accuracy"]["mean"]
+
+
+def with_judged_lists(table: pd.DataFrame, per_question: int = 6, seed: int = 3) -> pd.DataFrame:
+    """`table` plus, for each train_liveqa question, a list of judged answers (medrank.data.judged rows): their own
+    gid, the question's qkey, grades only (no ReferenceRank), no CHiQA rank, and a signal in bienc_cos."""
+    rng = np.random.default_rng(seed)
+    base = table.assign(qkey=table["gid"], judged=False)
+    rows = []
+    for gid, q in base[base["split"] == "train_liveqa"].groupby("gid", sort=False):
+        for i in range(per_question):
+            quality = rng.normal()
+            grade = 4 if quality > 0.8 else 3 if quality > 0.0 else 2 if quality > -0.8 else 1
+            rows.append(
+                {
+                    "gid": f"{gid}#judged",
+                    "qkey": gid,
+                    "judged": True,
+                    "split": "train_liveqa",
+                    "qid": q["qid"].iloc[0],
+                    "aid": f"judged:{gid}:{i}",
+                    "source": "judged_medquad",
+                    "n_sentences": float(rng.integers(1, 30)),
+                    "chiqa_rank": np.nan,
+                    "answer_text": "",
+                    "label": float(grade >= 3),
+                    "reference_rank": np.nan,
+                    "reference_score": float(grade),
+                    "bienc_cos": 0.5 + 0.15 * quality + 0.05 * rng.normal(),
+                }
+            )
+    return pd.concat([base, pd.DataFrame(rows)], ignore_index=True)
+
+
+def test_judged_rows_only_train_and_stay_with_their_question():
+    table = pd.concat(
+        [synthetic_table(15, seed=1), synthetic_table(15, seed=2, split="train_alexa")], ignore_index=True
+    )
+    judged = with_judged_lists(table)
+    cfg = config(cv_folds=3, judged_rows="all", features=list(GROUPS))
+    cv, oof = cross_validate(judged, cfg, None, k=3, seed=0, with_predictions=True)
+    assert list(oof["aid"]) == list(table["aid"])  # scored: the MEDIQA rows only, in table order
+    folds = grouped_folds(judged["qkey"].to_numpy(), 3, 0)
+    # a question's judged list shares its fold (it is never on the other side of a split)
+    by_q = pd.DataFrame({"qkey": judged["qkey"], "fold": folds}).groupby("qkey")["fold"].nunique()
+    assert (by_q == 1).all()
+    per_source, rows = leave_one_source_out(judged, cfg, None, ("train_liveqa", "train_alexa"))
+    assert list(rows["aid"]) == list(table["aid"])
+    # held-out liveqa: no judged row trains (they are liveqa's); its positive rate is the MEDIQA rows'
+    assert per_source["train_liveqa"]["positive_rate"] == pytest.approx(
+        table.loc[table["split"] == "train_liveqa", "label"].mean()
+    )
+    assert per_source["train_alexa"]["train_positive_rate"] == pytest.approx(
+        table.loc[table["split"] == "train_liveqa", "label"].mean()
+    )
+    model = fit_baseline(judged, cfg)
+    assert "chiqa_rank_missing" in model.builder.feature_names and model.builder.rank_missing_
+    assert model.train_prior == pytest.approx(table["label"].mean())  # MEDIQA rows' prior, not the judged ones'
+    # ranker: the filter trains on the MEDIQA rows only (the same filter as without judged rows), the rank SVM on both
+    plain = fit_baseline(table.assign(qkey=table["gid"], judged=False), cfg)
+    ranker_only = fit_baseline(judged, config(cv_folds=3, judged_rows="ranker", features=list(GROUPS)))
+    from medrank.models.baseline import fit_filter
+
+    mediqa = judged[~judged["judged"]]
+    alone = fit_filter(ranker_only.builder.transform(mediqa), mediqa["label"].to_numpy(dtype=int), 1.0, 13)
+    np.testing.assert_array_equal(ranker_only.filter.coef_, alone.coef_)
+    assert not np.allclose(ranker_only.ranker.coef_[: len(plain.ranker.coef_)], plain.ranker.coef_)
+    assert "chiqa_rank_missing" not in plain.builder.feature_names
+    with pytest.raises(MedrankError, match="chiqa_rank missing for 1 rows"):
+        plain.predict(judged[judged["judged"]].head(1))
+
+
+def test_judged_rows_rank_pairs_come_from_grades_within_their_own_list():
+    from medrank.models.baseline import _relevance
+
+    judged = with_judged_lists(synthetic_table(4, seed=1))
+    rel = _relevance(judged, "reference_rank")
+    j = judged["judged"].to_numpy()
+    np.testing.assert_array_equal(rel[j], judged.loc[j, "reference_score"])
+    np.testing.assert_array_equal(rel[~j], -judged.loc[~j, "reference_rank"])
+    X = sp.csr_matrix(np.eye(len(judged)))
+    D, _ = pairwise_differences(X, rel, judged["gid"].to_numpy(), seed=0)
+    pairs = [tuple(np.flatnonzero(r)) for r in D.toarray()]
+    assert all(judged["gid"].iloc[a] == judged["gid"].iloc[b] for a, b in pairs)  # never a MEDIQA x judged pair
+
+
+def test_judged_rows_need_groups_with_inputs():
+    with pytest.raises(ValueError, match="judged_rows: the judged answers have no anli input"):
+        BaselineParams(features=["metadata", "anli"], judged_rows="all")
+    assert BaselineParams(features=["metadata", "anli"], judged_rows="none").judged_rows == "none"
+    assert BaselineParams(features=["metadata", "bienc"], judged_rows="ranker").judged_rows == "ranker"
+
+
+def test_judged_rows_need_the_judged_answers_bienc_scores():
+    # stage bienc scores the judged answers only with bienc.judged (the default systems never read them)
+    with pytest.raises(
+        ValueError,
+        match="baseline.judged_rows: 'ranker' .* bienc scores stage bienc writes only with bienc.judged: true",
+    ):
+        Params(baseline={"features": ["metadata", "bienc"], "judged_rows": "ranker"})
+    assert Params(
+        baseline={"features": ["metadata", "bienc"], "judged_rows": "ranker"}, bienc={"judged": True}
+    ).bienc.judged
+    assert (
+        Params(baseline={"features": ["metadata", "rqe"], "judged_rows": "all"}).baseline.judged_rows == "all"
+    )  # no bienc input read
+
+
+def test_an_inner_fold_of_one_class_gets_that_class_rate_and_a_single_class_training_set_is_refused():
+    from medrank.models.baseline import oof_probabilities
+
+    table = synthetic_table(4, seed=2)
+    table.loc[table["gid"] == table["gid"].iloc[0], "label"] = 0.0  # a question without a correct answer
+    table.loc[table["gid"] != table["gid"].iloc[0], "label"] = 1.0  # the others: every answer correct
+    p = oof_probabilities(table, config(), None, 2, seed=0)
+    folds = np.asarray(grouped_folds(table["gid"].to_numpy(), 2, 0))
+    single = [f for f in (0, 1) if table.loc[folds != f, "label"].nunique() == 1]
+    assert single  # two questions of all-correct answers share a fold: the other fold trains on one class
+    for f in single:  # ... and gets that class's rate (1), no error
+        assert (p[folds == f] == 1.0).all()
+    with pytest.raises(MedrankError, match="single class"):
+        fit_baseline(table[table["label"] == 1.0], config(threshold=0.5))

@@ -1,0 +1,222 @@
+"""dvc.yaml stays honest: every stage declares the medrank modules it imports (directly or transitively) and
+medrank/layout.py names the same artifacts dvc.yaml declares.
+
+Deps are declared per module, not as `medrank/` as a whole: a change to one model's code then re-runs only the
+stages that import it (declaring the whole package would re-run the 36-minute DAG for any edit).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+DVC = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
+
+
+def _module_file(name: str) -> Path | None:
+    base = REPO / Path(*name.split("."))
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _imports(path: Path) -> set[str]:
+    """medrank/stages modules a file imports anywhere (top level or inside functions), with their packages."""
+    out: set[str] = set()
+    pkg = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        for n in names:
+            if n.split(".")[0] in ("medrank", "stages"):
+                parts = n.split(".")
+                out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {m for m in out if _module_file(m) is not None}
+
+
+def _closure(module: str) -> set[Path]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        todo.extend(_imports(_module_file(m)))
+    return {_module_file(m).relative_to(REPO) for m in seen}
+
+
+def _has_code(path: Path) -> bool:
+    """An __init__.py that does more than mark a package (imports, definitions)."""
+    return any(
+        isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
+        for n in ast.parse(path.read_text()).body
+    )
+
+
+def _stages() -> dict[str, dict]:
+    """Every stage of dvc.yaml and of analysis/dvc.yaml (named analysis/dvc.yaml:<name>, paths relative to the root)."""
+    out = {}
+    analysis = yaml.safe_load((REPO / "analysis" / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    for name, st in [*DVC["stages"].items(), *((f"analysis/dvc.yaml:{n}", s) for n, s in analysis.items())]:
+        if "foreach" in st:
+            for key, item in st["foreach"].items():
+                text = yaml.safe_dump(st["do"]).replace("${key}", key)
+                for k, v in item.items():
+                    text = text.replace("${item.%s}" % k, str(v))
+                out[f"{name}@{key}"] = yaml.safe_load(text)
+        else:
+            out[name] = st
+    return out
+
+
+def _paths(entries) -> set[str]:
+    out = set()
+    for e in entries or []:
+        out.add(next(iter(e)) if isinstance(e, dict) else e)
+    return out
+
+
+@pytest.mark.parametrize("stage", sorted(_stages()))
+def test_stage_declares_every_module_it_imports(stage):
+    st = _stages()[stage]
+    module = st["cmd"].split()[2]  # python -m stages.<name> [args]
+    deps = _paths(st.get("deps"))
+    needed = {str(p) for p in _closure(module) if p.name != "__init__.py" or _has_code(REPO / p)}
+    missing = sorted(p for p in needed if p not in deps and not any(p.startswith(d.rstrip("/") + "/") for d in deps))
+    assert not missing, f"dvc.yaml stage {stage} imports but does not declare: {missing}"
+    stale = sorted(d for d in deps if d.endswith(".py") and d not in needed)
+    assert not stale, f"dvc.yaml stage {stage} declares code it does not import: {stale}"
+
+
+def _layout_paths() -> set[str]:
+    from medrank import layout
+
+    out = set()
+    for name in dir(layout):
+        v = getattr(layout, name)
+        if isinstance(v, Path):
+            out.add(v.as_posix())
+        elif isinstance(v, dict):
+            out.update(p.as_posix() for p in v.values() if isinstance(p, Path))
+    return out
+
+
+def _declared_paths() -> set[str]:
+    out = set()
+    for st in _stages().values():
+        for key in ("deps", "outs", "metrics"):
+            out |= {p for p in _paths(st.get(key)) if not p.endswith(".py") and "${" not in p}
+    return out
+
+
+def test_every_declared_data_path_is_in_the_layout():
+    """What dvc.yaml declares (outside medrank/ code and templated names) has its one home in medrank/layout.py."""
+    layout_paths = _layout_paths()
+    missing = sorted(
+        p
+        for p in _declared_paths()
+        if not p.startswith(("medrank/", "stages/", "metrics/", "plots/", "submissions/")) and p not in layout_paths
+    )
+    assert not missing, f"declared in dvc.yaml but not in medrank/layout.py: {missing}"
+
+
+def test_every_layout_path_is_declared_in_dvc_yaml():
+    declared = _declared_paths()
+    roots = {
+        "data/raw",
+        "data/interim",
+        "data/processed",
+        "models",
+        "metrics",
+        "plots",
+        "submissions",
+        "data/interim/cnn",
+    }
+    missing = sorted(
+        p
+        for p in _layout_paths() - roots
+        if p not in declared and not any(p.startswith(d + "/") or d.startswith(p + "/") for d in declared)
+    )
+    assert not missing, f"in medrank/layout.py but never declared in dvc.yaml: {missing}"
+
+
+def test_score_declares_exactly_the_saved_inference_recipe():
+    """Stage score saves `inference_recipe` in models/system.json: it declares those keys and no more (so e.g.
+    `embed.backend`, which moves extraction but changes no output, does not re-run it)."""
+    from medrank.params import Params, inference_recipe
+
+    def keys(d: dict, prefix: str = "") -> set[str]:
+        return {
+            k
+            for name, v in d.items()
+            for k in (keys(v, f"{prefix}{name}.") if isinstance(v, dict) else {f"{prefix}{name}"})
+        }
+
+    declared = set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["score"]["params"]) - {"score"}
+    recipe = inference_recipe(Params())
+    sections = {k for k in declared if "." not in k}
+    expanded = {k for k in keys(recipe) if k.split(".")[0] not in sections} | sections
+    assert declared == expanded
+    assert "backend" not in recipe["embed"] and "ray" not in recipe["retrieve"]
+
+
+@pytest.mark.parametrize("stage", ["mtl_ablations", "mtl_confirm"])
+def test_mtl_analysis_stages_declare_the_mtl_section(stage):
+    """The ablation rows and the confirmation fit mtl's recipe (rows override some keys) and read every mtl key: the
+    section is declared whole (the noise band's seeds live in their own section, so they cannot make these stale)."""
+    declared = {
+        k
+        for k in yaml.safe_load((REPO / "analysis/dvc.yaml").read_text())["stages"][stage]["params"]
+        if k.split(".")[0] == "mtl"
+    }
+    assert declared == {"mtl"}
+
+
+def test_noise_band_is_frozen_and_recorded_for_the_committed_params():
+    """Stage noise_band is frozen (experiments reuse the defaults' band); dvc.lock must record it for the params.yaml
+    values of every key it declares, so a change of a default without `python -m stages.noise_band && dvc commit -f noise_band`
+    fails here instead of selecting with a stale band."""
+    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["noise_band"]
+    assert stage.get("frozen") is True
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text())["stages"]
+    for key in stage["params"]:
+        value = params
+        for part in key.split("."):
+            value = value[part]
+        assert lock["noise_band"]["params"]["params.yaml"][key] == value, (
+            f"dvc.lock records noise_band for another {key}: refresh the band"
+        )
+    # and on the data the committed defaults read: each data input as the baseline / mtl stage recorded it
+    seen = {d["path"]: d["md5"] for name in ("baseline", "mtl") for d in lock[name]["deps"]}
+    data = [d for d in lock["noise_band"]["deps"] if d["path"].startswith("data/")]
+    assert data and all(seen[d["path"]] == d["md5"] for d in data), (
+        "noise_band was computed on other data: refresh the band"
+    )
+
+
+def test_rqe_selection_declares_the_finetune_rqe_keys_it_reads():
+    """rqe_selection replaces finetune.rqe's row sets (models.rqe_training.SELECTION_OVERRIDES) and reads every other
+    key: declared exactly, so a new training knob cannot go undeclared and a default's sets cannot make it stale."""
+    from medrank.params import FinetuneRqeParams
+    from medrank.models.rqe_training import SELECTION_OVERRIDES
+
+    declared = {
+        k
+        for k in yaml.safe_load((REPO / "analysis/dvc.yaml").read_text())["stages"]["rqe_selection"]["params"]
+        if k.startswith("finetune.")
+    }
+    assert declared == {f"finetune.rqe.{k}" for k in FinetuneRqeParams.model_fields if k not in SELECTION_OVERRIDES}

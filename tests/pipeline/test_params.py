@@ -1,0 +1,292 @@
+import copy
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from medrank.errors import MedrankError
+from medrank.params import Params, load_params, mtl_rows
+from tests.conftest import REPO, error_lines, run_module
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "params.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_repo_params_are_valid():
+    p = load_params(REPO / "params.yaml")
+    assert isinstance(p, Params)
+    assert p.acquire.mirrors
+
+
+def test_tiny_profile_keys_exist_in_params():
+    """Every key of the smoke profile must be a real params key (else the merge silently adds junk)."""
+    base = yaml.safe_load((REPO / "params.yaml").read_text())
+    tiny = yaml.safe_load((REPO / "tests/smoke/params_tiny.yaml").read_text())
+
+    def check(t, b, path):
+        for k, v in t.items():
+            assert k in b, f"{path}{k} not in params.yaml"
+            if isinstance(v, dict) and isinstance(b[k], dict):
+                check(v, b[k], f"{path}{k}.")
+
+    check(tiny, base, "")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("n_candidates: -1\n", "n_candidates"),
+        ("acquire:\n  mirrorz: []\n", "unknown key 'acquire.mirrorz'"),
+        ("bogus: 1\n", "unknown key 'bogus'"),
+        ("device: tpu\n", "device"),
+        ("rqe_threshold: 1.5\n", "rqe_threshold"),
+        ("acquire: [1, 2\n", "not valid YAML"),
+        ("- a\n- b\n", "mapping"),
+        ("analysis:\n  mtl:\n    rows: [{name: x, alpah: 1}]\n", "analysis.mtl.rows[0] (x).alpah: Extra inputs"),
+        ("analysis:\n  mtl:\n    rows: [{name: x, alpha: -1}]\n", "analysis.mtl.rows[0] (x).alpha"),
+        ("analysis:\n  mtl:\n    rows: [{name: x, cv_folds: 3}]\n", "cv_folds cannot vary"),
+        ("analysis:\n  mtl:\n    rows: [{name: x, workers: 3}]\n", "workers cannot vary"),
+        ("analysis:\n  mtl:\n    rows: [{alpha: 1}]\n", "analysis.mtl.rows[0]: needs a unique non-empty name"),
+        (
+            "analysis:\n  mtl:\n    rows: [{name: default, alpha: 1}]\n",
+            "analysis.mtl.rows[0]: needs a unique non-empty name other than 'default'",
+        ),
+        ("analysis:\n  baseline:\n    rows: [[metadata, nope]]\n", "analysis.baseline.rows.0.1"),
+        (
+            "analysis:\n  mtl:\n    rows: [{name: x, alpha: 1}]\n  confirm:\n    mtl_rows: [y]\n",
+            "analysis.confirm.mtl_rows[0]: 'y' is not a row name of analysis.mtl.rows (x)",
+        ),
+        ("analysis:\n  confirm:\n    seeds: 1\n", "analysis.confirm.seeds"),
+        # groups whose stages are analysis/dvc.yaml's: analysis rows only (a full `dvc repro` does not train them)
+        (
+            "baseline:\n  features: [metadata, qa]\n",
+            "baseline.features: group qa is computed by analysis/dvc.yaml (stage qa)",
+        ),
+        (
+            "mtl:\n  feature_groups: [metadata, qa_graded]\n",
+            "mtl.feature_groups: group qa_graded is computed by analysis/dvc.yaml",
+        ),
+        ("qa_graded:\n  folds: 1\n", "qa_graded.folds"),
+        ("qa_graded:\n  target: rank\n", "qa_graded.target"),
+    ],
+)
+def test_invalid_params_name_the_key(tmp_path, text, expected):
+    with pytest.raises(MedrankError) as e:
+        load_params(write(tmp_path, text))
+    msg = str(e.value)
+    assert expected in msg and "\n" not in msg
+
+
+def test_analysis_rows_may_use_the_analysis_groups(tmp_path):
+    from tests.conftest import write_params
+
+    rows = {
+        "analysis": {
+            "baseline": {"rows": [["metadata", "qa_graded"]]},
+            "mtl": {"rows": [{"name": "x", "feature_groups": ["metadata", "qa"]}]},
+            "confirm": {"mtl_rows": ["x"]},
+        }
+    }
+    p = load_params(write_params(tmp_path, rows))
+    assert p.analysis.baseline.rows == [["metadata", "qa_graded"]] and p.analysis.mtl.rows[0]["feature_groups"] == [
+        "metadata",
+        "qa",
+    ]
+
+
+def test_mtl_ablation_rows_override_the_section():
+    base = load_params(REPO / "params.yaml").mtl
+    over, row = mtl_rows(base, [{"name": "g", "nli_grid": False, "alpha": 0.5}])["g"]
+    assert over == {"nli_grid": False, "alpha": 0.5} and row.nli_grid is False and row.alpha == 0.5
+    assert row.model_copy(update={"nli_grid": True, "alpha": base.alpha}) == base  # every other key is the section's
+
+
+def test_stage_exits_2_with_one_line_on_bad_params(tmp_path):
+    write(tmp_path, "n_candidates: -1\n")
+    r = run_module("stages.acquire", cwd=tmp_path)
+    assert r.returncode == 2
+    errs = error_lines(r.stderr)
+    assert len(errs) == 1 and "n_candidates" in errs[0]
+    assert not (tmp_path / "data").exists()
+
+
+# ---------------------------------------------------------------- as strict as DVC's reading of the same file
+
+
+def _leaves(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _with(d: dict, dotted: str, value=None, delete: bool = False) -> dict:
+    d = copy.deepcopy(d)
+    *parents, last = dotted.split(".")
+    node = d
+    for k in parents:
+        node = node[k]
+    if delete:
+        del node[last]
+    else:
+        node[last] = value
+    return d
+
+
+REPO_PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+LEAVES = _leaves(REPO_PARAMS)
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (b"", "empty"),
+        (b"# nothing but a comment\n", "empty"),
+        (b"seed: 13\nseed: 14\n", "line 2 not valid YAML (duplicate key 'seed')"),
+        (b"acquire:\n  download: true\n  download: false\n", "duplicate key 'download'"),
+        (b"seed: 13\n# caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 14"),
+        (b"n_candidates: true\n", "n_candidates: Input should be a valid integer (got True)"),
+        (b"acquire:\n  download: 'yes'\n", "acquire.download: Input should be a valid boolean (got 'yes')"),
+        (b"mtl:\n  max_epochs: 2.0\n", "mtl.max_epochs: Input should be a valid integer"),
+        (b"seed: -1\n", "seed: Input should be greater than or equal to 0"),
+        (b"seed: 13\n", "missing key 'device'"),
+    ],
+)
+def test_params_file_is_read_as_strictly_as_dvc(tmp_path, data, expected):
+    p = tmp_path / "params.yaml"
+    p.write_bytes(data)
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+@settings(max_examples=25, deadline=None)
+@given(key=st.sampled_from(sorted(LEAVES)))
+def test_every_missing_key_is_named(tmp_path_factory, key):
+    p = tmp_path_factory.mktemp("params") / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(REPO_PARAMS, key, delete=True)))
+    with pytest.raises(MedrankError, match=rf"missing key '{re.escape(key)}'"):
+        load_params(p)
+
+
+WRONG = {
+    bool: st.one_of(st.integers(0, 1), st.sampled_from(["yes", "no", "true", "on"])),
+    int: st.one_of(st.booleans(), st.sampled_from(["3", "1e3"])),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_bools_and_ints_are_not_coerced(tmp_path_factory, data):
+    """YAML `true` is not 1, 1 is not true, "yes" is not a bool, "3" is not a number: each stops with the key named."""
+    key = data.draw(st.sampled_from(sorted(k for k, v in LEAVES.items() if type(v) in WRONG)))
+    bad = data.draw(WRONG[type(LEAVES[key])])
+    p = tmp_path_factory.mktemp("params") / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(REPO_PARAMS, key, bad)))
+    with pytest.raises(MedrankError, match=re.escape(f"{key}: ")):
+        load_params(p)
+
+
+@pytest.mark.parametrize("data", [b"seed: 13\n# \xff\n", b"", b"seed: 1\nseed: 2\n"])
+def test_every_stage_reports_a_bad_params_file_in_one_line(tmp_path, data):
+    (tmp_path / "params.yaml").write_bytes(data)
+    r = run_module("stages.normalize", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert len(error_lines(r.stderr)) == 1 and "params.yaml" in error_lines(r.stderr)[0]
+
+
+# ---------------------------------------------------------------- every value a stage will use (issue 36 #2)
+
+FLOATS = sorted(k for k, v in LEAVES.items() if type(v) is float)
+
+
+@settings(max_examples=30, deadline=None)
+@given(key=st.sampled_from(FLOATS), bad=st.sampled_from([float("inf"), float("-inf"), float("nan")]))
+def test_no_float_param_accepts_inf_or_nan(tmp_path_factory, key, bad):
+    """`mtl.lr: .inf` passed `gt=0` and trained 4,770 NaN weights with exit 0."""
+    p = tmp_path_factory.mktemp("params") / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(REPO_PARAMS, key, bad)))
+    with pytest.raises(MedrankError, match=re.escape(f"{key}: Input should be a finite number")):
+        load_params(p)
+
+
+INT_LISTS = ["mtl.conv_channels", "mtl.filter_hidden", "mtl.pair_hidden"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(key=st.sampled_from(INT_LISTS), bad=st.integers(max_value=0), at=st.integers(0, 3))
+def test_list_elements_are_bounded(tmp_path_factory, key, bad, at):
+    value = list(LEAVES[key])
+    value[at % len(value)] = bad
+    p = tmp_path_factory.mktemp("params") / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(REPO_PARAMS, key, value)))
+    with pytest.raises(
+        MedrankError, match=re.escape(f"{key}.{at % len(value)}: Input should be greater than or equal to 1")
+    ):
+        load_params(p)
+
+
+@pytest.mark.parametrize("key", ["embed.workers", "retrieve.workers"])
+@pytest.mark.parametrize("bad", [0, -3])
+def test_worker_counts_are_at_least_one(tmp_path, key, bad):
+    """0 and -3 used to be clamped to 1 silently."""
+    with pytest.raises(MedrankError, match=re.escape(f"{key}: Input should be greater than or equal to 1")):
+        load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, key, bad))))
+
+
+def _path_kinds(tmp_path: Path) -> dict[str, tuple[str, str]]:
+    (tmp_path / "latin1.tsv").write_bytes("caf\xe9\tcoffee\n".encode("latin-1"))
+    (tmp_path / "huge.tsv").write_bytes(b"")
+    os.truncate(tmp_path / "huge.tsv", 65 * 2**20)  # sparse: no disk used
+    (tmp_path / "folder").mkdir()
+    return {
+        "missing": (str(tmp_path / "nope.tsv"), "no such file"),
+        "folder": (str(tmp_path / "folder"), "not a regular file"),
+        "device": ("/dev/zero", "not a regular file"),
+        "latin-1": (str(tmp_path / "latin1.tsv"), "not UTF-8 text (byte offset 3)"),
+        "huge": (str(tmp_path / "huge.tsv"), "a word list is expected under"),
+    }
+
+
+@pytest.mark.parametrize("key", ["normalize.abbreviation_list", "normalize.concept_stoplist"])
+@pytest.mark.parametrize("kind", ["missing", "folder", "device", "latin-1", "huge"])
+def test_user_word_lists_are_checked_before_any_stage_runs(tmp_path, key, kind):
+    """A missing, latin-1, /dev/zero or folder abbreviation list failed only inside normalize, after DVC had deleted
+    data/interim/normalized (traceback, or MemoryError)."""
+    path, message = _path_kinds(tmp_path)[kind]
+    with pytest.raises(MedrankError) as e:
+        load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, key, path))))
+    assert (
+        f"{key}: Value error, " in str(e.value)
+        and message in str(e.value)
+        and path in str(e.value)
+        and "\n" not in str(e.value)
+    )
+
+
+def test_a_good_word_list_passes(tmp_path):
+    (tmp_path / "abbr.tsv").write_text("MI\tmyocardial infarction\n", encoding="utf-8")
+    p = load_params(
+        write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, "normalize.abbreviation_list", str(tmp_path / "abbr.tsv"))))
+    )
+    assert p.normalize.abbreviation_list == str(tmp_path / "abbr.tsv")
+
+
+@pytest.mark.parametrize("key", ["embed.backend", "retrieve.backend"])
+def test_backend_ray_needs_ray_installed(tmp_path, monkeypatch, key):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(MedrankError, match=re.escape(f"{key}: Value error, backend ray needs the package ray")):
+        load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, key, "ray"))))

@@ -1,0 +1,505 @@
+"""README.md and RESULTS.md numbers come from the metrics files, never typed by hand."""
+
+import json
+
+import pytest
+
+from medrank import cli
+from medrank.reporting import documents
+from medrank.reporting import render_headline, render_results, stale_docs
+from tests.conftest import REPO
+
+
+def test_readme_and_results_blocks_match_metrics():
+    stale = stale_docs(REPO / "README.md", REPO / "RESULTS.md", REPO / "metrics")
+    assert not stale, (
+        f"{stale}: run `medrank report` (tables and model cards from metrics/ and dvc.lock, DAG from dvc.yaml)"
+    )
+
+
+def test_readme_holds_only_the_headline_table():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "<!-- results:start -->" not in readme and "<!-- headline:start -->" in readme
+    # the limit is on what is written by hand: the DAG block is `dvc dag --md` and grows with the pipelines
+    dag = readme[readme.index("<!-- dag:start -->") : readme.index("<!-- dag:end -->")]
+    assert len(readme.encode()) - len(dag.encode()) < 10_000, (
+        "README grew: detail tables and notes belong in RESULTS.md"
+    )
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b'{"accuracy": 0.5', "not valid JSON"),
+        (b"[]", "expected a JSON object of metrics, got list"),
+        (b'{"a": "\xff"}', "not UTF-8 text"),
+        (b"<<<<<<< HEAD\n{}\n", "not valid JSON"),
+    ],
+)
+def test_report_names_a_broken_metrics_file_in_one_line(tmp_path, capsys, data, message):
+    """What a merge conflict, a full disk or a bad edit leaves in metrics/ was a traceback."""
+    (tmp_path / "task3_val.json").write_bytes(data)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--print", "--metrics-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert (
+        e.value.code == 2
+        and err.count("\n") == 1
+        and err.startswith(f"error: {tmp_path / 'task3_val.json'}: {message}")
+        and "git checkout" in err
+    )
+
+
+def test_report_cli_checks_and_refreshes_both_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(documents, "render_dag", lambda repo: "graph\n")
+    (tmp_path / "task3_val.json").write_text(json.dumps({"accuracy": 0.5, "system": "baseline", "systems": {}}))
+    readme, results = tmp_path / "README.md", tmp_path / "RESULTS.md"
+    readme.write_text(
+        "# r\n<!-- headline:start -->\nstale table\n<!-- headline:end -->\nprose\n<!-- dag:start -->\n<!-- dag:end -->\n"
+    )
+    results.write_text("# results\n<!-- results:start -->\n<!-- results:end -->\nhand-written notes\n")
+    args = ["report", "--readme", str(readme), "--results", str(results), "--metrics-dir", str(tmp_path)]
+
+    def run(*extra: str) -> tuple[int, str, str]:
+        try:
+            code = cli.main(args + list(extra))
+        except SystemExit as e:
+            code = e.code
+        return code, *capsys.readouterr()
+
+    code, _, err = run("--check")
+    assert (
+        code == 2
+        and err.count("\n") == 1
+        and f"{readme}, {results}: generated blocks differ" in err
+        and "--readme" in err
+    )
+    assert run() == (0, f"updated: {readme}, {results}\n", "")
+    assert run("--check") == (0, "", "") and run() == (0, "up to date\n", "")
+    text = readme.read_text()
+    assert "prose" in text and "stale table" not in text and "<!-- dag:start -->\ngraph\n<!-- dag:end -->" in text
+    assert "| **baseline** (final: `submissions/task3_{val,test}.csv`) | 0.500 |" in text
+    assert "hand-written notes" in results.read_text() and "Every metrics file in full" in results.read_text()
+    code, out, _ = run("--print")
+    assert code == 0 and "MEDIQA 2019 bar" in out and "Every metrics file in full" in out
+    results.write_text("# results without markers\n")
+    code, _, err = run("--check")
+    assert code == 2 and "needs exactly one <!-- results:start -->" in err
+
+
+LOSO = {
+    "accuracy": {"mean": 0.75, "worst": 0.7, "worst_source": "train_alexa"},
+    "mrr": {"mean": 0.6, "worst": 0.5, "worst_source": "train_liveqa"},
+    "spearman": {"mean": 0.3, "worst": 0.2, "worst_source": "val"},
+}
+
+
+def test_render_headline_beside_baseline_chiqa_and_the_2019_bar(tmp_path):
+    cv = {"mean": 0.8, "sd": 0.02}
+    val = {"accuracy": 0.79, "precision": 0.78, "mrr": 0.93, "spearman": 0.3, "spearman_true": 0.27}
+    final = {
+        **val,
+        "system": "mtl",
+        "mtl_weight": 1.0,
+        "keep_rule": "em",
+        "order": "prob_first",
+        "selection": {"rule": "the written rule.", "noise_band": {"accuracy": 0.01, "order": 0.02}},
+        "systems": {"final": {"cv": {"accuracy": cv}, "loso": LOSO}, "chiqa": {"loso": LOSO}},
+    }
+    (tmp_path / "task3_val.json").write_text(json.dumps(final))
+    (tmp_path / "task3_val_baseline.json").write_text(
+        json.dumps({**val, "accuracy": 0.7, "cv": {"accuracy": cv}, "cv_questions": 9})
+    )
+    (tmp_path / "task3_val_chiqa.json").write_text(json.dumps({**val, "accuracy": 0.4, "n_questions": 3}))
+    rqe = {
+        "chosen": "meqsum > val",
+        "n_val_pairs": 302,
+        "cv": {"accuracy": 0.84, "accuracy_sd": 0.05, "same_focus": {"accuracy": 0.8, "accuracy_sd": 0.06}},
+    }
+    (tmp_path / "finetune_rqe.json").write_text(json.dumps(rqe))
+    out = render_headline(tmp_path)
+    assert "the 3 validation questions" in out and "over the 9 train + validation questions" in out
+    assert (
+        "| **mtl** (final: `submissions/task3_{val,test}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | — | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) |"
+        in out
+    )
+    assert (
+        "| baseline (LR filter + rank SVM) | 0.700 |" in out
+        and "| CHiQA order (every answer kept) | 0.400 | 0.780 | 0.930 | 0.300 | 0.270 | — | — | 0.750 (0.700 train_alexa) |"
+        in out
+    )
+    assert (
+        "| MEDIQA 2019 bar: best team per metric, blind test | 0.783 | 0.819 | 0.962 | 0.338 | — | — | — | — |" in out
+    )
+    assert (
+        "Final system: `mtl` (MTL weight 1), keep rule `em`, order `prob_first`. Chosen by the written rule (below). Noise band (seed spread): accuracy 0.010"
+        in out
+    )
+    assert (
+        "`meqsum > val`, question-grouped CV accuracy over the 302 validation pairs 0.840 ± 0.050 (each pair alone at 0.5)"
+        in out
+    )
+    assert "the best 2019 team, blind test: 0.749" in out
+    assert out.count("\n|---") == 1  # one table
+    assert "MTL (multi-task network)" not in out  # the final row is the MTL already
+    # the rule picks the baseline: the baseline is the final row, the MTL (the paper's system) still shown beside it
+    (tmp_path / "task3_val.json").write_text(
+        json.dumps(
+            {
+                **final,
+                "system": "baseline",
+                "mtl_weight": 0.0,
+                "systems": {**final["systems"], "mtl": {"cv": {"accuracy": cv}, "loso": LOSO}},
+            }
+        )
+    )
+    (tmp_path / "task3_val_mtl.json").write_text(json.dumps({**val, "accuracy": 0.81}))
+    out = render_headline(tmp_path)
+    assert (
+        "| **baseline** (final: `submissions/task3_{val,test}.csv`) | 0.790 |" in out
+        and "| baseline (LR filter" not in out
+    )
+    assert (
+        "| MTL (multi-task network) | 0.810 | 0.780 | 0.930 | 0.300 | 0.270 | — | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) |"
+        in out
+    )
+
+
+def test_render_results_tables(tmp_path):
+    (tmp_path / "task3_val_x.json").write_text(
+        '{"accuracy": 0.5, "precision": 0.25, "mrr": 1.0, "spearman": 0.1, "spearman_true": null}'
+    )
+    (tmp_path / "data.json").write_text('{"answers": {"val": 234}}')
+    (tmp_path / "embed.json").write_text('{"seconds": 12.5}')
+    out = render_results(tmp_path)
+    assert "seconds" not in out  # only data/normalize are shown in full
+    assert "| x | 0.500 | 0.250 | 1.000 | 0.100 | — | — | — |" in out
+    assert "| answers.val | 234 |" in out
+
+
+def test_render_results_headline_tables(tmp_path):
+    cv = {"mean": 0.8, "sd": 0.02}
+    cvs = {k: cv for k in ("accuracy", "precision", "mrr", "spearman", "spearman_true")}
+    val = {"accuracy": 0.79, "precision": 0.78, "mrr": 0.93, "spearman": 0.3, "spearman_true": 0.27}
+    (tmp_path / "task3_val_mtl.json").write_text(json.dumps(val))
+    (tmp_path / "task3_val_ensemble.json").write_text(json.dumps(val))
+    diff = {"diff": 0.012, "ci95": [-0.02, 0.05], "p_better": 0.71, "p_worse": 0.25}
+    vs = {
+        "resamples": 100,
+        **{w: {k: diff for k in ("accuracy", "precision", "mrr", "spearman_true")} for w in ("val", "cv")},
+    }
+    cand = {"cv": cvs, "loso": LOSO, "score": 0.775}
+    (tmp_path / "task3_val.json").write_text(
+        json.dumps(
+            {
+                **val,
+                "system": "ensemble",
+                "mtl_weight": 0.5,
+                "keep_rule": "threshold",
+                "order": "rank",
+                "selection": {"rule": "CV and LOSO."},
+                "systems": {"mtl": {"cv": cvs, "loso": LOSO}, "final": {"cv": cvs, "loso": LOSO}},
+                "candidates": {
+                    "0.0": {"threshold": cand, "em": cand},
+                    "0.5": {"threshold": cand, "em": cand},
+                    "1.0": {"em": cand},
+                },
+                "orders": {"rank": cand, "prob": cand},
+                "vs_baseline": vs,
+                "question_chars_median": {"test": 49, "train_alexa": 31},
+                "cv_by_split": {"final": {"train_alexa": val}, "baseline": {"train_alexa": val}},
+            }
+        )
+    )
+    (tmp_path / "mtl.json").write_text(json.dumps({"cv": cvs, "loso": LOSO}))
+    (tmp_path / "mtl_ablations.json").write_text(
+        json.dumps({"rows": {"no_grid": {**cvs, "loso": LOSO, "overrides": {"nli_grid": False}}}})
+    )
+    (tmp_path / "baseline_ablations.json").write_text(
+        json.dumps(
+            {
+                "default_features": ["metadata", "bow"],
+                "table1_ablation": {"metadata+bienc": {"cv": cvs, "loso": LOSO, "selection_score": 0.775, "val": val}},
+                "table4_ranking": {
+                    "metadata+bienc": {
+                        k: {"cv_spearman_true": cv, "loso_spearman": LOSO["spearman"]}
+                        for k in ("lr_filter_score", "rank_svm")
+                    }
+                },
+            }
+        )
+    )
+    (tmp_path / "retrieve.json").write_text(
+        json.dumps({"bm25_top_k": 50, "coverage": {"all": {"T=0.5": {"covered": 3, "questions": 4, "fraction": 0.75}}}})
+    )
+    (tmp_path / "cnn_squad.json").write_text(
+        json.dumps({"dev": {"n_questions": 9, "cnn": {"mrr": 0.9, "map": 0.8, "precision@1": 0.7}}})
+    )
+    out = render_results(tmp_path)
+    row = "0.800 ± 0.020 | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) | 0.600 (0.500 train_liveqa) | 0.300 (0.200 val) |"
+    assert (
+        f"| **ensemble** (final: `submissions/task3_{{val,test}}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | {row}"
+        in out
+    )
+    assert f"| mtl | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | {row}" in out
+    assert "The default `baseline.features` (metadata + bow) is not the rule's pick (metadata + bienc)." in out
+    assert (
+        "| **metadata + bienc** (rule's pick) | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) | 0.775 | 0.800 ± 0.020 |"
+        in out
+    )
+    assert "| metadata + bienc | 0.800 ± 0.020 | 0.300 (0.200 val) | 0.800 ± 0.020 | 0.300 (0.200 val) |" in out
+    assert "| T=0.5 | 3 / 4 | 0.750 |" in out
+    assert "| cnn | 0.900 | 0.800 | 0.700 |" in out
+    # the candidates: every rule at the chosen weight, every weight at the chosen rule (the chosen one in bold)
+    assert (
+        "| **0.5** | **threshold** | 0.800 ± 0.020 | 0.750 (0.700 train_alexa) | 0.775 |" in out
+        and "| 0.5 | em |" in out
+    )
+    assert "| 0.0 | threshold |" in out and "| 0.0 | em |" not in out and "| 1.0 | em |" not in out
+    assert (
+        "| **rank** | 0.800 ± 0.020 | 0.800 ± 0.020 | 0.600 (0.500 train_liveqa) | 0.300 (0.200 val) | 0.775 |" in out
+    )
+    assert "| val | +0.012 [-0.020, +0.050] (71% / 25%) | +0.012 [-0.020, +0.050] (71% / 25%) |" in out
+    assert "(100 resamples of the questions" in out
+    assert "| train_alexa | 31 | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | 0.790 |" in out
+    assert "| test (blind) | 49 | — | — |" in out
+    assert (
+        "| default (params.yaml `mtl`) | — | 0.800 ± 0.020 |" in out
+        and "| 0.750 (0.700 train_alexa) | 0.600 (0.500 train_liveqa) |" in out
+    )
+    assert "| no_grid | `nli_grid: false` | 0.800 ± 0.020 |" in out
+    assert "Final system: `ensemble` (MTL weight 0.5), keep rule `threshold`, order `rank`. Rule: CV and LOSO." in out
+    # the MTL alone chosen: its own row is marked, no second row for the final system
+    final = json.loads((tmp_path / "task3_val.json").read_text())
+    (tmp_path / "task3_val.json").write_text(json.dumps({**final, "system": "mtl", "mtl_weight": 1.0}))
+    out = render_results(tmp_path)
+    assert (
+        out.count("(final: `submissions/task3_{val,test}.csv`)") == 1
+        and f"| **mtl** (final: `submissions/task3_{{val,test}}.csv`) | 0.790 | 0.780 | 0.930 | 0.300 | 0.270 | {row}"
+        in out
+    )
+
+
+def test_render_results_rqe_rows_and_judged_retrieval(tmp_path):
+    row = lambda acc, kind: {
+        "kind": kind,
+        "accuracy": acc,
+        "accuracy_sd": 0.05,
+        "accuracy_folds": [acc] * 5,
+        "auc": 0.9,
+        "same_focus": {"n": 179, "accuracy": acc - 0.1, "accuracy_sd": 0.1},
+        "by_overlap": {"none": {"n": 120, "accuracy": 0.9}, "low": {"n": 110, "accuracy": 0.7}},
+    }
+    rqe = {
+        "chosen": "meqsum > val",
+        "n_val_pairs": 302,
+        "n_val_questions": 119,
+        "selection_rule": "best mean CV accuracy",
+        "rows": {"zero-shot bi-encoder cosine": row(0.826, "cosine"), "meqsum > val": row(0.85, "cross_encoder")},
+        "vs": {
+            "zero-shot bi-encoder cosine": {
+                "accuracy_diff": 0.024,
+                "accuracy_diff_sd": 0.01,
+                "same_focus_diff": 0.03,
+                "same_focus_diff_sd": 0.02,
+            }
+        },
+    }
+    (tmp_path / "finetune_rqe.json").write_text(json.dumps(rqe))
+    judged = {
+        "questions_judged": 39,
+        "relevant_grade": 3,
+        "by_rqe": {"mrr": 0.3, "recall@1": 0.15, "recall@10": 0.5, "recall@3": 0.3},
+        "by_bm25": {"mrr": 0.33, "recall@1": 0.13, "recall@10": 0.45, "recall@3": 0.2},
+        "selected": {"hit_rate": 0.2, "precision": 0.13, "mrr": 0.2},
+    }
+    cov = {"all": {"T=0.5": {"covered": 3, "questions": 4, "fraction": 0.75}}}
+    recipe = {"bi_encoder": {"extras": ["meqsum", "liveqa"], "val_stage": True}}
+    (tmp_path / "retrieve.json").write_text(
+        json.dumps(
+            {
+                "coverage": cov,
+                "bm25_top_k": 50,
+                "n_candidates": 3,
+                "rqe_threshold": 0.5,
+                "judged": judged,
+                "rqe_recipe": recipe,
+            }
+        )
+    )
+    out = render_results(tmp_path)
+    assert "| **meqsum > val** (chosen) | 0.850 ± 0.050 | 0.900 | 0.750 ± 0.100 | 0.900 | 0.700 |" in out
+    assert "| zero-shot bi-encoder cosine | 0.826 ± 0.050 |" in out and "over the 302 validation pairs (119 CHQs" in out
+    assert (
+        "Chosen − `zero-shot bi-encoder cosine`, paired per fold: accuracy 0.024 ± 0.010, same-focus 0.030 ± 0.020."
+        in out
+    )
+    assert "| order | MRR | recall@1 | recall@3 | recall@10 |" in out  # k in numeric order, not JSON's text order
+    assert "| RQE score | 0.300 | 0.150 | 0.300 | 0.500 |" in out and "| BM25 | 0.330 | 0.130 | 0.200 | 0.450 |" in out
+    assert "Caveat: the RQE model was trained on the `liveqa` source" in out
+    assert "a relevant one for 0.200 of the questions, precision 0.130, MRR 0.200" in out
+
+
+def test_render_nt_grid_and_confirmed_rows(tmp_path):
+    def cell(n, t, score):
+        m = {"accuracy": 0.8, "precision": 0.7, "mrr": 0.6, "spearman": 0.3}
+        return {
+            "n_candidates": n,
+            "rqe_threshold": t,
+            "seconds": 120.0,
+            "system": "mtl",
+            "mtl_weight": 1.0,
+            "keep_rule": "threshold",
+            "order": "rank",
+            "score": score,
+            "noise_band": 0.02,
+            "cv": m,
+            "loso": m,
+            "loso_worst": {"accuracy": 0.7, "source": "train_alexa"},
+            "val": m,
+        }
+
+    grid = {
+        "commit": "abc1234",
+        "date": "2026-11-24",
+        "default": {"n_candidates": 3, "rqe_threshold": 0.5},
+        "rule": "the rule",
+        "pick": {
+            "n_candidates": 3,
+            "rqe_threshold": 0.5,
+            "band": 0.02,
+            "default_kept": True,
+            "best": {"n_candidates": 5, "rqe_threshold": None, "score": 0.81},
+        },
+        "cells": [cell(3, 0.5, 0.80), cell(5, None, 0.81)],
+    }
+    (tmp_path / "nt_grid.json").write_text(json.dumps(grid))
+    base = {
+        "baseline": {"cv_accuracy": 0.81, "loso_accuracy": 0.77, "loso_worst": 0.74, "score": 0.79},
+        "stage_seconds": {},
+        "seconds": 0.0,
+    }
+    options = {
+        "commit": "abc1234",
+        "date": "2026-11-24",
+        "rows": {
+            "default": {**cell(3, 0.5, 0.80), **base, "set": []},
+            "mpnet": {
+                **cell(3, 0.5, 0.83),
+                **base,
+                "set": ["bienc.model=all-mpnet-base-v2"],
+                "seconds": 900.0,
+                "stage_seconds": {"bienc": 700.0, "mtl": 150.0},
+            },
+            "old": {
+                **cell(3, 0.5, 0.79),
+                **base,
+                "set": ["baseline.judged_rows=true"],
+                "commit": "0ld1234",
+                "default_score": 0.78,
+                "default_baseline_score": 0.77,
+            },
+        },
+    }
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    rows = {
+        "default": {
+            "scores": [0.8, 0.81],
+            "mean": 0.805,
+            "diff_mean": 0.0,
+            "diff_sd": 0.0,
+            "win": False,
+            "overrides": {},
+        },
+        "no_aug": {
+            "scores": [0.83, 0.84],
+            "mean": 0.835,
+            "diff_mean": 0.03,
+            "diff_sd": 0.0,
+            "win": True,
+            "overrides": {"augment": False},
+        },
+    }
+    (tmp_path / "mtl_confirm.json").write_text(
+        json.dumps({"seeds": [13, 14], "band": 0.0071, "score": "mean of CV and LOSO", "rows": rows})
+    )
+    out = render_results(tmp_path)
+    assert (
+        "| 3 (default) | 0.5 | `mtl` w 1, `threshold`, `rank` | 0.800 | 0.800 (0.700 train_alexa) | **0.800** |" in out
+    )
+    assert "| 5 | none |" in out and "at commit abc1234, 2026-11-24" in out
+    assert (
+        "the default N = 3, T = 0.5 stays: the best cell (N = 5, T = none, score 0.810) is within the noise band 0.020 of it"
+        in out
+    )
+    grid["confirm"] = {
+        "commit": "def5678",
+        "name": "N=5 T=null",
+        "seeds": [13, 14],
+        "band": 0.01,
+        "rows": {
+            "default": {"scores": [0.8, 0.81]},
+            "N=5 T=null": {"scores": [0.83, 0.82], "diff_mean": 0.02, "diff_sd": 0.014, "win": True},
+        },
+    }
+    (tmp_path / "nt_grid.json").write_text(json.dumps(grid))
+    assert (
+        "Confirmed over 2 seeds (13, 14; at commit def5678): the final system scores 0.830 0.820 at N=5 T=null vs 0.800 0.810 at the "
+        "default, paired difference +0.0200 ± 0.0140 against the band 0.0100 (the default's seed sd): **a win beyond the noise**"
+    ) in render_results(tmp_path)
+    assert (
+        "**MTL rows confirmed over 2 seeds** (seeds 13, 14" in out
+        and "band = the sd of the default's score over the seeds, 0.0071" in out
+    )
+    assert "| no_aug | `augment: false` | 0.830 0.840 | 0.8350 | +0.0300 ± 0.0000 | **win** |" in out
+    assert "| default | — | 0.800 0.810 | 0.8050 | — | — |" in out
+    assert (
+        "| mpnet | `bienc.model=all-mpnet-base-v2` | `mtl` w 1 | 0.800 | 0.800 (0.700 train_alexa) | **0.830** (+0.030) | 0.810 / 0.770 / 0.790 (+0.000) | — | 900 (bienc 700, mtl 150) |"
+        in out
+    )
+    assert (
+        "| old (at 0ld1234) | `baseline.judged_rows=true` |" in out
+        and "| **0.790** (+0.010) | 0.810 / 0.770 / 0.790 (+0.020) |" in out
+    )
+    assert "| default | — | `mtl` w 1 | 0.800 |" in out and "beats the default only beyond the noise band 0.020" in out
+
+
+def test_render_judged_rows(tmp_path):
+    def run(acc, score, order):
+        m = {"accuracy": acc, "precision": 0.7, "mrr": 0.75, "spearman": 0.3}
+        return {
+            "seed": 13,
+            "cv": m,
+            "loso": m,
+            "loso_worst": {"accuracy": 0.7, "source": "train_alexa"},
+            "score": score,
+            "order_score": order,
+            "judged_training_rows": 0 if score == 0.79 else 2921,
+        }
+
+    def modes(d_ranker, win):
+        return {
+            "none": {"mean": 0.79, "diff_mean": 0.0, "diff_sd": 0.0, "win": False},
+            "ranker": {"mean": 0.8, "diff_mean": d_ranker, "diff_sd": 0.001, "win": win},
+            "all": {"mean": 0.78, "diff_mean": -0.01, "diff_sd": 0.002, "win": False},
+        }
+
+    m = {
+        "commit": "abc1234",
+        "date": "2026-11-24",
+        "features": ["metadata", "bienc"],
+        "seeds": [13],
+        "runs": {"all": [run(0.78, 0.78, 0.5)], "none": [run(0.79, 0.79, 0.5)], "ranker": [run(0.80, 0.8, 0.52)]},
+        "filter": {"band": 0.0005, "modes": modes(0.01, True)},
+        "order": {"band": 0.01, "modes": modes(0.02, False)},
+    }
+    (tmp_path / "judged_rows.json").write_text(json.dumps(m))
+    out = render_results(tmp_path)
+    assert "**Judged LiveQA answers as baseline training rows** (analysis/judged_rows.py at commit abc1234" in out
+    assert "filter band 0.0005, order band 0.0100" in out
+    body = out[out.index("| judged_rows |") :]
+    assert body.index("| `none` |") < body.index("| `ranker` |") < body.index("| `all` |")
+    assert (
+        "| `ranker` | 2921 | 0.800 / 0.800 | 0.700 / 0.700 | 0.750 / 0.750 | 0.300 / 0.300 | 0.8000 (+0.0100 ± 0.0010 **win**) | 0.8000 (+0.0200 ± 0.0010) |"
+        in out
+    )
