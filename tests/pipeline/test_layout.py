@@ -7,63 +7,16 @@ stages that import it (declaring the whole package would re-run the 36-minute DA
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import REPO
+from tests.helpers.deps import closure as _closure
+from tests.helpers.deps import has_code as _has_code
 
 DVC = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
-
-
-def _module_file(name: str) -> Path | None:
-    base = REPO / Path(*name.split("."))
-    for f in (base.with_suffix(".py"), base / "__init__.py"):
-        if f.is_file():
-            return f
-    return None
-
-
-def _imports(path: Path) -> set[str]:
-    """medrank/stages modules a file imports anywhere (top level or inside functions), with their packages."""
-    out: set[str] = set()
-    pkg = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
-            names = [base] + [f"{base}.{a.name}" for a in node.names]
-        for n in names:
-            if n.split(".")[0] in ("medrank", "stages"):
-                parts = n.split(".")
-                out.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
-    return {m for m in out if _module_file(m) is not None}
-
-
-def _closure(module: str) -> set[Path]:
-    seen: set[str] = set()
-    todo = [module]
-    while todo:
-        m = todo.pop()
-        if m in seen:
-            continue
-        seen.add(m)
-        todo.extend(_imports(_module_file(m)))
-    return {_module_file(m).relative_to(REPO) for m in seen}
-
-
-def _has_code(path: Path) -> bool:
-    """An __init__.py that does more than mark a package (imports, definitions)."""
-    return any(
-        isinstance(n, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef))
-        for n in ast.parse(path.read_text()).body
-    )
 
 
 def _stages() -> dict[str, dict]:
@@ -96,9 +49,9 @@ def test_stage_declares_every_module_it_imports(stage):
     deps = _paths(st.get("deps"))
     needed = {str(p) for p in _closure(module) if p.name != "__init__.py" or _has_code(REPO / p)}
     missing = sorted(p for p in needed if p not in deps and not any(p.startswith(d.rstrip("/") + "/") for d in deps))
-    assert not missing, f"dvc.yaml stage {stage} imports but does not declare: {missing}"
+    assert not missing, f"dvc.yaml stage {stage} imports but does not declare: {missing} (python -m tests.helpers.deps)"
     stale = sorted(d for d in deps if d.endswith(".py") and d not in needed)
-    assert not stale, f"dvc.yaml stage {stage} declares code it does not import: {stale}"
+    assert not stale, f"dvc.yaml stage {stage} declares code it does not import: {stale} (python -m tests.helpers.deps)"
 
 
 def _layout_paths() -> set[str]:
