@@ -15,6 +15,27 @@ COMMON_LIMITS = [
 ]
 
 
+TRAIN_KNOBS = (
+    "max_length",
+    "epochs",
+    "lr",
+    "batch_size",
+    "warmup_ratio",
+    "weight_decay",
+)  # every fine-tune's recipe keys
+_RECORDED = {
+    "train_precision": "train precision (chosen)",
+    "predict_precision": "predict precision (chosen)",
+    "threads": "threads",
+    "train_seconds": "train seconds",
+}
+
+
+def recorded_rows(m: dict, stage: str, keys: tuple[str, ...]) -> list[list[str]]:
+    """The card's "recorded" rows: what the fine-tune chose at run time, read from metrics/<stage>.json."""
+    return [[_RECORDED[k], val_text(m.get(k)), f"metrics/{stage}.json"] for k in keys]
+
+
 def _encoder_rows(m: dict) -> list[list[str]]:
     return [
         [
@@ -75,24 +96,14 @@ def nli_card(repo: Repo, art: dict) -> Card:
             for k in (
                 "dataset",
                 "base_model",
-                "max_length",
-                "epochs",
-                "lr",
-                "batch_size",
-                "warmup_ratio",
-                "weight_decay",
+                *TRAIN_KNOBS,
                 "max_train_pairs",
                 "train_precision",
                 "predict_precision",
             )
         )
         + ("seed", "device"),
-        recorded=[
-            ["train precision (chosen)", val_text(m.get("train_precision")), "metrics/finetune_nli.json"],
-            ["predict precision (chosen)", val_text(m.get("predict_precision")), "metrics/finetune_nli.json"],
-            ["threads", val_text(m.get("threads")), "metrics/finetune_nli.json"],
-            ["train seconds", val_text(m.get("train_seconds")), "metrics/finetune_nli.json"],
-        ],
+        recorded=recorded_rows(m, "finetune_nli", ("train_precision", "predict_precision", "threads", "train_seconds")),
         evaluation=["**Held-out NLI** (`metrics/finetune_nli.json`; the last epoch's model):", ""]
         + md_table(["split", "pairs", "accuracy", "macro F1"], rows)
         + [
@@ -197,12 +208,7 @@ def rqe_card(repo: Repo, art: dict) -> Card:
             for k in (
                 "base_model",
                 "bi_encoder",
-                "max_length",
-                "epochs",
-                "lr",
-                "batch_size",
-                "warmup_ratio",
-                "weight_decay",
+                *TRAIN_KNOBS,
                 "medquad_pairs",
                 "hard_negatives",
                 "easy_negatives",
@@ -215,10 +221,7 @@ def rqe_card(repo: Repo, art: dict) -> Card:
             )
         )
         + ("seed", "device"),
-        recorded=[
-            ["train precision (chosen)", val_text(m.get("train_precision")), "metrics/finetune_rqe.json"],
-            ["threads", val_text(m.get("threads")), "metrics/finetune_rqe.json"],
-        ],
+        recorded=recorded_rows(m, "finetune_rqe", ("train_precision", "threads")),
         evaluation=rqe_rows_section(m, selection)
         + [
             f"Official Task 2 scorer on the chosen row's out-of-fold predictions: accuracy {val_text(oof.get('accuracy'))} over "
@@ -260,22 +263,13 @@ def qa_card(repo: Repo, art: dict) -> Card:
                 "train_pairs",
                 "eval_pairs",
                 "eval_focus_frac",
-                "max_length",
-                "epochs",
-                "lr",
-                "batch_size",
-                "warmup_ratio",
-                "weight_decay",
+                *TRAIN_KNOBS,
                 "train_precision",
                 "predict_precision",
             )
         )
         + ("seed", "device"),
-        recorded=[
-            ["train precision (chosen)", val_text(m.get("train_precision")), "metrics/qa.json"],
-            ["threads", val_text(m.get("threads")), "metrics/qa.json"],
-            ["train seconds", val_text(m.get("train_seconds")), "metrics/qa.json"],
-        ],
+        recorded=recorded_rows(m, "qa", ("train_precision", "threads", "train_seconds")),
         evaluation=["**Held-out MedQuAD foci** (`metrics/qa.json`):", ""]
         + md_table(
             ["pairs", "accuracy", "macro F1"],
