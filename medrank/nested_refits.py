@@ -1,0 +1,181 @@
+"""What stage nested_loso refits (medrank.nested holds the protocol): the default recipes and the rows of
+`analysis.nested.variants`, both models' held-out rows per held-out source (memoised: rows that differ in `select_on`
+only share their fits), the keep-rule pick on the nested figures, and the metrics file's content."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from medrank import layout as L
+from medrank import nested
+
+Recipe = tuple[list[str], list[str], list[str]]  # baseline features, MTL feature groups, select_on
+
+
+def recipes(p) -> dict[str, Recipe]:
+    """The default ("default") and each variant of analysis.nested.variants (an unset field: the default's)."""
+    bp, mp, sp = p.baseline, p.mtl, p.score
+    out = {"default": (list(bp.features), list(mp.feature_groups), list(sp.select_on))}
+    for v in p.analysis.nested.variants:
+        out[v.name] = (
+            list(v.baseline_features or bp.features),
+            list(v.mtl_feature_groups or mp.feature_groups),
+            list(v.select_on or sp.select_on),
+        )
+    return out
+
+
+def noise_band() -> dict[str, float]:
+    """The rule's tolerance: the defaults' seed spreads (as stage score), for every metric a row may select on."""
+    from medrank.evaluation import noise_band as band_of
+
+    spreads = json.loads(L.metrics_file("noise_band").read_text(encoding="utf-8"))
+    return band_of([spreads["baseline"], spreads["mtl"]], ("accuracy", *nested.METRICS[:4], "order"))
+
+
+@dataclass
+class Refits:
+    """Both models' held-out rows for a held-out source, fitted on the other sources, by recipe."""
+
+    p: object
+    groups: set[str]
+    fits: dict[tuple, pd.DataFrame] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        import torch
+
+        from medrank.encoders.hardware import resolve_device
+        from medrank.features import answer_table, medquad_tfidf
+        from medrank.inputs import load_tables
+        from medrank.models import mtl
+
+        p = self.p
+        if p.mtl.threads:
+            torch.set_num_threads(p.mtl.threads)
+        self.device = resolve_device(p.device)
+        answers, self.data = mtl.read_mtl_data(p, self.groups)
+        self.tfidf_mtl = medquad_tfidf(p.mtl.tfidf_max_features) if "bow" in self.groups else None
+        _, self.labelled, _, _, _, self.tfidf = load_tables(p, self.groups, p.baseline.judged_rows != "none")
+        cand = answer_table(answers)
+        self.cand = cand[cand["split"].isin(L.LABELLED_SPLITS)].reset_index(drop=True)
+
+    def _memo(self, key: tuple, make_rows) -> pd.DataFrame:
+        if key not in self.fits:
+            self.fits[key] = make_rows()
+        return self.fits[key]
+
+    def systems(self, base_groups: list[str], mtl_groups: list[str]) -> tuple[nested.RowsFn, nested.RowsFn]:
+        """(MTL rows, baseline rows) functions of one recipe for nested.nested_loso."""
+        from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
+        from medrank.models import baseline as B
+        from medrank.models import mtl
+
+        p = self.p
+        cfg_m = p.mtl.model_copy(update={"feature_groups": mtl_groups})
+        make = mtl.builder_factory(mtl_groups, p.n_candidates, self.tfidf_mtl)
+        cfg_b = B.BaselineConfig(p.baseline, tuple(base_groups), p.n_candidates, p.seed)
+
+        def mtl_rows(inner, inner_sources, outer):
+            def fit() -> pd.DataFrame:
+                with deterministic_torch(), fixed_blas_threads():
+                    return mtl.held_out_rows(
+                        self.data,
+                        inner,
+                        inner_sources,
+                        outer,
+                        cfg_m,
+                        make,
+                        seed=p.seed,
+                        device=self.device,
+                        workers=p.mtl.workers,
+                    )
+
+            return self._memo(("mtl", tuple(mtl_groups), tuple(outer)), fit)
+
+        def base_rows(inner, inner_sources, outer):
+            key = ("baseline", tuple(base_groups), tuple(outer))
+            return self._memo(
+                key, lambda: B.held_out_rows(self.labelled, cfg_b, self.tfidf, inner, inner_sources, outer)
+            )
+
+        return mtl_rows, base_rows
+
+
+def run_all(p, recipes_: dict[str, Recipe], band: dict, log) -> tuple[dict, dict, Refits]:
+    """nested.nested_loso of every recipe (per-rule figures for the default); (results, seconds, the refits)."""
+    refits = Refits(p, set().union(*(set(b) | set(m) for b, m, _ in recipes_.values())))
+    sp = p.score
+    results, seconds = {}, {}
+    for name, (base_groups, mtl_groups, select_on) in recipes_.items():
+        ts = time.perf_counter()
+        sel = nested.Selection(tuple(sp.mtl_weights), tuple(sp.keep_rules), tuple(sp.orders), band, tuple(select_on))
+        mtl_rows, base_rows = refits.systems(base_groups, mtl_groups)
+        per_rule = p.analysis.nested.keep_rules if name == "default" else ()
+        results[name] = nested.nested_loso(L.LABELLED_SPLITS, refits.cand, mtl_rows, base_rows, sel, per_rule=per_rule)
+        seconds[name] = round(time.perf_counter() - ts, 1)
+        r = results[name]
+        log.info(
+            "nested LOSO %s: accuracy %.3f (worst %.3f), MRR %.3f (%.0fs)",
+            name,
+            r["accuracy"]["mean"],
+            r["accuracy"]["worst"],
+            r["mrr"]["mean"],
+            seconds[name],
+        )
+    return results, seconds, refits
+
+
+def keep_rule_pick(by_rule: dict, band_accuracy: float) -> str | None:
+    """The keep rule for a new prior, on the nested figures of each rule alone: the best mean accuracy, and within the
+    accuracy band of it the best worst source (what score.keep_rules holds: RESULTS)."""
+    best = max((float(v["accuracy"]["mean"]) for v in by_rule.values()), default=None)
+    tied = [
+        r
+        for r, v in by_rule.items()
+        if best is not None and float(v["accuracy"]["mean"]) >= best - float(band_accuracy) - 1e-12
+    ]
+    return max(tied, key=lambda r: (float(by_rule[r]["accuracy"]["worst"]), -tied.index(r))) if tied else None
+
+
+def report(p, recipes_: dict[str, Recipe], results: dict, band: dict, final: dict) -> dict:
+    """metrics/nested_loso.json (timings aside): the final system's nested and plain LOSO, the variants beside it, the
+    keep-rule pick, the selection grid and the recipes."""
+    result = results["default"]
+    plain = final["systems"]["final"]["loso"]
+    sp = p.score
+    return {
+        "final_system": {
+            "nested_loso": result,
+            "plain_loso": {m: plain[m] for m in nested.METRICS},
+            "overstatement": nested.overstatement(plain, result),
+        },
+        "variants": {
+            n: {
+                "baseline_features": recipes_[n][0],
+                "mtl_feature_groups": recipes_[n][1],
+                "select_on": recipes_[n][2],
+                "nested_loso": {m: r[m] for m in nested.METRICS},
+                "picks": {s: v["chosen"] for s, v in r["by_source"].items()},
+                "vs_default": {m: round(float(r[m]["mean"]) - float(result[m]["mean"]), 4) for m in nested.METRICS},
+            }
+            for n, r in results.items()
+            if n != "default"
+        },
+        "keep_rule_pick": {
+            "rule": keep_rule_pick(result["by_keep_rule"], band["accuracy"]),
+            "on": "nested LOSO of each keep rule alone: the best mean accuracy, and within its accuracy noise band the best worst-source accuracy",
+            "score_keep_rules": list(sp.keep_rules),
+        },
+        "selection": {
+            "weights": list(sp.mtl_weights),
+            "keep_rules": list(sp.keep_rules),
+            "orders": list(sp.orders),
+            "noise_band": band,
+            "rule": final["selection"]["rule"],
+        },
+        "recipes": dict(zip(("baseline_features", "mtl_feature_groups", "select_on"), recipes_["default"])),
+    }
