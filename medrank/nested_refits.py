@@ -4,7 +4,6 @@ only share their fits), the keep-rule pick on the nested figures, and the metric
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
@@ -30,11 +29,10 @@ def recipes(p) -> dict[str, Recipe]:
 
 
 def noise_band() -> dict[str, float]:
-    """The rule's tolerance: the defaults' seed spreads (as stage score), for every metric a row may select on."""
-    from medrank.evaluation import noise_band as band_of
+    """The rule's tolerance as stage score reads it (final_system.noise_band), for every metric a row may select on."""
+    from medrank.final_system import noise_band as read_band
 
-    spreads = json.loads(L.metrics_file("noise_band").read_text(encoding="utf-8"))
-    return band_of([spreads["baseline"], spreads["mtl"]], ("accuracy", *nested.METRICS[:4], "order"))
+    return read_band(("accuracy", *nested.METRICS[:4], "order"))
 
 
 @dataclass

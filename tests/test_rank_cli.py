@@ -127,6 +127,21 @@ def _tiny_bert(path: Path) -> Path:
     )
 
 
+def _tiny_mtl(max_epochs: int):
+    """The smallest MTL recipe the fake grids fit (HIDDEN-wide inputs, no inner split)."""
+    from medrank.params import MtlParams
+
+    return MtlParams(
+        proj_channels=4,
+        conv_channels=[4, 4, 4, 4],
+        rqe_dim=4,
+        filter_hidden=[8],
+        pair_hidden=[8],
+        max_epochs=max_epochs,
+        inner_val_frac=0.0,
+    )
+
+
 def _fake_training_data(seed: int = 0):
     """MTLData with HIDDEN-wide grids / RQE vectors, enough to fit the tiny MTL model's shapes."""
     from medrank.models.mtl import MTLData
@@ -178,7 +193,7 @@ def workdir(tmp_path_factory) -> Path:
     from medrank.encoders.cross_encoder import CrossEncoder
     from medrank.io import write_json
     from medrank.models import mtl
-    from medrank.params import MtlParams, Params, inference_recipe
+    from medrank.params import Params, inference_recipe
     from medrank.text.sentences import split_rule
 
     n = torch.get_num_threads()
@@ -198,15 +213,7 @@ def workdir(tmp_path_factory) -> Path:
     (root / "data" / "interim" / "normalized").mkdir(parents=True)
     mq.to_parquet(root / "data" / "interim" / "normalized" / "medquad.parquet")
 
-    cfg = MtlParams(
-        proj_channels=4,
-        conv_channels=[4, 4, 4, 4],
-        rqe_dim=4,
-        filter_hidden=[8],
-        pair_hidden=[8],
-        max_epochs=2,
-        inner_val_frac=0.0,
-    )
+    cfg = _tiny_mtl(max_epochs=2)
     data = _fake_training_data()
     model = mtl.fit_mtl(
         data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", "bienc", "heading"], 2)(), seed=0
@@ -377,21 +384,12 @@ def _project_with_group(
     """A copy of the project whose MTL was trained with feature groups metadata + `group` (random `column` values)."""
 
     from medrank.models import mtl
-    from medrank.params import MtlParams
 
     root = tmp_path / "proj"
     shutil.copytree(workdir, root, ignore=shutil.ignore_patterns("mtl"))
     data = _fake_training_data(seed=seed)
     data.cand[column] = np.random.default_rng(seed).random(len(data.cand))
-    cfg = MtlParams(
-        proj_channels=4,
-        conv_channels=[4, 4, 4, 4],
-        rqe_dim=4,
-        filter_hidden=[8],
-        pair_hidden=[8],
-        max_epochs=1,
-        inner_val_frac=0.0,
-    )
+    cfg = _tiny_mtl(max_epochs=1)
     model = mtl.fit_mtl(
         data, list(pd.unique(data.cand["gid"])), cfg, mtl.builder_factory(["metadata", group], 2)(), seed=0
     )

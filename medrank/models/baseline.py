@@ -452,22 +452,12 @@ def held_out_rows(
     )
 
 
-def spread_over_seeds(
-    table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int, first: dict | None = None
-) -> dict:
-    """`evaluation.seed_spread` of the recipe over `n` seeds (folds, inner-CV folds, rank-SVM pair flips);
-    `first`: the `protocols` output of the configured seed, reused."""
+def spread_over_seeds(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int) -> dict:
+    """`evaluation.seed_spread` of the recipe over `n` seeds from cfg.seed (folds, inner-CV folds, rank-SVM pair flips)."""
     from medrank.evaluation import seed_spread
 
-    runs = []
-    for i in range(n):
-        r = (
-            first
-            if (i == 0 and first is not None)
-            else protocols(table, replace(cfg, seed=cfg.seed + i), tfidf, sources)
-        )
-        runs.append((r["cv"]["base"], r["loso"]["base"]))
-    return seed_spread(runs)
+    runs = [protocols(table, replace(cfg, seed=cfg.seed + i), tfidf, sources) for i in range(n)]
+    return seed_spread([(r["cv"]["base"], r["loso"]["base"]) for r in runs])
 
 
 # ---------------------------------------------------------------- the baseline stage's tables

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import torch
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "finetune"  # vocab.txt, pairs.tsv
+from tests.helpers import FIXTURES as ROOT
+
+FIXTURES = ROOT / "finetune"  # vocab.txt, pairs.tsv
 
 
 def tiny_bert_config(vocab_size: int, **over):

@@ -13,8 +13,8 @@ from pathlib import Path
 import openpyxl
 
 from medrank.data import consumer, medquad, squad
+from tests.helpers import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIX = FIXTURES / "clean"
 
 
