@@ -16,7 +16,7 @@ from medrank import layout
 from medrank.encoders.runtime import runtime_info, set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import extraction_backend
-from medrank.encoders.extract import precision_check
+from medrank.encoders.extract import cached_precision_check
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.grids import NLI_GRID, answer_grids, candidate_answers
 from medrank.io import read_parquet, write_json, write_parquet
@@ -57,9 +57,16 @@ def main(params_path: str = "params.yaml") -> None:
     grid, cells = grids.rows, grids.plan.cells
     write_parquet(grid, layout.NLI_GRID, NLI_GRID)
 
+    # the check's sample: cells of each question's first entailed answer, the same for any N and T (so an experiment
+    # reads the check back from the cache: cached_precision_check)
+    first = np.flatnonzero(((grid["entailed_kind"] == "rqe") & (grid["entailed_rank"] == 1)).to_numpy())
+    offsets = grids.plan.offsets
+    pool = np.concatenate([np.arange(offsets[r], offsets[r + 1]) for r in first]) if len(first) else np.zeros(0, int)
     rng = np.random.default_rng(p.seed)
-    sample_idx = rng.choice(len(cells), size=min(ep.precision_check_pairs, len(cells)), replace=False) if cells else []
-    check = precision_check(model, [cells[i] for i in sample_idx], grids.precision, ep.batch_size)
+    sample_idx = rng.choice(pool, size=min(ep.precision_check_pairs, len(pool)), replace=False) if len(pool) else []
+    check = cached_precision_check(
+        model, [cells[i] for i in sample_idx], grids.precision, layout.CACHE_EMBED, ep.batch_size
+    )
     by_kind = grid.groupby(["split", "entailed_kind"])["anli"].agg(["count", "mean"]).round(4)
     metrics = {
         "answer_pairs": int(len(grid)),

@@ -49,7 +49,7 @@ def main(params_path: str = "params.yaml") -> None:
     docs = medquad_documents(read_parquet(layout.MEDQUAD), qcol, "answer_norm")
     log.info("%d MEDIQA questions, %d MedQuAD question-answer pairs", len(questions), len(docs))
     backend = extraction_backend(rp.backend, rp.ray, rp.workers)
-    model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision)
+    model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision, lazy=True)
     scored = score_candidates(
         questions,
         docs,
@@ -65,7 +65,7 @@ def main(params_path: str = "params.yaml") -> None:
     cands = scored.table
     write_parquet(cands[CANDIDATES.names], layout.RQE_CANDIDATES, CANDIDATES)
     chosen = attach_entailed(select_entailed(cands, p.n_candidates, p.rqe_threshold), docs, qcol)
-    schema = retrieved_schema(int(model.model.config.hidden_size))
+    schema = retrieved_schema(model.hidden_size)
     write_parquet(chosen[schema.names], layout.RETRIEVED, schema)
 
     per_q = chosen.groupby(["split", "qid"]).size()

@@ -119,7 +119,7 @@ class CrossEncoder(LazyInt8):
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: torch.nn.Module | None,
         tokenizer: Any,
         *,
         max_length: int,
@@ -128,10 +128,14 @@ class CrossEncoder(LazyInt8):
         precision: str = "auto",
         base_fingerprint: str | None = None,
         fingerprint: str | None = None,
+        loader: Callable[[], tuple[torch.nn.Module, Any]] | None = None,
     ) -> None:
         self.device = device if isinstance(device, torch.device) else resolve_device(device)
-        self.model = model.to(self.device).eval()
-        self.tokenizer = tokenizer
+        if model is None and loader is None:
+            raise MedrankError("CrossEncoder needs a model or a loader")
+        self._model = None if model is None else model.to(self.device).eval()
+        self._tokenizer = tokenizer
+        self._loader = loader  # `load(lazy=True)`: weights read at the first use of .model / .tokenizer
         self.max_length = int(max_length)
         self.label_names = list(label_names)
         self.requested_precision = precision
@@ -185,18 +189,23 @@ class CrossEncoder(LazyInt8):
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: str = "auto", precision: str = "auto") -> "CrossEncoder":
-        """Load a model saved by `save` (weights verified against the fingerprint in its metadata)."""
+    def load(
+        cls, path: str | os.PathLike, device: str = "auto", precision: str = "auto", lazy: bool = False
+    ) -> "CrossEncoder":
+        """Load a model saved by `save` (weights verified against the fingerprint in its metadata). `lazy`: the
+        weights (and transformers' model code, ~4 s) are read at the first use of `.model` / `.tokenizer`, so a
+        caller whose pairs are all in a cache never pays for them; the fingerprint is checked here either way."""
         path = resolve_model_path(path)
         meta_path = path / META_FILE
         if not meta_path.exists():
             raise MedrankError(f"{path}: no {META_FILE} (not saved by medrank CrossEncoder.save)")
         meta = read_json(meta_path)
         fp = verify_saved(path)
-        model, tok = _load_hf(path, saved=True)
+        model, tok = (None, None) if lazy else _load_hf(path, saved=True)
         out = cls(
             model,
             tok,
+            loader=(lambda: _load_hf(path, saved=True)) if lazy else None,
             max_length=meta["max_length"],
             label_names=meta["label_names"],
             device=device,
@@ -207,6 +216,34 @@ class CrossEncoder(LazyInt8):
         out.meta = meta  # what `save(extra_meta=...)` added, e.g. the RQE recipe
         out.path = path
         return out
+
+    @property
+    def model(self) -> torch.nn.Module:
+        if self._model is None:
+            self._materialize()
+        return self._model
+
+    @model.setter
+    def model(self, model: torch.nn.Module) -> None:
+        self._model = model
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._model is None:
+            self._materialize()
+        return self._tokenizer
+
+    def _materialize(self) -> None:
+        model, self._tokenizer = self._loader()
+        self._model = model.to(self.device).eval()
+        log.info("loaded %s on first use", self.path)
+
+    @property
+    def hidden_size(self) -> int:
+        """The encoder's width, from the loaded model or (lazy) its config.json."""
+        if self._model is None and self.path is not None:
+            return int(read_json(self.path / "config.json")["hidden_size"])
+        return int(self.model.config.hidden_size)
 
     @property
     def num_labels(self) -> int:

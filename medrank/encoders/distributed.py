@@ -100,6 +100,7 @@ def pool_extract(
         return
     import multiprocessing as mp
 
+    encoder.model  # a lazily loaded encoder reads its weights here, once, before the fork shares them
     _POOL_STATE.update(encoder=encoder, shards=shards, precision=precision, batch_size=batch_size)
     try:
         with mp.get_context("fork").Pool(workers) as procs:

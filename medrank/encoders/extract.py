@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -74,7 +75,7 @@ def open_cache(
     encoder: CrossEncoder, kind: str, cache_root: str | os.PathLike, precision: str, read_only: bool = False
 ) -> PairCache:
     """The cache namespace of this model at this precision: probs (num_labels) float32 + cls (H) float16."""
-    hidden = int(encoder.model.config.hidden_size)
+    hidden = encoder.hidden_size
     ns = namespace_name(kind, encoder.fingerprint, precision, encoder.max_length)
     meta = {
         "kind": kind,
@@ -159,6 +160,41 @@ def precision_check(
             float(np.abs(ref["cls"].astype(np.float32) - got["cls"].astype(np.float32)).max()), 6
         ),
     }
+
+
+def cached_precision_check(
+    encoder: CrossEncoder,
+    pairs: Sequence[Pair],
+    precision: str,
+    cache_root: str | os.PathLike,
+    batch_size: int = 64,
+    read_only: bool = False,
+) -> dict[str, float]:
+    """`precision_check`, kept under `cache_root`/checks/ by everything its result depends on: the weights, the
+    precision, the sample pairs, the batch size, and where it runs (CPU flags, ATen's kernel level, torch, threads), so
+    an experiment whose sample is the same (stage embed draws it from the N- and T-independent first entailed answers)
+    reads it back instead of paying fp32 inference again."""
+    import hashlib
+    import json
+
+    from medrank.encoders.runtime import runtime_info
+    from medrank.io import write_json
+
+    if precision == "fp32" or not pairs:
+        return precision_check(encoder, pairs, precision, batch_size)
+    h = hashlib.sha256()
+    ident = (encoder.fingerprint, precision, encoder.max_length, batch_size, runtime_info(encoder.device))
+    h.update(json.dumps(ident, sort_keys=True, default=str).encode())
+    for a, b in pairs:
+        h.update(pair_key(a, b))
+    path = Path(cache_root) / "checks" / f"precision-{h.hexdigest()[:32]}.json"
+    if path.is_file():
+        log.info("precision check of %s vs fp32: read back from %s", precision, path)
+        return json.loads(path.read_text(encoding="utf-8"))
+    out = precision_check(encoder, pairs, precision, batch_size)
+    if not read_only:
+        write_json(path, out)
+    return out
 
 
 def cached_sentence_embeddings(

@@ -4,6 +4,7 @@ question pairs (the RQE bi-encoder of stage finetune_rqe)."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Sequence
 
@@ -28,20 +29,43 @@ class SentenceEncoder(LazyInt8):
     """Mean-pooled, L2-normalised sentence embeddings; `encode(texts, precision)` -> (n, H) float32."""
 
     def __init__(self, name_or_path: str, device: str = "auto", max_length: int = 128, saved: bool = False) -> None:
-        """`saved`: a folder `save` wrote (a medrank fine-tune): its weights must match the fingerprint recorded there."""
-        from transformers import AutoModel, AutoTokenizer
-
+        """`saved`: a folder `save` wrote (a medrank fine-tune): its weights must match the fingerprint recorded there.
+        The weights (and transformers' model code, ~4 s) are read at the first use of `.model` / `.tokenizer`, so a
+        caller whose texts are all in a cache never pays for them; the fingerprint is computed here."""
         path = resolve_model_path(name_or_path)
         if saved:
             verify_saved(path)
+        self.path = path
         self.device = resolve_device(device)
-        with quiet_transformers():
-            self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-            self.model = AutoModel.from_pretrained(str(path), use_safetensors=True).float().to(self.device).eval()
         self.max_length = int(max_length)
         self.fingerprint = model_fingerprint(path)
-        self.hidden = int(self.model.config.hidden_size)
+        try:
+            self.hidden = int(json.loads((path / "config.json").read_text(encoding="utf-8"))["hidden_size"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise MedrankError(f"{path}/config.json: no hidden_size to read ({type(e).__name__}: {e})") from None
+        self._model: torch.nn.Module | None = None
+        self._tokenizer = None
         self._int8_model: torch.nn.Module | None = None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        if self._model is None:
+            self._materialize()
+        return self._model
+
+    @property
+    def tokenizer(self):
+        if self._model is None:
+            self._materialize()
+        return self._tokenizer
+
+    def _materialize(self) -> None:
+        from transformers import AutoModel, AutoTokenizer
+
+        with quiet_transformers():
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+            model = AutoModel.from_pretrained(str(self.path), use_safetensors=True)
+        self._model = model.float().to(self.device).eval()
 
     def encode(self, texts: Sequence[str], precision: str = "fp32", batch_size: int = 128) -> np.ndarray:
         """(n, H) float32 unit vectors, in input order; length-sorted batches under inference_mode."""

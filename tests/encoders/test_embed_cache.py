@@ -384,6 +384,37 @@ def test_auto_precision_reuses_the_cached_namespace(tmp_path, nli_model):
     )
 
 
+def test_a_lazy_encoder_reads_its_weights_only_when_a_pair_is_missing(tmp_path, tiny_models):
+    """Stage retrieve in an experiment: every RQE pair is cached, so the model (and transformers' code) is never loaded."""
+    pairs = [("a b", "c d"), ("e f", "g h")]
+    eager = CrossEncoder.load(tiny_models["nli"], device="cpu", precision="fp32")
+    want, _ = cached_extract(eager, pairs, open_cache(eager, "nli", tmp_path, "fp32"), "fp32", show_progress=False)
+    lazy = CrossEncoder.load(tiny_models["nli"], device="cpu", precision="fp32", lazy=True)
+    assert lazy.fingerprint == eager.fingerprint and lazy.hidden_size == eager.hidden_size
+    got, stats = cached_extract(lazy, pairs, open_cache(lazy, "nli", tmp_path, "fp32"), "fp32", show_progress=False)
+    assert stats.computed == 0 and lazy._model is None  # all cached: never loaded
+    np.testing.assert_array_equal(got["probs"], want["probs"])
+    more = [*pairs, ("i j", "k l")]
+    got, stats = cached_extract(lazy, more, open_cache(lazy, "nli", tmp_path, "fp32"), "fp32", show_progress=False)
+    assert stats.computed == 1 and lazy._model is not None
+    np.testing.assert_array_equal(got["probs"], eager.predict(more, precision="fp32"))
+    bi = SentenceEncoder(str(tiny_models["base"]), device="cpu")
+    assert bi._model is None and bi.hidden == 32
+    np.testing.assert_array_equal(bi.encode(["a b"]), SentenceEncoder(str(tiny_models["base"])).encode(["a b"]))
+
+
+def test_the_precision_check_is_read_back_for_the_same_sample(tmp_path, nli_model, monkeypatch):
+    pairs = [("a b", "c d"), ("e f", "g h")]
+    first = extract_mod.cached_precision_check(nli_model, pairs, "bf16", tmp_path)
+    assert first["pairs"] == 2 and len(list((tmp_path / "checks").glob("precision-*.json"))) == 1
+    monkeypatch.setattr(extract_mod, "precision_check", lambda *a, **k: pytest.fail("recomputed"))
+    assert extract_mod.cached_precision_check(nli_model, pairs, "bf16", tmp_path) == first
+    monkeypatch.undo()
+    other = extract_mod.cached_precision_check(nli_model, pairs[:1], "bf16", tmp_path)  # another sample: computed
+    assert other["pairs"] == 1 and len(list((tmp_path / "checks").glob("precision-*.json"))) == 2
+    assert extract_mod.cached_precision_check(nli_model, pairs, "fp32", tmp_path)["pairs"] == 0  # nothing to check
+
+
 def test_prefilter_grids_are_cached_and_follow_cosine(tmp_path, tiny_models, nli_model, fixture_tables):
     answers, _ = fixture_tables
     ans = answers.rename(columns={"answer_sentences": "sentences"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ from medrank.errors import MedrankError
 from medrank import decision as D
 from medrank import evaluation as E
 from medrank.models import mtl
+from medrank.models.mtl.recipe import cv_jobs, fit_many, source_fold_of
 from medrank.params import MtlParams
 
 H = 8  # hidden size of the fake NLI / RQE vectors
@@ -582,12 +584,22 @@ def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
     assert len(m["cv"]["thresholds"]) == 2 and 0 < m["decision"]["threshold_final_model"] < 1
     assert "sum/pairwise" in m["cv_variants"] and 0 <= m["val"]["accuracy"] <= 1
     assert m["seconds"]["workers"] == 2 and m["seconds"]["fits_sum"] >= m["seconds"]["cv_folds"][0]
+    # the LOSO fold holding out `val` trains on exactly the training questions: it is the train-only model (no own fit)
+    labelled = mtl.labelled_gids(data, gids_of(data, "train"), gids_of(data, "val"))
+    _, loso_jobs = cv_jobs(labelled, cfg, builder, k=2, seed=1, folds=source_fold_of(data.cand, sources))
+    assert set(loso_jobs[2].train) == set(gids_of(data, "train")) and set(loso_jobs[2].predict) == set(
+        gids_of(data, "val")
+    )
+    alone = fit_many(data, [replace(loso_jobs[2], keep_model=True)])[0].model
+    for ta, tb in zip(
+        alone.members[0].net.state_dict().values(), report.val_model.members[0].net.state_dict().values()
+    ):
+        assert torch.equal(ta, tb)
     # 2 processes give the bits of 1: every fit seeds itself (predictions, metrics, the saved weights)
     serial = mtl.run_recipe(*args, seed=1, sources=sources, workers=1)
     pd.testing.assert_frame_equal(serial.predictions, pred)
     assert {k: v for k, v in serial.metrics.items() if k != "seconds"} == {k: v for k, v in m.items() if k != "seconds"}
     # the noise band's spread re-runs the recipe's own CV and LOSO fits: its first seed is this report's figures
-    labelled = mtl.labelled_gids(data, gids_of(data, "train"), gids_of(data, "val"))
     spread = mtl.spread_over_seeds(data, labelled, cfg, builder, seeds=[1, 2], sources=sources, workers=2)
     second = mtl.run_recipe(*args, seed=2, sources=sources, workers=2).metrics
     assert spread == E.seed_spread([(m["cv"], m["loso"]), (second["cv"], second["loso"])]) and spread["seeds"] == 2

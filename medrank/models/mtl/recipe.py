@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal, Sequence
 
 import numpy as np
@@ -88,7 +88,8 @@ class CVResult:
 @dataclass(frozen=True)
 class FitJob:
     """One fit_mtl_bag: `cfg` on the `train` questions with `seed`; then `predict` those questions (None: keep the
-    model). Jobs are independent (each fit seeds itself), so any order and any number of processes give the same bits."""
+    model; `keep_model`: both). Jobs are independent (each fit seeds itself), so any order and any number of processes
+    give the same bits."""
 
     cfg: MtlParams
     make_builder: Callable[[], object]
@@ -96,6 +97,7 @@ class FitJob:
     predict: tuple[str, ...] | None
     seed: int
     label: str = ""
+    keep_model: bool = False
 
 
 @dataclass
@@ -121,7 +123,8 @@ def _run_job(i: int) -> tuple[int, FitResult]:
     if job.predict is None:
         return i, FitResult(None, None, model.best_epoch, model.history, round(time.perf_counter() - t0, 1), model)
     fd, pdf = model.predict(data, list(job.predict), device=device)
-    return i, FitResult(fd, pdf, model.best_epoch, model.history, round(time.perf_counter() - t0, 1))
+    kept = model if job.keep_model else None
+    return i, FitResult(fd, pdf, model.best_epoch, model.history, round(time.perf_counter() - t0, 1), kept)
 
 
 def fit_many(
@@ -366,28 +369,36 @@ def run_recipe(
 ) -> RecipeReport:
     """CV over train+val → thresholds and mean ± sd; train-only model → validation check; train+val model → test.
     `cfg` is the whole recipe (network, training, decision rule, cv_folds). `sources`: the labelled sources (splits)
-    of the leave-one-source-out folds (None: no LOSO). Every fit (CV, LOSO, the two models) is one FitJob, run `workers`
-    side by side (ablation rows: `ablation_cv`; the seed spread: `spread_over_seeds`, stage noise_band)."""
+    of the leave-one-source-out folds (None: no LOSO); the LOSO fold that holds out exactly the validation questions
+    trains on exactly the training questions, so it is the train-only model (one fit fewer). Every fit (CV, LOSO, the
+    models) is one FitJob, run `workers` side by side (ablation rows: `ablation_cv`; the seed spread:
+    `spread_over_seeds`, stage noise_band)."""
     decision, k = cfg, cfg.cv_folds
     # labelled questions in table order (the baseline's CV sees them in this order: same folds for one seed)
     labelled = labelled_gids(data, train_gids, val_gids)
     plans: dict[str, tuple[dict[str, int], list[FitJob]]] = {"cv": cv_jobs(labelled, cfg, make_builder, k=k, seed=seed)}
+    val_fold = None  # the LOSO job that trains on exactly the training questions: it is the train-only model
     if sources is not None:
         source_folds = source_fold_of(data.cand, sources)
-        plans["loso"] = cv_jobs(labelled, cfg, make_builder, k=k, seed=seed, folds=source_folds)
-    models = [
-        FitJob(cfg, make_builder, tuple(train_gids), None, seed + 101, "train-only (validation) model"),
-        FitJob(cfg, make_builder, tuple(labelled), None, seed + 202, "final model"),
-    ]
+        fold, loso = cv_jobs(labelled, cfg, make_builder, k=k, seed=seed, folds=source_folds)
+        for f, job in enumerate(loso):
+            if set(job.predict or ()) == set(val_gids) and set(job.train) == set(train_gids):
+                val_fold, loso[f] = f, replace(job, keep_model=True, label=f"{job.label} = the train-only model")
+        plans["loso"] = (fold, loso)
+    models = [FitJob(cfg, make_builder, tuple(labelled), None, seed + 202, "final model")]
+    if val_fold is None:
+        models.insert(0, FitJob(cfg, make_builder, tuple(train_gids), None, seed + 101, "train-only (validation) model"))
     jobs = [j for _, js in plans.values() for j in js] + models
     t0 = time.perf_counter()
     results = fit_many(data, jobs, device=device, workers=workers)
     fit_seconds = time.perf_counter() - t0
-    cvs, at = {}, 0
+    cvs, at, firsts = {}, 0, {}
     for name, (fold, js) in plans.items():
         cvs[name] = cv_result(fold, results[at : at + len(js)])
+        firsts[name] = at
         at += len(js)
-    val_fit, final_fit = results[at], results[at + 1]
+    val_fit = results[firsts["loso"] + val_fold] if val_fold is not None else results[at]
+    final_fit = results[-1]
     val_model, final = val_fit.model, final_fit.model
 
     cv = cvs["cv"]
