@@ -558,4 +558,4 @@ def test_permutation_rho_has_the_bits_of_scipy_spearmanr():
     for _ in range(3000):
         n = int(rng.integers(2, 12))
         x, y = rng.permutation(n).tolist(), rng.permutation(n).tolist()
-        assert _permutation_rho(x, y) == float(scipy.stats.spearmanr(x, y)[0])
+        assert _permutation_rho(tuple(x), tuple(y)) == float(scipy.stats.spearmanr(x, y)[0])
