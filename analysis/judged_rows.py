@@ -28,6 +28,7 @@ from medrank import layout as L
 from medrank.evaluation import confirm_table, order_score, rounded
 from medrank.io import write_json
 from medrank.models import baseline as B
+from medrank.models import baseline_protocols as BP
 from medrank.data.judged import judged_answers
 from medrank.features import cap_questions
 from medrank.io import read_parquet
@@ -71,7 +72,7 @@ def main() -> None:
         _, labelled, *_, tfidf = load_tables(p, set(bp.features), mode != "none", extra)
         runs[mode] = []
         for seed in seeds:
-            r = B.protocols(labelled, replace(cfg, seed=seed), tfidf, L.LABELLED_SPLITS)
+            r = BP.protocols(labelled, replace(cfg, seed=seed), tfidf, L.LABELLED_SPLITS)
             cv, lo = r["cv"]["base"], r["loso"]["base"]
             runs[mode].append(
                 {

@@ -267,3 +267,47 @@ def score_answers(answers: pd.DataFrame, p, bi=None, read_only: bool = False) ->
         answers, QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed)
     )  # BLAS threads fixed inside
     return answers[["split", "qid", "aid"]].assign(**cos, **qtype), stats
+
+
+BIENC_SCORES_COLUMNS = ("bienc_cos", "heading_cos", "qtype_agree", "qtype_match")
+CHECK_ANSWERS = 64  # answers whose cosines are recomputed in fp32 (uncached) to report the chosen precision's error
+
+
+def _means(columns: dict) -> dict:
+    return {name: round(float(v.mean()), 4) if len(v) else None for name, v in columns.items()}
+
+
+def bienc_metrics(answers: pd.DataFrame, labelled: pd.DataFrame, table: pd.DataFrame, bi, p, stats: dict) -> dict:
+    """metrics/bienc.json of `score_answers`' `table` over `answers` (MEDIQA + judged rows; `labelled`: the MEDIQA
+    answers): counts, the chosen precision's error (fp32 cosines of a seeded sample, computed uncached: the cache
+    stores float16), mean cosines and question-type agreement, and the cosines' AUC per labelled source."""
+    from medrank.encoders.hardware import resolve_device
+    from medrank.encoders.runtime import BLAS_THREADS, runtime_info
+
+    bp = p.bienc
+    mediqa = ~answers["judged"].to_numpy(dtype=bool)  # the means describe the MEDIQA answers
+    sample = np.random.default_rng(p.seed).choice(len(answers), size=min(CHECK_ANSWERS, len(answers)), replace=False)
+    q32 = bi.encode(answers["question_norm"].fillna("").iloc[sample].tolist(), "fp32", bp.batch_size)
+    a32 = bi.encode(answers["answer_norm"].fillna("").iloc[sample].tolist(), "fp32", bp.batch_size)
+    check = (
+        float(np.abs(np.einsum("ij,ij->i", q32, a32) - table["bienc_cos"].to_numpy()[sample]).max())
+        if len(sample)
+        else None
+    )
+    cos = {k: table[k].to_numpy()[mediqa] for k in ("bienc_cos", "heading_cos")}
+    return {
+        "answers": int(mediqa.sum()),
+        "judged_answers": int((~mediqa).sum()),
+        "model": bp.model,
+        "max_length": bp.max_length,
+        "encode": stats,
+        "precision_check_vs_fp32": {
+            "answers": int(len(sample)),
+            "max_abs_diff_bienc_cos": None if check is None else round(check, 6),
+        },
+        "cos_mean": _means(cos),
+        # against the label (reference score >= 3), per labelled source: what qa_bienc's rows are set beside
+        "auc": auc_by_source(labelled, cos),
+        "qtype_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("qtype_agree", "qtype_match")}),
+        "runtime": runtime_info(resolve_device(p.device), precision=stats.get("precision"), blas_threads=BLAS_THREADS),
+    }

@@ -276,6 +276,46 @@ def answer_grids(
     return Grids(rows, pairs, plan, chosen, stats)
 
 
+def check_sample(grids: Grids, n: int, seed: int) -> list[Pair]:
+    """`n` cells for the precision check, drawn from each question's first entailed answer: the same for any N and T,
+    so an experiment reads the check back from the cache (`cached_precision_check`)."""
+    rows = grids.rows
+    first = np.flatnonzero(((rows["entailed_kind"] == "rqe") & (rows["entailed_rank"] == 1)).to_numpy())
+    off = grids.plan.offsets
+    pool = np.concatenate([np.arange(off[r], off[r + 1]) for r in first]) if len(first) else np.zeros(0, int)
+    if not len(pool):
+        return []
+    idx = np.random.default_rng(seed).choice(pool, size=min(n, len(pool)), replace=False)
+    return [grids.plan.cells[i] for i in idx]
+
+
+def grid_metrics(
+    grids: Grids, model: CrossEncoder, check: dict, *, max_sentences: int, prefilter_top_k: int | None, **extra: Any
+) -> dict:
+    """metrics/embed.json: the grids' size, the precision and its check against fp32, where they were computed, the
+    extraction passes' cache hits and speed, ANLI per split (+ `extra`: threads, workers, seconds)."""
+    from medrank.encoders.runtime import runtime_info
+
+    grid = grids.rows
+    by_kind = grid.groupby(["split", "entailed_kind"])["anli"].agg(["count", "mean"]).round(4)
+    return {
+        "answer_pairs": int(len(grid)),
+        "answer_pairs_by_kind": grid["entailed_kind"].value_counts().to_dict(),
+        "grid_cells": int(len(grids.plan.cells)),
+        "max_sentences": max_sentences,
+        "prefilter_top_k": prefilter_top_k,
+        "nli_model_fingerprint": model.fingerprint,
+        "precision": grids.precision,
+        "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
+        "precision_check_vs_fp32": check,
+        # bf16 outputs agree bit for bit only between CPUs with the same bf16 kernels (flags, ATen level)
+        "runtime": runtime_info(model.device, precision=grids.precision),
+        "extract": {k: v.as_dict() for k, v in grids.stats.items()},
+        "anli": {f"{s}/{k}": {"pairs": int(r["count"]), "mean": float(r["mean"])} for (s, k), r in by_kind.iterrows()},
+        **extra,
+    }
+
+
 def candidate_answers(
     answers: pd.DataFrame, retrieved: pd.DataFrame, max_answers_per_question: int | None
 ) -> pd.DataFrame:

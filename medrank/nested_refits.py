@@ -70,6 +70,7 @@ class Refits:
         """(MTL rows, baseline rows) functions of one recipe for nested.nested_loso."""
         from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
         from medrank.models import baseline as B
+        from medrank.models import baseline_protocols as BP
         from medrank.models import mtl
 
         p = self.p
@@ -97,7 +98,7 @@ class Refits:
         def base_rows(inner, inner_sources, outer):
             key = ("baseline", tuple(base_groups), tuple(outer))
             return self._memo(
-                key, lambda: B.held_out_rows(self.labelled, cfg_b, self.tfidf, inner, inner_sources, outer)
+                key, lambda: BP.held_out_rows(self.labelled, cfg_b, self.tfidf, inner, inner_sources, outer)
             )
 
         return mtl_rows, base_rows

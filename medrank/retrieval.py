@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,9 @@ from medrank.encoders.cross_encoder import CrossEncoder, label_index
 from medrank.encoders.distributed import LocalPool, RayBackend
 from medrank.encoders.extract import ExtractStats, cached_extract, choose_precision, open_cache
 from medrank.errors import MedrankError
+
+if TYPE_CHECKING:
+    from medrank.params import Params
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +296,50 @@ def judged_retrieval(
             "per_question": round(float(len(per_q) / n_q), 3),
         }
     return out
+
+
+def retrieval_metrics(
+    p: Params,
+    scored: ScoredCandidates,
+    chosen: pd.DataFrame,
+    *,
+    n_questions: int,
+    n_docs: int,
+    qrels: pd.DataFrame,
+    judged_questions: pd.DataFrame,
+    model: CrossEncoder,
+    recipe: dict | None,
+    threads: int,
+    workers: int | None,
+    seconds_total: float,
+) -> dict:
+    """metrics/retrieve.json: coverage per T, what N and T selected, the retrieval quality against the judged LiveQA
+    answers (`qrels` of `judged_questions`: `judged_retrieval`), and where and how fast the RQE scores were computed."""
+    from medrank.encoders.runtime import runtime_info
+
+    rp = p.retrieve
+    per_q = chosen.groupby(["split", "qid"]).size()
+    return {
+        "n_candidates": p.n_candidates,
+        "rqe_threshold": p.rqe_threshold,
+        "bm25_top_k": min(rp.bm25_top_k, n_docs),  # candidates per question (bm25_candidates caps at the corpus)
+        "questions": int(n_questions),
+        "medquad_pairs": int(n_docs),
+        "coverage": coverage(scored.table, rp.coverage_thresholds),
+        "retrieved_per_question_mean": round(float(per_q.mean()), 3),
+        "fallback_questions": int((~chosen["passes_threshold"]).sum()),
+        "judged": judged_retrieval(scored.table, chosen, qrels, judged_questions),
+        "rqe_model_fingerprint": model.fingerprint,
+        # its training sources: a model trained on the LiveQA summaries has seen the judged questions (`judged` flatters)
+        "rqe_recipe": recipe,
+        "precision": scored.precision,
+        "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
+        "threads": model.threads or threads,
+        "workers": workers,  # backend local: processes of 1 thread each (only with >= 2 shards)
+        "runtime": runtime_info(model.device, precision=scored.precision),
+        "extract": scored.extract.as_dict(),
+        "seconds": {"bm25": round(scored.bm25_seconds, 2), "total": round(seconds_total, 2)},
+    }
 
 
 @functools.lru_cache(maxsize=2)

@@ -153,3 +153,73 @@ def nested_cv(rules: Sequence[str], y: np.ndarray, p: np.ndarray, group: np.ndar
         "accuracy_folds": accs,
         "chosen": chosen,
     }
+
+
+SELECTION_RULE = (
+    "best mean CV accuracy over the validation folds (grouped by CHQ); a tie keeps the earlier, simpler rule"
+)
+
+
+@dataclass
+class Task2Decision:
+    """What stage task2 writes: the chosen rule, its submissions (pair_id, label) and metrics/task2.json's figures."""
+
+    chosen: str
+    val: pd.DataFrame  # the chosen rule's out-of-fold labels
+    test: pd.DataFrame  # the rule fitted on every validation pair, applied to the test probabilities
+    metrics: dict
+
+
+def decide_task2(probs: pd.DataFrame, rules: Sequence[str]) -> Task2Decision:
+    """Score every rule by the CHQ-grouped CV over the validation pairs of `probs` (split, pair_id, chq, prob, label,
+    fold), keep the best (`choose`), estimate that selection by `nested_cv`, and label the test pairs."""
+    val = probs[probs["split"] == "val"].reset_index(drop=True)
+    test = probs[probs["split"] == "test"].reset_index(drop=True)
+    y, pv, gv, folds = (
+        val["label"].to_numpy(int),
+        val["prob"].to_numpy(float),
+        val["chq"].to_numpy(),
+        val["fold"].to_numpy(int),
+    )
+    cv = cross_validate(rules, y, pv, gv, folds)
+    nested = nested_cv(rules, y, pv, gv, folds)
+    chosen = choose(cv, rules)
+    final = fit_rule(chosen, y, pv, gv)
+    pt, gt = test["prob"].to_numpy(float), test["chq"].to_numpy()
+    test_labels = final.labels(pt, gt) if len(test) else np.zeros(0, dtype=int)
+    metrics = {
+        "chosen": chosen,
+        "selection_rule": SELECTION_RULE,
+        "fitted": final.to_json(),
+        "cv": {k: round(cv[chosen][k], 4) for k in ("accuracy", "accuracy_sd")},
+        "nested_cv": {
+            "accuracy": round(nested["accuracy"], 4),
+            "accuracy_sd": round(nested["accuracy_sd"], 4),
+            "chosen_per_fold": nested["chosen"],
+        },
+        "rules": {
+            r: {
+                "description": CHQ_RULES[r],
+                "accuracy": round(c["accuracy"], 4),
+                "accuracy_sd": round(c["accuracy_sd"], 4),
+                "accuracy_folds": [round(a, 4) for a in c["accuracy_folds"]],
+                "val_positive_rate": round(c["positive_rate"], 4),
+                "test_positive_rate": round(float(fit_rule(r, y, pv, gv).labels(pt, gt).mean()), 4)
+                if len(test)
+                else None,
+            }
+            for r, c in cv.items()
+        },
+        "val_true_positive_rate": round(float(y.mean()), 4),
+        "test_positive_rate": round(float(test_labels.mean()), 4) if len(test) else None,
+        "n_val_pairs": len(val),
+        "n_val_chqs": int(pd.Series(gv).nunique()),
+        "n_test_pairs": len(test),
+        "n_test_chqs": int(test["chq"].nunique()),
+    }
+    return Task2Decision(
+        chosen,
+        pd.DataFrame({"pair_id": val["pair_id"], "label": cv[chosen]["oof"]}),
+        pd.DataFrame({"pair_id": test["pair_id"], "label": test_labels}),
+        metrics,
+    )

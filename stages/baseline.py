@@ -17,14 +17,12 @@ from medrank.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    import pandas as pd
-
     from medrank import layout as L
-    from medrank.evaluation import rounded_scores, rounded_summary
     from medrank.inputs import load_tables
     from medrank.io import write_json, write_parquet
     from medrank.metrics import gold_from_answers, score_task3
     from medrank.models import baseline as B
+    from medrank.models import baseline_protocols as BP
     from medrank.params import load_params
     from medrank.submission import write_task3_submission
 
@@ -34,8 +32,7 @@ def main(params_path: str = "params.yaml") -> None:
     cfg = B.BaselineConfig(bp, tuple(bp.features), p.n_candidates, p.seed)
     answers, labelled, train, val, test, tfidf = load_tables(p, set(bp.features), bp.judged_rows != "none")
 
-    proto = B.protocols(labelled, cfg, tfidf, L.LABELLED_SPLITS, B.VARIANTS)
-    cv, oof, loso = proto["cv"], proto["oof"], proto["loso"]
+    proto = BP.protocols(labelled, cfg, tfidf, L.LABELLED_SPLITS, BP.VARIANTS)
     # validation: trained on the two training sets; test: retrained on train + validation, same params
     model, final = B.fit_baseline(train, cfg, tfidf), B.fit_baseline(labelled, cfg, tfidf)
     pred, test_pred = model.predict(val), final.predict(test)
@@ -44,54 +41,11 @@ def main(params_path: str = "params.yaml") -> None:
     val_scores = score_task3(gold_from_answers(answers, "val"), L.task3_submission("val", "baseline"))
     model.save(L.BASELINE_MODEL / "val.json")
     final.save(L.BASELINE_MODEL / "final.json")
-
-    scored = labelled[~labelled["judged"]]
-    parts = [
-        oof.assign(part="oof", split=scored["split"].to_numpy()),
-        proto["loso_rows"].assign(
-            part="loso", split=lambda d: d["gid"].map(labelled.drop_duplicates("gid").set_index("gid")["split"])
-        ),
-        pred.assign(part="val", split="val", fold=-1, threshold=model.threshold),
-        test_pred.assign(part="test", split="test", fold=-1, threshold=final.threshold),
-    ]
-    write_parquet(pd.concat(parts, ignore_index=True)[B.PREDICTIONS.names], L.BASELINE_PREDICTIONS, B.PREDICTIONS)
-    cv_summary = rounded_summary(cv["base"])
-    write_json(
-        L.metrics_file("task3_val_baseline"),
-        {
-            **rounded_scores(val_scores),
-            "n_predicted_positive": val_scores["n_predicted_positive"],
-            "threshold": model.threshold,
-            "features": list(bp.features),
-            "cv": cv_summary,
-            "loso": loso["base"],
-            "cv_folds": bp.cv_folds,
-            "cv_questions": int(scored["gid"].nunique()),
-            "judged_training_rows": int(labelled["judged"].sum()),
-            "test_model": {
-                "trained_on": sorted(labelled["split"].unique()),
-                "threshold": final.threshold,
-                "test_predicted_positive_rate": round(float(test_pred["label"].mean()), 4),
-            },
-        },
-    )
-    write_json(
-        L.metrics_file("baseline"),
-        {
-            "model": {
-                "features": list(bp.features),
-                "n_features": len(model.builder.feature_names),
-                "cv": cv_summary,
-                "cv_thresholds": cv["base"]["thresholds"],
-                "cv_variants": {k: rounded_summary(cv[k]) for k in B.VARIANTS},
-                "loso": loso["base"],
-                "loso_variants": {k: loso[k] for k in B.VARIANTS},
-                "source_transfer": B.transfer_report(proto["per_source"]),
-                "val": rounded_scores(val_scores),
-            },
-            "seconds": round(time.perf_counter() - t0, 1),
-        },
-    )
+    rows = BP.prediction_rows(labelled, proto, (pred, model), (test_pred, final))
+    write_parquet(rows, L.BASELINE_PREDICTIONS, B.PREDICTIONS)
+    task3_val, summary = BP.stage_metrics(cfg, labelled, proto, val_scores, (pred, model), (test_pred, final))
+    write_json(L.metrics_file("task3_val_baseline"), task3_val)
+    write_json(L.metrics_file("baseline"), {"model": summary, "seconds": round(time.perf_counter() - t0, 1)})
 
 
 if __name__ == "__main__":

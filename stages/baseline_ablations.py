@@ -17,6 +17,7 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank import layout as L
     from medrank.io import write_json
     from medrank.models import baseline as B
+    from medrank.models import baseline_protocols as BP
     from medrank.params import load_params
     from medrank.inputs import load_tables
 
@@ -26,7 +27,7 @@ def main(params_path: str = "params.yaml") -> None:
         "+".join(g): B.BaselineConfig(p.baseline, tuple(g), p.n_candidates, p.seed) for g in p.analysis.baseline.rows
     }
     _, labelled, train, val, _, tfidf = load_tables(p, set().union(*(c.groups for c in configs.values())))
-    table1, table4 = B.ablation_tables(labelled, train, val, configs, tfidf, L.LABELLED_SPLITS)
+    table1, table4 = BP.ablation_tables(labelled, train, val, configs, tfidf, L.LABELLED_SPLITS)
     write_json(
         L.metrics_file("baseline_ablations"),
         {

@@ -16,14 +16,11 @@ from __future__ import annotations
 import logging
 import time
 
-import numpy as np
 import pyarrow as pa
 
 from medrank import layout
-from medrank.answer_scores import auc_by_source, score_answers
+from medrank.answer_scores import BIENC_SCORES_COLUMNS, bienc_metrics, score_answers
 from medrank.data.judged import judged_answers, with_judged
-from medrank.encoders.hardware import resolve_device
-from medrank.encoders.runtime import BLAS_THREADS, runtime_info
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
@@ -33,15 +30,8 @@ from medrank.runner import run
 log = logging.getLogger("stages.bienc")
 BIENC_SCORES = pa.schema(
     [("split", pa.string()), ("qid", pa.string()), ("aid", pa.string())]
-    + [(c, pa.float64()) for c in ("bienc_cos", "heading_cos", "qtype_agree", "qtype_match")]
+    + [(c, pa.float64()) for c in BIENC_SCORES_COLUMNS]
 )
-
-
-def _means(columns: dict) -> dict:
-    return {name: round(float(v.mean()), 4) if len(v) else None for name, v in columns.items()}
-
-
-CHECK_ANSWERS = 64  # answers whose cosines are recomputed in fp32 (uncached) to report the chosen precision's error
 
 
 def main(params_path: str = "params.yaml") -> None:
@@ -52,41 +42,11 @@ def main(params_path: str = "params.yaml") -> None:
     # bienc.judged: the judged LiveQA answers too (baseline.judged_rows trains on them)
     judged = judged_answers(read_parquet(layout.JUDGED), answers) if bp.judged else None
     answers = with_judged(answers, judged)[["split", "qid", "aid", "question_norm", "answer_norm", "judged"]]
-    mediqa = ~answers["judged"].to_numpy(dtype=bool)  # the metrics' means describe the MEDIQA answers
     bi = SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)
     table, stats = score_answers(answers, p, bi)
     write_parquet(table, layout.BIENC, BIENC_SCORES)
-    # the chosen precision's error: fp32 cosines of a seeded sample, computed uncached (the cache stores float16)
-    sample = np.random.default_rng(p.seed).choice(len(answers), size=min(CHECK_ANSWERS, len(answers)), replace=False)
-    q32 = bi.encode(answers["question_norm"].fillna("").iloc[sample].tolist(), "fp32", bp.batch_size)
-    a32 = bi.encode(answers["answer_norm"].fillna("").iloc[sample].tolist(), "fp32", bp.batch_size)
-    check = (
-        float(np.abs(np.einsum("ij,ij->i", q32, a32) - table["bienc_cos"].to_numpy()[sample]).max())
-        if len(sample)
-        else None
-    )
-    write_json(
-        layout.metrics_file("bienc"),
-        {
-            "answers": int(mediqa.sum()),
-            "judged_answers": int((~mediqa).sum()),
-            "model": bp.model,
-            "max_length": bp.max_length,
-            "encode": stats,
-            "precision_check_vs_fp32": {
-                "answers": int(len(sample)),
-                "max_abs_diff_bienc_cos": None if check is None else round(check, 6),
-            },
-            "cos_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("bienc_cos", "heading_cos")}),
-            # against the label (reference score >= 3), per labelled source: what qa_bienc's rows are set beside
-            "auc": auc_by_source(labelled, {k: table[k].to_numpy()[mediqa] for k in ("bienc_cos", "heading_cos")}),
-            "qtype_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("qtype_agree", "qtype_match")}),
-            "runtime": runtime_info(
-                resolve_device(p.device), precision=stats.get("precision"), blas_threads=BLAS_THREADS
-            ),
-            "seconds": round(time.perf_counter() - t0, 1),
-        },
-    )
+    metrics = bienc_metrics(answers, labelled, table, bi, p, stats)
+    write_json(layout.metrics_file("bienc"), {**metrics, "seconds": round(time.perf_counter() - t0, 1)})
     log.info("bienc: %d answers in %.1fs (%s)", len(answers), time.perf_counter() - t0, stats)
 
 

@@ -12,7 +12,8 @@ def main(params_path: str = "params.yaml") -> None:
 
     from medrank import layout
     from medrank.data.tasks import cap_pairs, load_task
-    from medrank.encoders.cross_encoder import CrossEncoder, classification_metrics
+    from medrank.encoders.cross_encoder import CrossEncoder
+    from medrank.encoders.cross_encoder_training import classification_metrics
     from medrank.encoders.curves import fit_with_curves
     from medrank.io import write_json, write_text
     from medrank.params import load_params

@@ -23,7 +23,7 @@ def main(params_path: str = "params.yaml") -> None:
 
     from medrank import layout
     from medrank.io import write_json, write_parquet
-    from medrank.models import rqe
+    from medrank.models import rqe_choice
     from medrank.models import rqe_training as R
     from medrank.params import load_params
     from medrank.task2 import PROBS_SCHEMA
@@ -55,7 +55,7 @@ def main(params_path: str = "params.yaml") -> None:
         "recipe": recipe,
         "selection_rule": R.SELECTION_RULE,
         "cv": {k: chosen[k] for k in ("accuracy", "accuracy_sd", "auc", "same_focus", "by_overlap")},
-        "vs": rqe.paired_differences(sel, data),
+        "vs": rqe_choice.paired_differences(sel, data),
         "rows": sel.rows,
         "n_val_pairs": len(data.y),
         "n_val_questions": int(pd.Series(data.chq).nunique()),

@@ -25,6 +25,7 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank.inputs import load_tables
     from medrank.io import write_json
     from medrank.models import baseline as B
+    from medrank.models import baseline_protocols as BP
     from medrank.models import mtl
     from medrank.models.mtl.setup import prepare
     from medrank.params import load_params
@@ -36,7 +37,7 @@ def main(params_path: str = "params.yaml") -> None:
     # the baseline: its protocols under each seed (folds, inner-CV folds, rank-SVM pair flips)
     _, labelled, *_, tfidf = load_tables(p, set(bp.features), bp.judged_rows != "none")
     cfg = B.BaselineConfig(bp, tuple(bp.features), p.n_candidates, p.seed)
-    baseline = B.spread_over_seeds(labelled, cfg, tfidf, L.LABELLED_SPLITS, len(seeds))
+    baseline = BP.spread_over_seeds(labelled, cfg, tfidf, L.LABELLED_SPLITS, len(seeds))
     t_base = time.perf_counter() - t0
     # the MTL: run_recipe's CV and LOSO fits under each seed (the same jobs: the first seed's are the mtl stage's)
     m = prepare(p, {"mtl.augment": mp}, params_path)

@@ -18,7 +18,8 @@ import pyarrow as pa
 from medrank import layout
 from medrank.answer_scores import qa_pairs
 from medrank.data.tasks import QA_LABELS, qa_task
-from medrank.encoders.cross_encoder import CrossEncoder, classification_metrics
+from medrank.encoders.cross_encoder import CrossEncoder
+from medrank.encoders.cross_encoder_training import classification_metrics
 from medrank.encoders.curves import fit_with_curves
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet

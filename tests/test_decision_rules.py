@@ -178,7 +178,7 @@ def test_confirmed_row_wins_only_beyond_the_default_seed_spread():
 
 
 def test_loso_and_cv_jobs_never_put_a_question_on_both_sides():
-    from medrank.models.mtl.recipe import cv_jobs, source_fold_of
+    from medrank.models.mtl.fits import cv_jobs, source_fold_of
 
     sources = ("train_liveqa", "train_alexa", "val")
     # several answers per question, questions of every source and of test (never in a fold)

@@ -83,14 +83,18 @@ def fetch_upstream(src: Source, dest: Path, timeout_s: float) -> None:
     elif src.kind == "gzip":
         got = hashlib.sha256(data).hexdigest()
         if got != src.content_sha256:
-            raise MedrankError(f"{src.path}: content sha256 mismatch for {src.url} (expected {src.content_sha256}, got {got})")
+            raise MedrankError(
+                f"{src.path}: content sha256 mismatch for {src.url} (expected {src.content_sha256}, got {got})"
+            )
         with open(dest, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=9) as gz:
             gz.write(data)
     elif src.kind == "tarball":
         members = _snapshot_members(data, src)
         got = tar_content_digest(members)
         if got != src.content_sha256:
-            raise MedrankError(f"{src.path}: content digest mismatch for {src.url} (expected {src.content_sha256}, got {got})")
+            raise MedrankError(
+                f"{src.path}: content digest mismatch for {src.url} (expected {src.content_sha256}, got {got})"
+            )
         _pack_deterministic(members, src.member_prefix or src.repo.split("/")[1], dest)
     else:  # pragma: no cover - registry is static
         raise MedrankError(f"{src.path}: unknown source kind {src.kind!r}")
@@ -103,7 +107,9 @@ def _from_mirror(src: Source, mirrors: list[Path], dest: Path) -> str | None:
             continue
         size = cand.stat().st_size  # before copying or hashing: a 3 GB (sparse) file is refused at once
         if size != src.size:
-            raise MedrankError(f"{cand}: {size} bytes, the pinned file has {src.size}; the mirror copy is not the pinned file")
+            raise MedrankError(
+                f"{cand}: {size} bytes, the pinned file has {src.size}; the mirror copy is not the pinned file"
+            )
         try:
             shutil.copyfile(cand, dest)
         except OSError as e:  # a full disk is about the file being written, not the mirror file being read
@@ -112,7 +118,9 @@ def _from_mirror(src: Source, mirrors: list[Path], dest: Path) -> str | None:
             raise
         got = sha256_file(dest)  # hash the copy, not the mirror: what is verified is what is kept
         if got != src.sha256:
-            raise MedrankError(f"{cand}: sha256 mismatch (expected {src.sha256}, got {got}); the mirror copy is not the pinned file")
+            raise MedrankError(
+                f"{cand}: sha256 mismatch (expected {src.sha256}, got {got}); the mirror copy is not the pinned file"
+            )
         return str(mirror)
     return None
 
@@ -143,13 +151,25 @@ def acquire(
             origin = _from_mirror(src, present, dest)
             if origin is None:
                 if not download:
-                    raise MedrankError(f"{src.path}: not in any mirror ({', '.join(map(str, mirrors)) or 'none listed'}) and acquire.download is false")
+                    raise MedrankError(
+                        f"{src.path}: not in any mirror ({', '.join(map(str, mirrors)) or 'none listed'}) and acquire.download is false"
+                    )
                 try:
                     fetch_upstream(src, dest, timeout_s)
                 except (urllib.error.URLError, TimeoutError, OSError) as e:
                     reason = getattr(e, "reason", e)
-                    raise MedrankError(f"{src.path}: not in any mirror and download from {src.url} failed ({reason})") from None
+                    raise MedrankError(
+                        f"{src.path}: not in any mirror and download from {src.url} failed ({reason})"
+                    ) from None
                 origin = src.url
-            manifest.append({"path": src.path, "sha256": sha256_file(dest), "bytes": dest.stat().st_size, "origin": origin, "license": src.license})
+            manifest.append(
+                {
+                    "path": src.path,
+                    "sha256": sha256_file(dest),
+                    "bytes": dest.stat().st_size,
+                    "origin": origin,
+                    "license": src.license,
+                }
+            )
         write_json(staging / "MANIFEST.json", manifest)
     return manifest

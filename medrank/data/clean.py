@@ -176,7 +176,9 @@ def _liveqa_questions(raw_dir: Path, answers: pd.DataFrame, test_keys: set[str])
     return df, counts
 
 
-def _liveqa_qrels(raw_dir: Path, medquad_table: pd.DataFrame, questions: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Any]]:
+def _liveqa_qrels(
+    raw_dir: Path, medquad_table: pd.DataFrame, questions: pd.DataFrame
+) -> tuple[pd.DataFrame, dict[str, Any]]:
     df, read_counts = consumer.read_liveqa_qrels(
         raw_dir / consumer.LIVEQA_QRELS_ZIP, raw_dir / consumer.LIVEQA_NIST_QRELS, medquad_table
     )

@@ -335,7 +335,16 @@ def read_liveqa_qrels(
         if m[4] not in texts:
             raise MedrankError(f"{where}: answer {m[4]} is not in {csv_name}")
         question, answer = texts[m[4]]
-        rows.append({"number": int(m[1]), "answer_id": m[4], "grade": grade, "source": "medquad", "question": question, "answer": answer})
+        rows.append(
+            {
+                "number": int(m[1]),
+                "answer_id": m[4],
+                "grade": grade,
+                "source": "medquad",
+                "question": question,
+                "answer": answer,
+            }
+        )
     n_medquad = len(rows)
     if not n_medquad:
         expected = "'<number> <grade>-<Label> <AnswerID>.txt' lines"
@@ -351,7 +360,16 @@ def read_liveqa_qrels(
             nist_dropped += 1
             continue
         grade = _grade(m[2], f"{nist_path}:{line}")
-        rows.append({"number": int(m[1]), "answer_id": f"nist-{m[1]}-{line}", "grade": grade, "source": "nist", "question": None, "answer": clean_answer(m[3])})
+        rows.append(
+            {
+                "number": int(m[1]),
+                "answer_id": f"nist-{m[1]}-{line}",
+                "grade": grade,
+                "source": "nist",
+                "question": None,
+                "answer": clean_answer(m[3]),
+            }
+        )
     if len(rows) + nist_dropped == n_medquad:
         raise MedrankError(f"{nist_path}: no judgments (expected '<number> <grade> <answer text>' lines)")
     df = pd.DataFrame(rows, columns=QRELS_COLUMNS[:-1])
@@ -359,7 +377,11 @@ def read_liveqa_qrels(
     df["number"] = df["number"].astype("int32")
     df["grade"] = df["grade"].astype("int8")
     df["medquad_qa_id"] = None if medquad is None else link_medquad(df, medquad)
-    return df, {"medquad_judgments": n_medquad, "nist_judgments": len(df) - n_medquad, "nist_grade_minus2_dropped": nist_dropped}
+    return df, {
+        "medquad_judgments": n_medquad,
+        "nist_judgments": len(df) - n_medquad,
+        "nist_grade_minus2_dropped": nist_dropped,
+    }
 
 
 def link_medquad(qrels: pd.DataFrame, medquad: pd.DataFrame) -> pd.Series:
@@ -394,7 +416,11 @@ def link_medquad(qrels: pd.DataFrame, medquad: pd.DataFrame) -> pd.Series:
             return None
         q, a = normalise_question(question), normalise_question(answer)
         same_q = by_file_q.get((collection, m["doc"], q), [])
-        return by_file_qa.get((collection, m["doc"], q, a)) or (same_q[0] if len(same_q) == 1 else None) or by_coll_qa.get((collection, q, a))
+        return (
+            by_file_qa.get((collection, m["doc"], q, a))
+            or (same_q[0] if len(same_q) == 1 else None)
+            or by_coll_qa.get((collection, q, a))
+        )
 
     def lookup(row) -> str | None:
         if row.source != "medquad":

@@ -49,7 +49,9 @@ def judged_answers(qrels: pd.DataFrame, answers: pd.DataFrame) -> pd.DataFrame:
     need = {"number", "answer_id", "grade", "source", "question", "answer_norm", "answer_sentences"}
     missing = sorted(need - set(qrels.columns))
     if missing:
-        raise MedrankError(f"judged answers table lacks columns {missing} (expected the normalize stage's liveqa_qrels)")
+        raise MedrankError(
+            f"judged answers table lacks columns {missing} (expected the normalize stage's liveqa_qrels)"
+        )
     questions = answers[answers["split"] == JUDGED_SPLIT].drop_duplicates("qid").set_index("qid")
     q = qrels.assign(qid=qrels["number"].astype(int).astype(str))
     q = q[q["qid"].isin(questions.index)]
@@ -61,7 +63,10 @@ def judged_answers(qrels: pd.DataFrame, answers: pd.DataFrame) -> pd.DataFrame:
     first = first.assign(grade=grade).reset_index()
     heading = [chiqa_heading(q) for q in first["question"]]  # a list: Series.map would turn None into NaN
     answer_norm = [_with_heading(h, a) for h, a in zip(heading, first["answer_norm"])]
-    sentences = [[_with_heading(h, s[0]), *s[1:]] if len(s) else [] for h, s in zip(heading, map(list, first["answer_sentences"]))]
+    sentences = [
+        [_with_heading(h, s[0]), *s[1:]] if len(s) else []
+        for h, s in zip(heading, map(list, first["answer_sentences"]))
+    ]
     qrow = questions.loc[first["qid"]]
     out = pd.DataFrame(
         {
@@ -84,7 +89,12 @@ def judged_answers(qrels: pd.DataFrame, answers: pd.DataFrame) -> pd.DataFrame:
             "answer_sentences": sentences,
         }
     )
-    own = set(zip(answers["qid"].astype(str)[answers["split"] == JUDGED_SPLIT], answers["answer_norm"][answers["split"] == JUDGED_SPLIT]))
+    own = set(
+        zip(
+            answers["qid"].astype(str)[answers["split"] == JUDGED_SPLIT],
+            answers["answer_norm"][answers["split"] == JUDGED_SPLIT],
+        )
+    )
     out = out[[(qid, a) not in own for qid, a in zip(out["qid"], out["answer_norm"])]]
     return out.assign(judged=True).reset_index(drop=True)
 

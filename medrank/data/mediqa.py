@@ -259,8 +259,20 @@ def read_task3(path: str | os.PathLike, split: str) -> pd.DataFrame:
 
 
 _TASK3_COLUMNS = [
-    "split", "qid", "question", "question_raw", "aid", "answer", "answer_raw", "url", "source",
-    "answer_pos", "system_rank", "reference_rank", "reference_score", "label",
+    "split",
+    "qid",
+    "question",
+    "question_raw",
+    "aid",
+    "answer",
+    "answer_raw",
+    "url",
+    "source",
+    "answer_pos",
+    "system_rank",
+    "reference_rank",
+    "reference_score",
+    "label",
 ]
 
 _BOOL = {"true": 1, "false": 0}

@@ -20,7 +20,15 @@ MEDQUAD_FILE = "medquad/MedQuAD-577bd37.tar.gz"
 # Most files are <Document>; four NINDS files <doc>, one CDC file <DiseaseFile>.
 ROOTS = ("Document", "doc", "DiseaseFile")
 COLUMNS = [
-    "qa_id", "collection", "document_id", "url", "focus", "question_type", "question", "answer", "answer_raw",
+    "qa_id",
+    "collection",
+    "document_id",
+    "url",
+    "focus",
+    "question_type",
+    "question",
+    "answer",
+    "answer_raw",
 ]
 
 

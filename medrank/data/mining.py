@@ -21,15 +21,35 @@ _TRAILING_SPACE_Q = re.compile(r"\s+\?$")
 # Consumer-style ways of asking each MedQuAD question type: the pseudo consumer question (CHQ) says what it
 # wants in its own words, so a positive FAQ never repeats the CHQ's text and the model must match intent.
 CONSUMER_ASKS: dict[str, tuple[str, ...]] = {
-    "information": ("I would like to learn more about {f}.", "Please send me information on {f}.", "Can you explain what {f} is?"),
-    "symptoms": ("How do I know if I have {f}?", "What signs should I look for with {f}?", "Does {f} cause pain or other problems I would notice?"),
-    "treatment": ("How can I treat {f}?", "Is there any cure or medicine for {f}?", "What can I do about my {f}, nothing has helped so far."),
+    "information": (
+        "I would like to learn more about {f}.",
+        "Please send me information on {f}.",
+        "Can you explain what {f} is?",
+    ),
+    "symptoms": (
+        "How do I know if I have {f}?",
+        "What signs should I look for with {f}?",
+        "Does {f} cause pain or other problems I would notice?",
+    ),
+    "treatment": (
+        "How can I treat {f}?",
+        "Is there any cure or medicine for {f}?",
+        "What can I do about my {f}, nothing has helped so far.",
+    ),
     "causes": ("Why do people get {f}?", "What leads to {f}?", "How did I get {f}?"),
-    "exams and tests": ("How is {f} detected?", "What tests do I need to find out if I have {f}?", "How do doctors confirm {f}?"),
+    "exams and tests": (
+        "How is {f} detected?",
+        "What tests do I need to find out if I have {f}?",
+        "How do doctors confirm {f}?",
+    ),
     "inheritance": ("Will my children get {f}?", "Does {f} run in families?", "Can {f} be passed on to my kids?"),
     "frequency": ("How common is {f}?", "How many people have {f}?"),
     "genetic changes": ("Which gene is involved in {f}?", "What mutation causes {f}?"),
-    "outlook": ("Will I recover from {f}?", "What is the life expectancy with {f}?", "Can someone live a normal life with {f}?"),
+    "outlook": (
+        "Will I recover from {f}?",
+        "What is the life expectancy with {f}?",
+        "Can someone live a normal life with {f}?",
+    ),
     "prevention": ("How can I avoid getting {f}?", "Is there a way to stop {f} from happening?"),
     "susceptibility": ("Am I at risk of {f}?", "Who usually gets {f}?"),
     "complications": ("What problems can {f} lead to?", "Can {f} get worse and cause other problems?"),
@@ -45,7 +65,9 @@ def _tidy(q: str) -> str:
     return _TRAILING_SPACE_Q.sub("?", q.replace("What is (are)", "What is")).strip()
 
 
-def foci_by_type(medquad: pd.DataFrame, text: str, task: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], list[str]]:
+def foci_by_type(
+    medquad: pd.DataFrame, text: str, task: str
+) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], list[str]]:
     """MedQuAD rows of the CONSUMER_ASKS types with a non-empty `text` column (tidied questions, one row per
     focus, type and text) -> (rows with focus_key, rows by focus_key, foci with >= 2 types) for pair mining.
 
@@ -60,14 +82,22 @@ def foci_by_type(medquad: pd.DataFrame, text: str, task: str) -> tuple[pd.DataFr
     by_focus = {k: g for k, g in df.groupby("focus_key", sort=True)}
     multi = [k for k, g in by_focus.items() if g["question_type"].nunique() >= 2]
     if not multi:
-        raise MedrankError(f"medquad table: no focus with {text.split('_')[0]}s of two question types to mine {task} pairs from")
+        raise MedrankError(
+            f"medquad table: no focus with {text.split('_')[0]}s of two question types to mine {task} pairs from"
+        )
     return df, by_focus, multi
 
 
 def _mining_pools(medquad: pd.DataFrame, text: str, task: str, rng: np.random.Generator):
     """foci_by_type's groups, every row's `text` and focus key (other-focus negatives), and a random picker."""
     df, by_focus, multi = foci_by_type(medquad, text, task)
-    return by_focus, multi, df[text].to_numpy(), df["focus_key"].to_numpy(), lambda seq: seq[int(rng.integers(len(seq)))]
+    return (
+        by_focus,
+        multi,
+        df[text].to_numpy(),
+        df["focus_key"].to_numpy(),
+        lambda seq: seq[int(rng.integers(len(seq)))],
+    )
 
 
 def _other_focus(rng: np.random.Generator, texts: np.ndarray, foci: np.ndarray, focus_key: str) -> str | None:
@@ -166,7 +196,11 @@ def medquad_qa_triplets(medquad: pd.DataFrame, n: int, rng: np.random.Generator)
         f = focus if rng.random() < 0.5 else focus.lower()
         asked = g[g["question_type"] == qtype]
         row = asked.iloc[int(rng.integers(len(asked)))]
-        question = f"{focus}. " + pick(CONTEXTS).format(f=f) + pick(CONSUMER_ASKS[qtype]).format(f=f) if rng.random() < 0.5 else str(row["question"])
+        question = (
+            f"{focus}. " + pick(CONTEXTS).format(f=f) + pick(CONSUMER_ASKS[qtype]).format(f=f)
+            if rng.random() < 0.5
+            else str(row["question"])
+        )
         negative = pick(g[g["question_type"] != qtype]["answer_norm"].tolist())
         out.append((question, str(row["answer_norm"]), str(negative)))
     return out

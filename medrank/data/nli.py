@@ -108,7 +108,10 @@ def read_mednli(path: str | os.PathLike) -> pd.DataFrame:
             try:
                 rec = json.loads(line)
                 premise, hypothesis, gold, pair_id = (
-                    rec["sentence1"], rec["sentence2"], rec["gold_label"], rec["pairID"]
+                    rec["sentence1"],
+                    rec["sentence2"],
+                    rec["gold_label"],
+                    rec["pairID"],
                 )
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise MedrankError(f"{where}: not a MedNLI record ({type(e).__name__}: {e})") from None

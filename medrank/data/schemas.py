@@ -13,7 +13,10 @@ ANSWERS = pa.schema(
         ("answer", pa.string()),  # cleaned (boilerplate, HTML, entities removed; whitespace normalised)
         ("answer_raw", pa.string()),
         ("url", pa.string()),
-        ("source", pa.string()),  # host of the URL without www./.nlm.nih.gov/.com etc: medlineplus, ghr, mayoclinic, ...
+        (
+            "source",
+            pa.string(),
+        ),  # host of the URL without www./.nlm.nih.gov/.com etc: medlineplus, ghr, mayoclinic, ...
         ("answer_pos", pa.int32()),  # 1-based position in the file's AnswerList (AnswerN order)
         ("system_rank", pa.int32()),  # CHiQA rank; null for test
         ("reference_rank", pa.int32()),
@@ -125,11 +128,20 @@ TABLES = {
 # normalize stage (data/interim/normalized/<name>.parquet): every cleaned column plus the normalized texts
 # (abbreviations expanded, preferred concept names) and the answers' sentences (split after normalizing)
 NORMALIZED_ANSWERS = pa.schema(
-    list(ANSWERS) + [("question_norm", pa.string()), ("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))]
+    list(ANSWERS)
+    + [("question_norm", pa.string()), ("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))]
 )
 NORMALIZED_RQE_PAIRS = pa.schema(list(RQE_PAIRS) + [("chq_norm", pa.string()), ("faq_norm", pa.string())])
 NORMALIZED_MEDQUAD = pa.schema(
-    list(MEDQUAD) + [("question_norm", pa.string()), ("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))]
+    list(MEDQUAD)
+    + [("question_norm", pa.string()), ("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))]
 )
-NORMALIZED_LIVEQA_QRELS = pa.schema(list(LIVEQA_QRELS) + [("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))])
-NORMALIZED_TABLES = {"answers": NORMALIZED_ANSWERS, "rqe_pairs": NORMALIZED_RQE_PAIRS, "medquad": NORMALIZED_MEDQUAD, "liveqa_qrels": NORMALIZED_LIVEQA_QRELS}
+NORMALIZED_LIVEQA_QRELS = pa.schema(
+    list(LIVEQA_QRELS) + [("answer_norm", pa.string()), ("answer_sentences", pa.list_(pa.string()))]
+)
+NORMALIZED_TABLES = {
+    "answers": NORMALIZED_ANSWERS,
+    "rqe_pairs": NORMALIZED_RQE_PAIRS,
+    "medquad": NORMALIZED_MEDQUAD,
+    "liveqa_qrels": NORMALIZED_LIVEQA_QRELS,
+}

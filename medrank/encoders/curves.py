@@ -8,7 +8,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from medrank.encoders.cross_encoder import CrossEncoder, EpochCallback, Pair
+from medrank.encoders.cross_encoder import CrossEncoder
+from medrank.encoders.cross_encoder_training import EpochCallback, Pair
 
 # train loss (mean since the last point) and validation metrics, the curves of every fine-tuned cross-encoder
 CURVES = {

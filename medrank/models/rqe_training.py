@@ -13,6 +13,8 @@ import pandas as pd
 
 from medrank.models import rqe
 
+from medrank.models import rqe_choice
+
 BI_MAX_LENGTH = 128  # tokens per question for the bi-encoders (consumer questions run long)
 # finetune.rqe keys the selection replaces (analysis.rqe's sets, every row); the others it reads as they are, and
 # analysis/dvc.yaml's rqe_selection declares exactly those (tests/pipeline/test_layout.py)
@@ -72,7 +74,7 @@ def read_inputs(p, tp) -> Inputs:
 
 @dataclass
 class Trainer:
-    """Trains and scores both model kinds for `rqe.select` with finetune.rqe's knobs `tp`; the cross-encoder's training
+    """Trains and scores both model kinds for `rqe_choice.select` with finetune.rqe's knobs `tp`; the cross-encoder's training
     precision (`auto`: the hardware's flags) is the bi-encoder's too (the cross-encoder family trains first)."""
 
     p: object
@@ -185,10 +187,10 @@ class Trainer:
     def predict_bi(model, pairs) -> np.ndarray:
         return (model.encode([a for a, _ in pairs]) * model.encode([b for _, b in pairs])).sum(1)
 
-    def families(self) -> list[rqe.Family]:
+    def families(self) -> list[rqe_choice.Family]:
         tp = self.tp
         out = [
-            rqe.Family(
+            rqe_choice.Family(
                 "cross_encoder",
                 tp.extra_sets,
                 self.pretrain_ce,
@@ -199,7 +201,7 @@ class Trainer:
         ]
         if tp.bi_encoder_sets:
             out.append(
-                rqe.Family(
+                rqe_choice.Family(
                     "bi_encoder",
                     tp.bi_encoder_sets,
                     self.pretrain_bi,
@@ -210,9 +212,9 @@ class Trainer:
             )
         return out
 
-    def select(self, inputs: Inputs) -> rqe.Selection:
+    def select(self, inputs: Inputs) -> rqe_choice.Selection:
         t0 = time.perf_counter()
-        sel = rqe.select(
+        sel = rqe_choice.select(
             inputs.data,
             inputs.sources,
             inputs.qtypes,
@@ -224,7 +226,7 @@ class Trainer:
         self.seconds["selection"] = round(time.perf_counter() - t0, 1)
         return sel
 
-    def final_models(self, sel: rqe.Selection) -> tuple[object, tuple, object | None]:
+    def final_models(self, sel: rqe_choice.Selection) -> tuple[object, tuple, object | None]:
         """(cross-encoder, its recipe, bi-encoder or None): the chosen recipe's (and the best cross-encoder: retrieval
         always needs one), trained on every validation pair."""
         t0 = time.perf_counter()
@@ -241,15 +243,15 @@ class Trainer:
         return final_ce, ce_recipe, final_bi
 
 
-def selection_metrics(sel: rqe.Selection, data: rqe.CvData, seconds: dict) -> dict:
+def selection_metrics(sel: rqe_choice.Selection, data: rqe.CvData, seconds: dict) -> dict:
     """metrics/rqe_selection.json: every row and the rule's choice (`medrank report` checks that finetune.rqe, as
-    metrics/finetune_rqe.json's `trained` records it, holds the choice: models.rqe.missing_from_default)."""
+    metrics/finetune_rqe.json's `trained` records it, holds the choice: models.rqe_choice.missing_from_default)."""
     recipe = sel.recipe.as_dict()
     return {
         "chosen": sel.chosen,
         "recipe": {**recipe, "best_cross_encoder": {"extras": list(sel.best_ce[0]), "val_stage": sel.best_ce[1]}},
         "selection_rule": SELECTION_RULE,
-        "vs": rqe.paired_differences(sel, data),
+        "vs": rqe_choice.paired_differences(sel, data),
         "rows": sel.rows,
         "n_val_pairs": len(data.y),
         "n_val_questions": len(set(data.chq)),
@@ -259,7 +261,7 @@ def selection_metrics(sel: rqe.Selection, data: rqe.CvData, seconds: dict) -> di
 
 
 def test_probabilities(
-    sel: rqe.Selection, inputs: Inputs, trainer: Trainer, final_ce, final_bi
+    sel: rqe_choice.Selection, inputs: Inputs, trainer: Trainer, final_ce, final_bi
 ) -> tuple[np.ndarray, dict | None]:
     """P(entailed) of the test pairs and the stack's saved form (None: the cross-encoder alone). A stack is a logistic
     regression over the chosen row's out-of-fold columns, as the CV measured it; retrieval
@@ -294,7 +296,7 @@ def test_probabilities(
     return prob, stack
 
 
-def task2_probs(sel: rqe.Selection, inputs: Inputs, test_prob: np.ndarray) -> pd.DataFrame:
+def task2_probs(sel: rqe_choice.Selection, inputs: Inputs, test_prob: np.ndarray) -> pd.DataFrame:
     """data/processed/task2_probs.parquet: the chosen row's out-of-fold P(entailed) of the validation pairs (honest:
     the final model has seen every validation pair) with their folds, and the final model's of the test pairs."""
     task, data = inputs.task, inputs.data

@@ -93,7 +93,7 @@ def rqe_rows_section(m: dict, sel: dict) -> list[str]:
         "",
     ]
     if m is sel:
-        from medrank.models.rqe import missing_from_default
+        from medrank.models.rqe_choice import missing_from_default
 
         lacks = missing_from_default(sel.get("recipe") or {}, trained.get("trained") or {})
         held = f"lacks {lacks}" if lacks else "holds"

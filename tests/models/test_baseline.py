@@ -12,12 +12,10 @@ from medrank.models.baseline import (
     BaselineConfig,
     FittedBaseline,
     RankSVM,
-    cross_validate,
     fit_baseline,
-    leave_one_source_out,
     pairwise_differences,
-    protocols,
 )
+from medrank.models.baseline_protocols import cross_validate, leave_one_source_out, protocols
 from medrank.params import BaselineParams, Params
 
 

@@ -14,7 +14,7 @@ from medrank.errors import MedrankError
 from medrank import decision as D
 from medrank import evaluation as E
 from medrank.models import mtl
-from medrank.models.mtl.recipe import cv_jobs, fit_many, source_fold_of
+from medrank.models.mtl.fits import cv_jobs, fit_many, source_fold_of
 from medrank.params import MtlParams
 
 H = 8  # hidden size of the fake NLI / RQE vectors
@@ -436,7 +436,7 @@ def test_inner_eval_in_one_pass_equals_a_batch_per_question(data, pair_scope):
     prep = model.prepare(data)
     rows = data.pair_rows(gids_of(data, "val"), augmented=False)
     gid_of = data.pairs["gid"].to_numpy()
-    batcher = T._Batcher(data, prep, torch.device("cpu"), T.MAX_CELLS_PER_CHUNK)
+    batcher = T.Batcher(data, prep, torch.device("cpu"), T.MAX_CELLS_PER_CHUNK)
     got = T._inner_eval(model.net, batcher, prep, rows, gid_of, 2.0, torch.device("cpu"), pair_scope)
     losses, right, n, pright, pn = [], 0, 0, 0, 0
     with torch.no_grad():

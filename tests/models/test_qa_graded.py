@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import stages.qa_graded as stage
+from medrank.models import qa_graded as graded
 from medrank import layout
 from medrank.errors import MedrankError
 from tests.conftest import write_params
@@ -92,7 +93,7 @@ def project(tmp_path, monkeypatch):
         df.to_parquet(path)
     write_params(tmp_path, {"qa_graded": {"folds": 3}})
     RememberingEncoder.fits = []
-    monkeypatch.setattr(stage, "CrossEncoder", RememberingEncoder)
+    monkeypatch.setattr(graded, "CrossEncoder", RememberingEncoder)
     return tmp_path
 
 

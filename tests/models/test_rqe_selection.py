@@ -9,6 +9,7 @@ import pytest
 from medrank.decision import grouped_folds
 from medrank.errors import MedrankError
 from medrank.models import rqe
+from medrank.models import rqe_choice
 from tests.helpers.tables import MEDQUAD
 
 
@@ -107,7 +108,7 @@ def test_select_measures_every_row_and_keeps_the_best_on_the_cv(qtypes):
     )
     index = {p: i for i, p in enumerate(data.pairs)}
 
-    def family(kind: str, skill_of_set: float, cosine: bool) -> rqe.Family:
+    def family(kind: str, skill_of_set: float, cosine: bool) -> rqe_choice.Family:
         def pretrain(pairs, labels, name):
             return {"skill": skill_of_set if "meqsum" in name else 0.2}
 
@@ -119,14 +120,14 @@ def test_select_measures_every_row_and_keeps_the_best_on_the_cv(qtypes):
             z = model["skill"] * 4 * (y[idx] - 0.5) + noise[idx]
             return np.tanh(z / 8) if cosine else 1 / (1 + np.exp(-z))
 
-        return rqe.Family(
+        return rqe_choice.Family(
             kind, [["amia"], ["meqsum"]] if kind == "cross_encoder" else [["meqsum"]], pretrain, train_val, predict
         )
 
     families = [family("cross_encoder", 1.0, False), family("bi_encoder", 2.0, True)]
-    sel = rqe.select(data, src, qtypes, families, rng.random(n), seed=0)
+    sel = rqe_choice.select(data, src, qtypes, families, rng.random(n), seed=0)
     names = {
-        rqe.ZERO_SHOT,
+        rqe_choice.ZERO_SHOT,
         "ce: val",
         "ce: amia",
         "ce: amia > val",
@@ -145,8 +146,8 @@ def test_select_measures_every_row_and_keeps_the_best_on_the_cv(qtypes):
         assert ("bi_encoder", sel.recipe.bi[0]) in sel.pretrained or sel.recipe.bi[0] == ()
     assert ("cross_encoder", ("meqsum",)) in sel.pretrained and ("cross_encoder", ("amia",)) not in sel.pretrained
     assert len(sel.oof) == n and sel.pretrain_pairs["amia"] == 2
-    diffs = rqe.paired_differences(sel, data)
-    assert set(diffs) == {"ce: amia", rqe.ZERO_SHOT}
+    diffs = rqe_choice.paired_differences(sel, data)
+    assert set(diffs) == {"ce: amia", rqe_choice.ZERO_SHOT}
     assert diffs["ce: amia"]["accuracy_diff"] == pytest.approx(
         np.mean(np.subtract(sel.rows[sel.chosen]["accuracy_folds"], sel.rows["ce: amia"]["accuracy_folds"])), abs=1e-4
     )
@@ -171,7 +172,7 @@ def test_a_family_without_val_stage_fine_tunes_no_fold_model_and_the_report_name
         calls.append(len(pairs))
         return init
 
-    fam = rqe.Family(
+    fam = rqe_choice.Family(
         "cross_encoder",
         [["meqsum"]],
         lambda pairs, labels, name: {"m": 1},
@@ -186,16 +187,16 @@ def test_a_family_without_val_stage_fine_tunes_no_fold_model_and_the_report_name
         MEDQUAD,
         medquad_pairs=4,
     )
-    sel = rqe.select(data, src, qtypes, [fam], rng.random(n), seed=0, val_only=False)
+    sel = rqe_choice.select(data, src, qtypes, [fam], rng.random(n), seed=0, val_only=False)
     assert calls == [] and "ce: meqsum" in sel.rows and "ce: meqsum > val" not in sel.rows
     recipe = {
         "best_cross_encoder": {"extras": ["meqsum"], "val_stage": False},
         "bi_encoder": {"extras": ["meqsum", "liveqa"], "val_stage": True},
     }
     held = {"extra_sets": [["meqsum"]], "bi_encoder_sets": [["meqsum", "liveqa"]], "val_stages": ["bi_encoder"]}
-    assert rqe.missing_from_default(recipe, held) == {}
-    assert rqe.missing_from_default(recipe, {**held, "val_stages": []}) == {"val_stages": ["bi_encoder"]}
-    assert rqe.missing_from_default(recipe, {**held, "extra_sets": [["amia"]]}) == {"extra_sets": [["meqsum"]]}
+    assert rqe_choice.missing_from_default(recipe, held) == {}
+    assert rqe_choice.missing_from_default(recipe, {**held, "val_stages": []}) == {"val_stages": ["bi_encoder"]}
+    assert rqe_choice.missing_from_default(recipe, {**held, "extra_sets": [["amia"]]}) == {"extra_sets": [["meqsum"]]}
 
 
 def test_stack_linear_form_reproduces_the_pipeline_and_does_not_starve_a_small_spread_column():

@@ -173,7 +173,7 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
     assert (
         "bi: meqsum" in sel["rows"] and "bi: meqsum" not in trained["rows"]
     )  # finetune_rqe trains finetune.rqe's sets only
-    from medrank.models.rqe import missing_from_default
+    from medrank.models.rqe_choice import missing_from_default
 
     # finetune.rqe.val_stages [bi_encoder]: the default fine-tunes no cross-encoder per fold; the selection measures those rows
     assert trained["trained"]["val_stages"] == ["bi_encoder"] and "ce: amia > val" in sel["rows"]

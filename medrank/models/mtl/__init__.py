@@ -3,25 +3,24 @@
 - data: MTLData / build_mtl_data - candidates, (candidate, entailed answer) pairs, NLI grids, RQE vectors;
 - network: the conv grid encoder, the joint embedding, the filter and pairwise heads, the loss;
 - training: fit_mtl (early stopping on an inner split), FittedMTL / MTLBag (predict, save, load);
-- recipe: ensembling over the N entailed answers, question-grouped CV, the mtl stage's run_recipe.
+- fits: FitJob / fit_many (fits side by side on forked workers), cv_jobs (question-grouped or per-source folds);
+- recipe: ensembling over the N entailed answers, thresholds, the mtl stage's run_recipe, ablation rows, seeds.
 
 The knobs are medrank.params.MtlParams (params.yaml `mtl`) throughout: no copies of them.
 """
 
 from medrank.models.mtl.data import PAIR_FEATURES, MTLData, build_mtl_data, check_augmentation, read_mtl_data
 from medrank.models.mtl.network import GridEncoder, MaskedBatchNorm2d, MTLNet, mtl_loss, quadrant_pool
+from medrank.models.mtl.fits import CVResult, cross_validate_mtl, labelled_gids
 from medrank.models.mtl.recipe import (
     DECISION_FIELDS,
     PREDICTIONS_SCHEMA,
-    CVResult,
     ablation_cv,
     builder_factory,
-    cross_validate_mtl,
     cv_metrics,
     decision_of,
     ensemble,
     held_out_rows,
-    labelled_gids,
     run_recipe,
     spread_over_seeds,
     with_truth,

@@ -11,7 +11,8 @@ from typing import Callable
 import torch
 
 from medrank.models.mtl.data import MTLData, check_augmentation, read_mtl_data
-from medrank.models.mtl.recipe import builder_factory, labelled_gids
+from medrank.models.mtl.fits import labelled_gids
+from medrank.models.mtl.recipe import builder_factory
 from medrank.params import MtlParams
 
 log = logging.getLogger(__name__)

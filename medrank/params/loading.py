@@ -1,0 +1,218 @@
+"""params.yaml as a whole: the Params model, `load_params` (every key validated, one error line naming it), and the
+inference recipe `medrank rank` reads back from models/system.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from medrank.errors import MedrankError
+from medrank.io import decode_utf8
+from medrank.params.base import _Section
+from medrank.params.pipeline import (
+    AcquireParams,
+    ChiqaParams,
+    CleanParams,
+    CnnParams,
+    EmbedParams,
+    FinetuneParams,
+    NormalizeParams,
+    RetrieveParams,
+)
+from medrank.params.rankers import (
+    ANALYSIS_GROUPS,
+    BIENC_GROUPS,
+    AnalysisParams,
+    BaselineParams,
+    BiencParams,
+    MtlParams,
+    NoiseBandParams,
+    QaBiencParams,
+    QaGradedParams,
+    QaParams,
+    ScoreParams,
+    Task2Params,
+    mtl_rows,
+)
+
+
+class Params(_Section):
+    seed: int = Field(default=13, ge=0, le=2**32 - 1)  # numpy's seed range
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    n_candidates: int = Field(default=3, ge=1, le=50)
+    rqe_threshold: float | None = Field(default=0.5, ge=0.0, le=1.0)
+    # the first questions of each split by (split, qid), the same for every stage (tiny profiles cap it); None = all
+    max_questions_per_split: int | None = Field(default=None, ge=1)
+    # one section per stage, in DAG order (params.yaml spells out every key: see load_params)
+    acquire: AcquireParams = AcquireParams()
+    clean: CleanParams = CleanParams()
+    normalize: NormalizeParams = NormalizeParams()
+    chiqa: ChiqaParams = ChiqaParams()
+    finetune: FinetuneParams = FinetuneParams()  # finetune_nli, finetune_rqe
+    cnn: CnnParams = CnnParams()  # cnn_data ... cnn_mediqa
+    retrieve: RetrieveParams = RetrieveParams()
+    embed: EmbedParams = EmbedParams()
+    bienc: BiencParams = BiencParams()
+    qa: QaParams = QaParams()  # analysis/dvc.yaml
+    qa_graded: QaGradedParams = QaGradedParams()  # analysis/dvc.yaml
+    qa_bienc: QaBiencParams = QaBiencParams()  # analysis/dvc.yaml
+    baseline: BaselineParams = BaselineParams()
+    mtl: MtlParams = MtlParams()
+    noise_band: NoiseBandParams = NoiseBandParams()  # frozen stage noise_band: the written rule's tolerance
+    task2: Task2Params = Task2Params()
+    score: ScoreParams = ScoreParams()
+    analysis: AnalysisParams = (
+        AnalysisParams()
+    )  # analysis/dvc.yaml: rqe_selection, baseline_ablations, mtl_ablations, mtl_confirm
+
+    @model_validator(mode="after")
+    def _check_rows(self) -> "Params":
+        for key, groups in (
+            ("baseline.features", self.baseline.features),
+            ("mtl.feature_groups", self.mtl.feature_groups),
+        ):
+            for g in groups:
+                if g in ANALYSIS_GROUPS:
+                    raise ValueError(
+                        f"{key}: group {g} is computed by analysis/dvc.yaml (stage {g}), which `dvc repro` does not run; "
+                        f"use it in analysis rows, or move stage {g} into dvc.yaml and its output into this stage's deps to adopt it"
+                    )
+        lacking = [g for g in self.baseline.features if g in BIENC_GROUPS]
+        if self.baseline.judged_rows != "none" and lacking and not self.bienc.judged:
+            raise ValueError(
+                f"baseline.judged_rows: {self.baseline.judged_rows!r} trains on the judged LiveQA answers, whose {lacking[0]} "
+                "scores stage bienc writes only with bienc.judged: true"
+            )
+        rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
+        for i, name in enumerate(
+            self.analysis.confirm.mtl_rows if rows else []
+        ):  # no rows (e.g. the key deleted): load_params names it
+            if name not in rows:
+                raise ValueError(
+                    f"analysis.confirm.mtl_rows[{i}]: {name!r} is not a row name of analysis.mtl.rows ({', '.join(rows) or 'none'})"
+                )
+        return self
+
+
+def _key(loc: tuple) -> str:
+    """The params key of a Params error location, without pydantic's union-member tags (`threads.constrained-int`)."""
+    model: type[BaseModel] | None = Params
+    parts: list[str] = []
+    for el in loc:
+        if isinstance(el, int):
+            parts.append(str(el))
+        elif model is not None and el in model.model_fields:
+            parts.append(el)
+            ann = model.model_fields[el].annotation
+            model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+        elif model is not None:  # an unknown key: named as written
+            parts.append(str(el))
+    return ".".join(parts) or "<root>"
+
+
+def _format_error(path: Path, err: ValidationError) -> str:
+    first = err.errors()[0]
+    key = _key(first["loc"])
+    if first["type"] == "extra_forbidden":
+        return f"{path}: unknown key '{key}'"
+    got = first.get("input")
+    got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+    more = f" [+{len(err.errors()) - 1} more]" if len(err.errors()) > 1 else ""
+    if key == "<root>":  # a check across sections (Params._check_rows): its message names the key
+        return f"{path}: {first['msg'].removeprefix('Value error, ')}{more}"
+    return f"{path}: {key}: {first['msg']}{got_s}{more}"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a mapping with a repeated key (YAML allows it, the last silently wins; DVC refuses)."""
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.MarkedYAMLError(problem=f"duplicate key {key!r}", problem_mark=key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _missing_keys(model: type[BaseModel], raw: dict, prefix: str = "") -> list[str]:
+    """Dotted keys of `model` (sections recursed) that `raw` does not spell out."""
+    out = []
+    for name, field in model.model_fields.items():
+        if name not in raw:
+            out.append(prefix + name)
+        elif (
+            isinstance(field.annotation, type)
+            and issubclass(field.annotation, _Section)
+            and isinstance(raw[name], dict)
+        ):
+            out += _missing_keys(field.annotation, raw[name], f"{prefix}{name}.")
+    return out
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Load and validate the whole params file: every key present (DVC refuses a file without a key a stage declares,
+    and a default hidden in code is a knob no experiment records), none unknown, none repeated, types strict."""
+    path = Path(path)
+    if not path.exists():
+        raise MedrankError(f"{path}: params file not found")
+    text = decode_utf8(path.read_bytes(), path)
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None)
+        raise MedrankError(f"{path}:{where} not valid YAML" + (f" ({problem})" if problem else "")) from None
+    if raw is None:
+        raise MedrankError(f"{path}: empty (expected a mapping of sections, e.g. the repository's params.yaml)")
+    if not isinstance(raw, dict):
+        raise MedrankError(f"{path}: expected a mapping of sections at top level")
+    try:
+        params = Params.model_validate(raw)
+    except ValidationError as e:
+        raise MedrankError(_format_error(path, e)) from None
+    missing = _missing_keys(Params, raw)
+    if missing:
+        more = f" [+{len(missing) - 1} more]" if len(missing) > 1 else ""
+        raise MedrankError(
+            f"{path}: missing key '{missing[0]}'{more} (params.yaml spells out every key, as DVC reads it)"
+        )
+    return params
+
+
+# what `medrank rank` needs to treat a new question exactly as the stages treated the test questions
+_RECIPE_SECTIONS = (
+    "seed",
+    "device",
+    "n_candidates",
+    "rqe_threshold",
+    "normalize",
+    "retrieve",
+    "embed",
+    "bienc",
+    "qa",
+)  # seed: group qtype
+
+
+# where an extraction pass runs (here, forked workers, a Ray pool), not what it computes: the outputs are the same either way
+_PLACEMENT = {"retrieve": {"backend", "workers", "ray"}, "embed": {"backend", "workers", "ray"}}
+
+
+def inference_recipe(p: Params) -> dict:
+    """The knobs of the inference path (the sections above, less where extraction runs, + cnn.mediqa_aggregation),
+    saved with the final system; stage score declares exactly these keys in dvc.yaml."""
+    recipe = p.model_dump(mode="json", include=set(_RECIPE_SECTIONS), exclude=_PLACEMENT)
+    return {**recipe, "cnn": {"mediqa_aggregation": p.cnn.mediqa_aggregation}}
+
+
+def recipe_params(recipe: dict, where: str) -> Params:
+    """Params of a saved inference recipe (sections it does not hold get their defaults; nothing read from params.yaml)."""
+    try:
+        return Params.model_validate(recipe)
+    except ValidationError as e:
+        raise MedrankError(_format_error(Path(where), e)) from None

