@@ -200,7 +200,8 @@ class FittedMTL:
             "pf_mean": self.pf_mean.tolist(),
             "pf_scale": self.pf_scale.tolist(),
             "best_epoch": self.best_epoch,
-            "history": self.history,
+            # the curves without their wall seconds: the saved folder is the same bytes on every run (plots/mtl has them)
+            "history": [{k: v for k, v in h.items() if k != "seconds"} for h in self.history],
             **(extra_meta or {}),
         }
         write_json(out_dir / "mtl.json", meta)
