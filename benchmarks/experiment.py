@@ -103,6 +103,17 @@ def rebuilt(committed: dict[str, str], fresh: dict[str, str]) -> tuple[int, list
     return len(keys) - len(differ), differ
 
 
+def machine_speed() -> str:
+    """1-thread fp32 and bf16 matmul GFLOP/s (benchmarks/extraction.py's matmul_peak), in a subprocess so this one's
+    torch threads stay as they are: the reference a result file's seconds are read against."""
+    code = (
+        "import sys, torch; sys.path.insert(0, 'benchmarks'); torch.set_num_threads(1); from extraction import matmul_peak; "
+        "print(f'{matmul_peak(torch.float32):.0f} / {matmul_peak(torch.bfloat16):.0f}')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    return out.stdout.strip() or f"(not measured: {out.stderr.strip().splitlines()[-1:]})"
+
+
 def scratch_default(work: Path) -> Path:
     """A clone of this checkout with its committed outputs checked out from the DVC cache (its config.local)."""
     subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
@@ -211,6 +222,7 @@ def main() -> None:
         )
         return
     overrides = args.overrides or ["n_candidates=5"]
+    speed_before = machine_speed()
     work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-exp-"))
     work = work_root / "repo"
     try:
@@ -243,6 +255,8 @@ def main() -> None:
     print(
         f"profile {args.profile}{' (cold: fresh clone, empty DVC cache)' if args.cold else ''}; experiment: dvc exp run {' '.join('-S ' + o for o in overrides)}"
     )
+    # the same cores give other seconds when the host is busy (a shared VM): this says how fast they were, before and after
+    print(f"machine speed (1-thread fp32 / bf16 matmul GFLOP/s): before {speed_before}, after {machine_speed()}")
     print(f"{'stage':<14} {'full repro s':>12} {'experiment s':>12}")
     for st in dict.fromkeys([*full_stages, *exp_stages]):
         f, e = full_stages.get(st), exp_stages.get(st)
