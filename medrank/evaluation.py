@@ -380,3 +380,22 @@ def candidate_systems(
         "cv": chosen["cv"],
         "loso": chosen["loso"],
     }
+
+
+def held_out_scores(scored, answers, labelled_splits: Sequence[str], seed: int, k: int = 5) -> dict:
+    """A scorer's rows (`scored`: split, qid, aid, prob, rank_key) under both protocols, question-grouped CV and
+    leave-one-source-out over `labelled_splits`: the keep threshold, its only MEDIQA-fitted part, is chosen on the
+    other folds' / sources' rows (decision.decide_system). Used for the CNN (stage cnn_mediqa)."""
+    from medrank.decision import decide_system
+    from medrank.features import question_key
+
+    labelled = answers[answers["split"].isin(labelled_splits)]
+    cand = labelled[["split", "qid", "aid", "label", "reference_rank", "reference_score"]].assign(
+        gid=question_key(labelled)
+    )
+    rows = held_out_copies(scored.assign(gid=question_key(scored)), k, seed, labelled_splits)
+    _, decided = decide_system(rows[["part", "fold", "gid", "aid", "prob", "rank_key"]], cand, train=[])
+    return {
+        "cv": rounded_summary(cv_summary_of(decided, cand)),
+        "loso": loso_summary_of(decided, cand, labelled_splits),
+    }

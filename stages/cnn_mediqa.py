@@ -13,6 +13,7 @@ import torch
 from medrank import layout
 from medrank.decision import best_cut_threshold, relative_to_question_best
 from medrank.encoders.runtime import runtime_info
+from medrank.evaluation import held_out_scores
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.metrics import gold_from_answers, ir_metrics, score_task3
 from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, answer_scores
@@ -20,25 +21,6 @@ from medrank.params import load_params
 from medrank.runner import run
 from medrank.submission import write_task3_submission
 from medrank.text.sentences import split_rule
-
-
-def held_out_scores(scored, answers, seed: int, k: int = 5) -> dict:
-    """The CNN under both protocols (question-grouped CV and leave-one-source-out): its only MEDIQA-fitted part,
-    the relative-score threshold, is chosen on the other folds' / sources' rows (decision.decide_system)."""
-    from medrank.decision import decide_system
-    from medrank.evaluation import cv_summary_of, held_out_copies, loso_summary_of, rounded_summary
-    from medrank.features import question_key
-
-    labelled = answers[answers["split"].isin(layout.LABELLED_SPLITS)]
-    cand = labelled[["split", "qid", "aid", "label", "reference_rank", "reference_score"]].assign(
-        gid=question_key(labelled)
-    )
-    rows = held_out_copies(scored.assign(gid=question_key(scored)), k, seed, layout.LABELLED_SPLITS)
-    _, decided = decide_system(rows[["part", "fold", "gid", "aid", "prob", "rank_key"]], cand, train=[])
-    return {
-        "cv": rounded_summary(cv_summary_of(decided, cand)),
-        "loso": loso_summary_of(decided, cand, layout.LABELLED_SPLITS),
-    }
 
 
 def main(params_path: str = "params.yaml") -> None:
@@ -68,7 +50,8 @@ def main(params_path: str = "params.yaml") -> None:
     out["val"] = score_task3(
         gold_from_answers(answers, layout.VAL_SPLIT), layout.task3_submission(layout.VAL_SPLIT, "cnn")
     )
-    out.update(held_out_scores(scored.assign(prob=relative, rank_key=scored["cnn_score"]), answers, p.seed))
+    rescored = scored.assign(prob=relative, rank_key=scored["cnn_score"])
+    out.update(held_out_scores(rescored, answers, layout.LABELLED_SPLITS, p.seed))
     # ranking quality alone (every answer ranked by score; relevance = reference_score >= 3), per labelled split
     for split in layout.LABELLED_SPLITS:
         part = scored[scored["split"] == split]

@@ -12,9 +12,8 @@ def main(params_path: str = "params.yaml") -> None:
 
     from medrank import layout
     from medrank.data.tasks import cap_pairs, load_task
-    from medrank.encoders.cross_encoder import CrossEncoder
     from medrank.encoders.cross_encoder_training import classification_metrics
-    from medrank.encoders.curves import fit_with_curves
+    from medrank.encoders.curves import fine_tune
     from medrank.io import write_json, write_text
     from medrank.params import load_params
 
@@ -24,23 +23,13 @@ def main(params_path: str = "params.yaml") -> None:
     rng = np.random.default_rng(p.seed)
     data = load_task(task, tp.dataset).capped(tp.max_eval_pairs)
     pairs, labels = cap_pairs(data.train_pairs, data.train_labels, tp.max_train_pairs, rng)
-    model = CrossEncoder.from_base(
-        tp.base_model,
-        len(data.label_names),
-        tp.max_length,
-        device=p.device,
-        seed=p.seed,
-        label_names=data.label_names,
-        precision=tp.predict_precision,
-    )
-    history, train_seconds = fit_with_curves(
-        model,
-        pairs,
-        labels,
-        data.eval_pairs,
-        data.eval_labels,
+    model, history, train_seconds = fine_tune(
         tp,
+        data.label_names,
+        (pairs, labels),
+        (data.eval_pairs, data.eval_labels),
         seed=p.seed,
+        device=p.device,
         live_dir=layout.plots_dir(f"finetune_{task}"),
     )
     val_probs = model.predict(data.eval_pairs, batch_size=tp.eval_batch_size)

@@ -18,9 +18,8 @@ import pyarrow as pa
 from medrank import layout
 from medrank.answer_scores import qa_pairs
 from medrank.data.tasks import QA_LABELS, qa_task
-from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.cross_encoder_training import classification_metrics
-from medrank.encoders.curves import fit_with_curves
+from medrank.encoders.curves import fine_tune
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
@@ -36,23 +35,13 @@ def main(params_path: str = "params.yaml") -> None:
     t0 = time.perf_counter()
     medquad = read_parquet(layout.MEDQUAD, columns=["focus", "question_type", "question", "answer_norm"])
     data = qa_task(medquad, qp.train_pairs, qp.eval_pairs, qp.eval_focus_frac, np.random.default_rng(p.seed))
-    model = CrossEncoder.from_base(
-        qp.base_model,
-        len(QA_LABELS),
-        qp.max_length,
-        device=p.device,
-        seed=p.seed,
-        label_names=QA_LABELS,
-        precision=qp.predict_precision,
-    )
-    history, train_seconds = fit_with_curves(
-        model,
-        data.train_pairs,
-        data.train_labels,
-        data.eval_pairs,
-        data.eval_labels,
+    model, history, train_seconds = fine_tune(
         qp,
+        QA_LABELS,
+        (data.train_pairs, data.train_labels),
+        (data.eval_pairs, data.eval_labels),
         seed=p.seed,
+        device=p.device,
         live_dir=layout.plots_dir("qa"),
     )
     val = classification_metrics(data.eval_labels, model.predict(data.eval_pairs, batch_size=qp.eval_batch_size))

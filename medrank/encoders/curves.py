@@ -69,3 +69,28 @@ def fit_with_curves(
             step_callback=live_step_logger(live, CURVES),
         )
         return history, time.perf_counter() - t0
+
+
+def fine_tune(
+    knobs: Any,
+    label_names: Sequence[str],
+    train: tuple[Sequence[Pair], np.ndarray],
+    evaluation: tuple[Sequence[Pair], np.ndarray],
+    *,
+    seed: int,
+    device: str,
+    live_dir: str | os.PathLike,
+) -> tuple[CrossEncoder, list[dict[str, float]], float]:
+    """A fresh classifier head on `knobs.base_model` (seeded), trained by `fit_with_curves` on `train` (pairs,
+    labels) and evaluated each epoch on `evaluation`: (model, history, training seconds). finetune_nli and qa."""
+    model = CrossEncoder.from_base(
+        knobs.base_model,
+        len(label_names),
+        knobs.max_length,
+        device=device,
+        seed=seed,
+        label_names=label_names,
+        precision=knobs.predict_precision,
+    )
+    history, seconds = fit_with_curves(model, *train, *evaluation, knobs, seed=seed, live_dir=live_dir)
+    return model, history, seconds
