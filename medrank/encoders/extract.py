@@ -189,8 +189,14 @@ def cached_precision_check(
         h.update(pair_key(a, b))
     path = Path(cache_root) / "checks" / f"precision-{h.hexdigest()[:32]}.json"
     if path.is_file():
-        log.info("precision check of %s vs fp32: read back from %s", precision, path)
-        return json.loads(path.read_text(encoding="utf-8"))
+        try:
+            got = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(got, dict) and got.get("pairs") == len(pairs):
+                log.info("precision check of %s vs fp32: read back from %s", precision, path)
+                return got
+        except (OSError, ValueError):
+            pass
+        log.warning("%s: damaged precision check, recomputed", path)  # as a damaged shard is: skipped, never used
     out = precision_check(encoder, pairs, precision, batch_size)
     if not read_only:
         write_json(path, out)

@@ -410,6 +410,9 @@ def test_the_precision_check_is_read_back_for_the_same_sample(tmp_path, nli_mode
     monkeypatch.setattr(extract_mod, "precision_check", lambda *a, **k: pytest.fail("recomputed"))
     assert extract_mod.cached_precision_check(nli_model, pairs, "bf16", tmp_path) == first
     monkeypatch.undo()
+    stored = next((tmp_path / "checks").glob("precision-*.json"))
+    stored.write_text('{"pairs": 2, "max_abs_p')  # a torn file is recomputed, never read
+    assert extract_mod.cached_precision_check(nli_model, pairs, "bf16", tmp_path) == first
     other = extract_mod.cached_precision_check(nli_model, pairs[:1], "bf16", tmp_path)  # another sample: computed
     assert other["pairs"] == 1 and len(list((tmp_path / "checks").glob("precision-*.json"))) == 2
     assert extract_mod.cached_precision_check(nli_model, pairs, "fp32", tmp_path)["pairs"] == 0  # nothing to check
