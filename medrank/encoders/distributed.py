@@ -100,7 +100,8 @@ def pool_extract(
         return
     import multiprocessing as mp
 
-    encoder.model  # a lazily loaded encoder reads its weights here, once, before the fork shares them
+    # a lazily loaded encoder reads its weights here (and makes its copy for `precision`), once, before the fork shares them
+    encoder.inference_model(precision)
     _POOL_STATE.update(encoder=encoder, shards=shards, precision=precision, batch_size=batch_size)
     try:
         with mp.get_context("fork").Pool(workers) as procs:

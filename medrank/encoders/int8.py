@@ -1,5 +1,5 @@
 """The one int8 set-up of every encoder: per-channel int8 Linear layers with fp32 outlier channels, the sensitive layers
-kept in fp32 (`quantize_int8`), and a lazily built int8 copy (`LazyInt8`).
+kept in fp32 (`quantize_int8`), and the lazily built int8 or bf16-weight copy an encoder predicts with (`LazyInt8`).
 """
 
 from __future__ import annotations
@@ -200,14 +200,47 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     return out
 
 
+def bf16_linears(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` whose Linear weights and biases are stored in bf16, every other tensor shared with `model`.
+
+    Under CPU/CUDA bf16 autocast a Linear casts its fp32 weight to bf16 at every call (autocast caches the cast only
+    for weights that require grad); stored in bf16 the cast is skipped and the outputs are the same bits, because
+    the cast is the same round-to-nearest either way (tests/encoders check it). Only for use under that autocast."""
+    shared = {
+        id(t): t
+        for m in model.modules()
+        if not isinstance(m, torch.nn.Linear)
+        for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))
+    }
+    out = copy.deepcopy(model, shared)
+    for m in out.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight = torch.nn.Parameter(m.weight.detach().to(torch.bfloat16), requires_grad=False)
+            if m.bias is not None:
+                m.bias = torch.nn.Parameter(m.bias.detach().to(torch.bfloat16), requires_grad=False)
+    return out.eval()
+
+
+def _weights_version(model: torch.nn.Module) -> tuple:
+    """Changes whenever a parameter of `model` is updated in place (an optimizer step) or replaced."""
+    return (id(model), *((id(p), p._version) for p in model.parameters()))
+
+
 class LazyInt8:
-    """Mixin of the encoders: `inference_model(precision)` is `self.model`, or for int8 its quantized copy,
-    made on first use and kept until `_int8_model` is reset (after training, or to free memory)."""
+    """Mixin of the encoders: `inference_model(precision)` is `self.model`, or a copy made for the precision on first
+    use: int8 (`quantize_int8`, kept until `_int8_model` is reset, after training or to free memory) or bf16
+    (`bf16_linears`, rebuilt when the weights have changed since, e.g. between evaluations during training)."""
 
     model: torch.nn.Module
     _int8_model: torch.nn.Module | None = None
+    _bf16_model: tuple[tuple, torch.nn.Module] | None = None
 
     def inference_model(self, precision: str) -> torch.nn.Module:
+        if precision == "bf16":
+            version = _weights_version(self.model)
+            if self._bf16_model is None or self._bf16_model[0] != version:
+                self._bf16_model = (version, bf16_linears(self.model))
+            return self._bf16_model[1]
         if precision != "int8":
             return self.model
         if self._int8_model is None:

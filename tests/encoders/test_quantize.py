@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from medrank.encoders.int8 import Int8Linear, int8_keeps_fp32, quantize_int8
+from copy import deepcopy as copy_module
+
+from medrank.encoders.int8 import Int8Linear, bf16_linears, int8_keeps_fp32, quantize_int8
 from medrank.errors import MedrankError
 from tests.helpers.models import tiny_bert_config
 
@@ -91,3 +93,34 @@ def test_int8_linear_matches_linear():
 def test_not_a_module_is_one_error_line():
     with pytest.raises(MedrankError, match="quantize_int8: expected a torch.nn.Module"):
         quantize_int8("models/nli")  # type: ignore[arg-type]
+
+
+def test_bf16_weight_copy_gives_autocasts_bits_and_shares_the_rest(tiny_classifier):
+    copy = bf16_linears(tiny_classifier)
+    lin = [n for n, m in tiny_classifier.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert all(copy.get_submodule(n).weight.dtype == torch.bfloat16 for n in lin)
+    assert all(tiny_classifier.get_submodule(n).weight.dtype == torch.float32 for n in lin)  # the model untouched
+    emb = "bert.embeddings.word_embeddings.weight"
+    assert copy.get_parameter(emb) is tiny_classifier.get_parameter(emb)  # not a Linear: shared, not copied
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = tiny_classifier(**_batch()).logits
+        got = copy(**_batch()).logits
+    assert torch.equal(want, got)
+
+
+def test_bf16_copy_is_rebuilt_after_the_weights_change(tiny_classifier):
+    from medrank.encoders.int8 import LazyInt8
+
+    class Holder(LazyInt8):
+        def __init__(self, model):
+            self.model = model
+
+    h = Holder(copy_module(tiny_classifier))
+    first = h.inference_model("bf16")
+    assert h.inference_model("bf16") is first  # cached while the weights are the same
+    with torch.no_grad():
+        h.model.classifier.weight.add_(1.0)  # an in-place update, as an optimizer step makes
+    again = h.inference_model("bf16")
+    assert again is not first
+    assert torch.equal(again.classifier.weight, h.model.classifier.weight.to(torch.bfloat16))
+    assert h.inference_model("fp32") is h.model
