@@ -84,6 +84,17 @@ def chiqa_rank(answers: pd.DataFrame) -> pd.Series:
     return answers["system_rank"].astype("Float64").fillna(answers["answer_pos"].astype("Float64")).astype(float)
 
 
+def check_n_applied(entailed: pd.DataFrame, n_candidates: int, column: str = "rank") -> None:
+    """N is applied once, by `select_entailed` (stage retrieve); the tables made from its output (the retrieved table,
+    the NLI grid rows) are only checked: an entailed rank above N is another run's table, never filtered here."""
+    top = int(entailed[column].max()) if len(entailed) else 0
+    if top > n_candidates:
+        raise MedrankError(
+            f"entailed answers of rank up to {top} for n_candidates {n_candidates}: the tables come from another "
+            "run of the retrieve stage (re-run it and the stages after it)"
+        )
+
+
 def answer_table(
     answers: pd.DataFrame,
     *,
@@ -143,7 +154,8 @@ def answer_table(
             raise MedrankError(
                 f"retrieved table lacks {len(missing)} questions (e.g. {missing[0]}): re-run the retrieve stage"
             )
-        e = e[(e["rank"] <= n_candidates) & e["passes_threshold"].astype(bool)]
+        check_n_applied(e, n_candidates)  # N: applied once, by stage retrieve
+        e = e[e["passes_threshold"].astype(bool)]
         passed = set(zip(e["gid"], e["rank"].astype(int)))
         by_rank = {i: e[e["rank"] == i].drop_duplicates("gid").set_index("gid") for i in ranks}
         for i in ranks:

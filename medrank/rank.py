@@ -3,8 +3,8 @@
 clean + normalize (medrank.text.normalize.normalize_table) → retrieve (medrank.retrieval.score_candidates,
 select_entailed, attach_entailed) → NLI grids (medrank.grids.answer_grids) → per-answer scores (bienc, heading,
 cnn, qa) → the final system of stage score (models/system.json: the MTL, the baseline, or their ensemble at the
-CV-chosen weight and threshold). Every knob comes from what the stages saved (models/system.json `recipe`, the
-trained models), never from the current params.yaml. The extraction caches are read, never written (they are
+CV-chosen weight and threshold). Every knob comes from what the stages saved under models/ (each step's params and
+tables in models/steps/, medrank.steps; the trained models; the decision), never from params.yaml or data/. The extraction caches are read, never written (they are
 DVC outputs), so a question the pipeline has seen gets the very values the stages computed.
 
 `fit="val"` uses the models trained on the two training sets only (what submissions/task3_val.csv comes from);
@@ -155,16 +155,14 @@ def read_rank_input(path: str) -> RankInput:
     return parse_rank_input(read_text_capped(p, MAX_INPUT_BYTES, "one question's answers"), path)
 
 
-def read_system(models_dir: str | Path = layout.MODELS) -> tuple[dict, Params]:
-    """models/system.json (written by stage score) and the inference recipe it saved, as typed params."""
-    from medrank.params import recipe_params
-
+def read_system(models_dir: str | Path = layout.MODELS) -> dict:
+    """models/system.json (written by stage score): the final system, its MTL weight, keep rules and order."""
     path = Path(models_dir) / layout.SYSTEM.name
     if not path.is_file():
         raise MedrankError(f"{path}: no trained system (run `dvc repro score`)")
     try:
         system = json.loads(path.read_text(encoding="utf-8"))
-        missing = [k for k in ("system", "mtl_weight", "keep", "order", "recipe") if k not in system]
+        missing = [k for k in ("system", "mtl_weight", "keep", "order") if k not in system]
     except (ValueError, TypeError) as e:
         raise MedrankError(f"{path}: not a system file written by stage score ({type(e).__name__}: {e})") from None
     if missing:
@@ -180,8 +178,7 @@ def read_system(models_dir: str | Path = layout.MODELS) -> tuple[dict, Params]:
         raise MedrankError(
             f"{path}: the saved keep rule / order is not one stage score writes ({type(e).__name__}: {e})"
         ) from None
-    recipe = system["recipe"]
-    return system, recipe_params(recipe, f"{path}: recipe")
+    return system
 
 
 @dataclass
@@ -209,16 +206,15 @@ class Ranker:
     def load(cls, models_dir: str | Path = layout.MODELS, fit: Fit = "final") -> "Ranker":
         from medrank.encoders.cross_encoder import CrossEncoder
         from medrank.encoders.sentence_encoder import SentenceEncoder
-        from medrank.io import read_parquet
         from medrank.models.baseline import FittedBaseline
         from medrank.models.mtl import MTLBag
-        from medrank.retrieval import medquad_documents
-        from medrank.text.normalize import make_pipeline
+        from medrank.steps import load_recipe, load_step, normalizer_state_of
+        from medrank.text.sentences import make_splitter
 
         models_dir = Path(models_dir)
         if fit not in ("final", "val"):
             raise MedrankError(f"fit must be final or val, got {fit!r}")
-        system, p = read_system(models_dir)
+        system = read_system(models_dir)
         name = system["system"]
         baseline = mtl = meta = None
         if name in ("baseline", "ensemble"):
@@ -227,15 +223,21 @@ class Ranker:
             mtl_dir = models_dir / layout.MTL_MODEL.name
             mtl, meta = MTLBag.load(mtl_dir / "val" if fit == "val" else mtl_dir)
         groups = set(baseline.builder.groups if baseline else ()) | set(mtl.builder.groups if mtl else ())
-        normalizer, splitter, _ = make_pipeline(p.normalize)  # coreference is optional and slow: not used here
-        qcol = "question_norm" if p.retrieve.question_text == "normalized" else "question"
+        # each step as its stage saved it under models/steps/ (params and tables): nothing read from params.yaml or data/
+        needed = ["normalize", "retrieve", "grids"]
+        needed += ["answer_scores"] if groups & {"bienc", "heading", "qtype"} else []
+        needed += ["cnn_scores"] if "cnn" in groups else []
+        steps = {s: load_step(s, models_dir) for s in needed}
+        p = load_recipe(steps, f"{models_dir / layout.STEPS.name}")
+        normalizer = normalizer_state_of(steps["normalize"]).normalizer()
+        splitter = make_splitter(p.normalize.sentence_splitter, p.normalize.stanza_dir)  # coreference: not used here
         cnn = qa = bienc = qtypes = None
         if groups & {"bienc", "heading"}:
             bienc = SentenceEncoder(p.bienc.model, device=p.device, max_length=p.bienc.max_length)
         if "qtype" in groups:
             from medrank.models.qtype import QuestionTypes
 
-            qtypes = QuestionTypes(read_parquet(layout.CLEAN_MEDQUAD), p.seed)  # as stage bienc fits it
+            qtypes = QuestionTypes(steps["answer_scores"].tables["qtype_train"], p.seed)  # as stage bienc fits it
         if "cnn" in groups:
             from medrank.models.cnn import CnnRanker
 
@@ -253,7 +255,7 @@ class Ranker:
             fit=fit,
             normalizer=normalizer,
             splitter=splitter,
-            docs=medquad_documents(read_parquet(layout.MEDQUAD), qcol, "answer_norm"),
+            docs=steps["retrieve"].tables["medquad"],
             rqe=CrossEncoder.load(
                 _model_dir(models_dir / layout.RQE_MODEL.name, "rqe", "finetune_rqe"),
                 device=p.device,
@@ -306,7 +308,7 @@ class Ranker:
         from medrank.retrieval import attach_entailed, questions_table, score_candidates, select_entailed
 
         p = self.recipe
-        qcol = "question_norm" if p.retrieve.question_text == "normalized" else "question"
+        qcol = p.retrieve.question_column
         scored = score_candidates(
             questions_table(answers, qcol, None),
             self.docs,

@@ -135,6 +135,12 @@ def medquad_documents(medquad: pd.DataFrame, question_col: str, answer_col: str)
     return df.reset_index(drop=True)
 
 
+def saved_documents(docs: pd.DataFrame, question_col: str) -> pd.DataFrame:
+    """The columns of `medquad_documents` that retrieval reads (search text, ids, the entailed answer), as the
+    retrieve step saves them for `medrank rank`."""
+    return docs[["qa_id", "collection", question_col, "answer_norm", "answer_sentences"]].reset_index(drop=True)
+
+
 def questions_table(answers: pd.DataFrame, question_col: str, max_questions_per_split: int | None) -> pd.DataFrame:
     """One row per (split, qid) with its text as `question` (from `question_col`), sorted; the first
     `max_questions_per_split` questions of each split (tiny profiles), None = all."""

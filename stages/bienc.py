@@ -19,13 +19,14 @@ import time
 import pyarrow as pa
 
 from medrank import layout
-from medrank.answer_scores import BIENC_SCORES_COLUMNS, bienc_metrics, score_answers
+from medrank.answer_scores import BIENC_SCORES_COLUMNS, bienc_metrics, qtype_training_questions, score_answers
 from medrank.data.judged import judged_answers, with_judged
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.params import load_params
+from medrank.params import load_params, step_params
 from medrank.runner import run
+from medrank.steps import save_step
 
 log = logging.getLogger("stages.bienc")
 BIENC_SCORES = pa.schema(
@@ -45,6 +46,7 @@ def main(params_path: str = "params.yaml") -> None:
     bi = SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)
     table, stats = score_answers(answers, p, bi)
     write_parquet(table, layout.BIENC, BIENC_SCORES)
+    save_step("answer_scores", step_params(p, "answer_scores"), {"qtype_train": qtype_training_questions()})
     metrics = bienc_metrics(answers, labelled, table, bi, p, stats)
     write_json(layout.metrics_file("bienc"), {**metrics, "seconds": round(time.perf_counter() - t0, 1)})
     log.info("bienc: %d answers in %.1fs (%s)", len(answers), time.perf_counter() - t0, stats)

@@ -17,8 +17,9 @@ from medrank.evaluation import held_out_scores
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.metrics import gold_from_answers, ir_metrics, score_task3
 from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, answer_scores
-from medrank.params import load_params
+from medrank.params import load_params, step_params
 from medrank.runner import run
+from medrank.steps import save_step
 from medrank.submission import write_task3_submission
 from medrank.text.sentences import split_rule
 
@@ -32,6 +33,7 @@ def main(params_path: str = "params.yaml") -> None:
     scored = answers[["split", "qid", "aid", "label"]].reset_index(drop=True)
     scored = scored.join(answer_scores(ranker, answers.reset_index(drop=True), p.cnn.mediqa_aggregation, split_rule))
     write_parquet(scored.drop(columns="label"), layout.CNN_SCORES, CNN_MEDIQA_SCORES)
+    save_step("cnn_scores", step_params(p, "cnn_scores"))
 
     # qids repeat across splits (both training sets start at 1): group by split and qid
     relative = relative_to_question_best(scored["cnn_score"], scored["split"] + "/" + scored["qid"])

@@ -19,8 +19,9 @@ from medrank.encoders.extract import cached_precision_check
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.grids import NLI_GRID, answer_grids, candidate_answers, check_sample, grid_metrics
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.params import load_params
+from medrank.params import load_params, step_params
 from medrank.runner import run
+from medrank.steps import save_step
 
 log = logging.getLogger("stages.embed")
 
@@ -54,6 +55,7 @@ def main(params_path: str = "params.yaml") -> None:
         backend=backend,
     )
     write_parquet(grids.rows, layout.NLI_GRID, NLI_GRID)
+    save_step("grids", step_params(p, "grids"))
 
     sample = check_sample(grids, ep.precision_check_pairs, p.seed)
     check = cached_precision_check(model, sample, grids.precision, layout.CACHE_EMBED, ep.batch_size)

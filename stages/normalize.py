@@ -1,4 +1,5 @@
-"""DVC stage `normalize`: cleaned MEDIQA answers, RQE pairs and MedQuAD -> normalized texts + sentences."""
+"""DVC stage `normalize`: cleaned MEDIQA answers, RQE pairs and MedQuAD -> normalized texts + sentences, and the
+normalize step of `medrank rank` (models/steps/normalize: the section and the vocabularies it read)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,20 @@ import time
 from medrank import layout
 from medrank.data.schemas import NORMALIZED_TABLES
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.params import load_params
+from medrank.params import load_params, step_params
 from medrank.runner import run
+from medrank.steps import normalizer_state_tables, save_step
 from medrank.text.normalize import TABLES, make_pipeline, normalize_table
 
 log = logging.getLogger("stages.normalize")
 
 
 def main(params_path: str = "params.yaml") -> None:
-    p = load_params(params_path).normalize
+    params = load_params(params_path)
+    p = params.normalize
     t0 = time.perf_counter()
-    normalizer, splitter, coref = make_pipeline(p)
+    state, splitter, coref = make_pipeline(p)
+    normalizer = state.normalizer()
     metrics: dict = {
         "vocabulary": {
             "abbreviations": len(normalizer.abbreviations) if normalizer.abbreviations else 0,
@@ -41,6 +45,7 @@ def main(params_path: str = "params.yaml") -> None:
         metrics[name] = stats
         log.info("%s: %d rows, %d texts in %.1fs", name, len(df), n_texts, time.perf_counter() - t1)
     metrics["total"] = totals
+    save_step("normalize", step_params(params, "normalize"), normalizer_state_tables(state))
     write_json(layout.metrics_file("normalize"), metrics)
     log.info("normalize: %d texts, %d changed, in %.1fs", totals["texts"], totals["changed"], time.perf_counter() - t0)
 

@@ -17,9 +17,10 @@ from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.encoders.distributed import extraction_backend
 from medrank.errors import MedrankError
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.params import load_params
+from medrank.params import load_params, step_params
 from medrank import retrieval as R
 from medrank.runner import run
+from medrank.steps import save_step
 
 log = logging.getLogger("stages.retrieve")
 
@@ -33,7 +34,7 @@ def main(params_path: str = "params.yaml") -> None:
         )
     t0 = time.perf_counter()
     threads = set_threads()
-    qcol = "question_norm" if rp.question_text == "normalized" else "question"
+    qcol = rp.question_column
     answers = read_parquet(layout.ANSWERS, columns=["split", "qid", "question", "question_norm"])
     questions = R.questions_table(answers, qcol, p.max_questions_per_split)
     docs = R.medquad_documents(read_parquet(layout.MEDQUAD), qcol, "answer_norm")
@@ -56,6 +57,7 @@ def main(params_path: str = "params.yaml") -> None:
     chosen = R.attach_entailed(R.select_entailed(scored.table, p.n_candidates, p.rqe_threshold), docs, qcol)
     schema = R.retrieved_schema(model.hidden_size)
     write_parquet(chosen[schema.names], layout.RETRIEVED, schema)
+    save_step("retrieve", step_params(p, "retrieve"), {"medquad": R.saved_documents(docs, qcol)})
 
     metrics = R.retrieval_metrics(
         p,

@@ -25,7 +25,7 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank import final_system as F
     from medrank import layout as L
     from medrank.io import write_json
-    from medrank.params import inference_recipe, load_params
+    from medrank.params import load_params
 
     p = load_params(params_path)
     sp = p.score
@@ -50,7 +50,6 @@ def main(params_path: str = "params.yaml") -> None:
             "keep": keep,
             "keep_rule": sel["rule"],
             "order": sel["order"],
-            "recipe": inference_recipe(p),
         },
     )
     write_json(L.metrics_file("task3_val"), {**metrics, "seconds": round(time.perf_counter() - t0, 1)})

@@ -193,7 +193,10 @@ def workdir(tmp_path_factory) -> Path:
     from medrank.encoders.cross_encoder import CrossEncoder
     from medrank.io import write_json
     from medrank.models import mtl
-    from medrank.params import Params, inference_recipe
+    from medrank.params import Params, step_params
+    from medrank.retrieval import medquad_documents, saved_documents
+    from medrank.steps import normalizer_state_tables, save_step
+    from medrank.text.normalize import normalizer_state
     from medrank.text.sentences import split_rule
 
     n = torch.get_num_threads()
@@ -210,8 +213,6 @@ def workdir(tmp_path_factory) -> Path:
     mq["question_norm"] = mq["question"]
     mq["answer_norm"] = mq["answer"]
     mq["answer_sentences"] = [split_rule(a) if a else [] for a in mq["answer"]]
-    (root / "data" / "interim" / "normalized").mkdir(parents=True)
-    mq.to_parquet(root / "data" / "interim" / "normalized" / "medquad.parquet")
 
     cfg = _tiny_mtl(max_epochs=2)
     data = _fake_training_data()
@@ -235,16 +236,25 @@ def workdir(tmp_path_factory) -> Path:
         embed={"bi_encoder": str(bert), "max_sentences": 3, "prefilter_top_k": 2},
         bienc={"model": str(bert), "max_length": 32},
     )
+    # each step as its stage saves it: all `medrank rank` reads besides the models (no params.yaml, no data/)
+    models = root / "models"
+    state = normalizer_state_tables(normalizer_state(recipe.normalize))
+    save_step("normalize", step_params(recipe, "normalize"), state, models_dir=models)
+    docs = saved_documents(medquad_documents(mq, "question_norm", "answer_norm"), "question_norm")
+    save_step("retrieve", step_params(recipe, "retrieve"), {"medquad": docs}, models_dir=models)
+    save_step("grids", step_params(recipe, "grids"), models_dir=models)
+    qtype_train = pd.DataFrame({"focus": ["x"] * 4, "question_type": ["a", "a", "b", "b"], "question": ["w"] * 4})
+    save_step("answer_scores", step_params(recipe, "answer_scores"), {"qtype_train": qtype_train}, models_dir=models)
+    save_step("cnn_scores", step_params(recipe, "cnn_scores"), models_dir=models)
     keep = {"kind": "threshold", "value": 0.5, "min_keep": 0, "target_prior": None}
     write_json(
-        root / "models" / "system.json",
+        models / "system.json",
         {
             "system": "mtl",
             "mtl_weight": 1.0,
             "keep": {"val": keep, "test": keep},
             "keep_rule": "threshold",
             "order": "rank",
-            "recipe": inference_recipe(recipe),
         },
     )
     torch.set_num_threads(n)
@@ -276,6 +286,28 @@ def test_rank_fixture_input_json(workdir, monkeypatch, capsys):
     # without --all only the kept answers are printed
     only = json.loads(_rank(workdir, monkeypatch, capsys, str(FIXTURES / "rank_input.json")))
     assert only["answers"] == kept
+
+
+def test_rank_needs_only_the_models_folder(workdir, monkeypatch, capsys, tmp_path):
+    """models/ copied alone elsewhere, run from an empty folder: the same answers and order (no params.yaml, no data/);
+    a missing step is one line naming the stage that saves it."""
+    from medrank.cli import main
+
+    want = json.loads(_rank(workdir, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
+    shutil.copytree(workdir / "models", tmp_path / "only" / "models")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    assert (
+        main(["rank", str(FIXTURES / "rank_input.json"), "--all", "--models", str(tmp_path / "only" / "models")]) == 0
+    )
+    assert json.loads(capsys.readouterr().out) == want
+    shutil.rmtree(tmp_path / "only" / "models" / "steps" / "retrieve")
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(tmp_path / "only" / "models")])
+    lines = error_lines(capsys.readouterr().err)
+    assert (
+        e.value.code == 2 and len(lines) == 1 and "the retrieve step is missing (run `dvc repro retrieve`)" in lines[0]
+    )
 
 
 def test_rank_stdin_and_table(workdir, monkeypatch, capsys):
@@ -395,9 +427,10 @@ def _project_with_group(
     )
     meta = json.loads((workdir / "models" / "mtl" / "mtl.json").read_text())
     model.save(root / "models" / "mtl", extra_meta={k: meta[k] for k in ("decision", "n_candidates")})
-    system = json.loads((workdir / "models" / "system.json").read_text())
-    system["recipe"]["cnn"]["mediqa_aggregation"] = aggregation
-    (root / "models" / "system.json").write_text(json.dumps(system))
+    step = root / "models" / "steps" / "cnn_scores" / "step.json"
+    saved = json.loads(step.read_text())
+    saved["params"]["cnn"]["mediqa_aggregation"] = aggregation
+    step.write_text(json.dumps(saved))
     return root
 
 

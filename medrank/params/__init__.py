@@ -58,8 +58,9 @@ from medrank.params.rankers import (
 from medrank.params.loading import (
     Params,
     load_params,
-    inference_recipe,
+    STEP_PARAMS,
     recipe_params,
+    step_params,
 )
 
 __all__ = [
@@ -104,10 +105,11 @@ __all__ = [
     "ScoreParams",
     "Task2Params",
     "Workers",
-    "inference_recipe",
+    "STEP_PARAMS",
     "load_params",
     "mtl_rows",
     "recipe_params",
+    "step_params",
     "user_file",
     "user_folder",
 ]

@@ -185,29 +185,29 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     return params
 
 
-# what `medrank rank` needs to treat a new question exactly as the stages treated the test questions
-_RECIPE_SECTIONS = (
-    "seed",
-    "device",
-    "n_candidates",
-    "rqe_threshold",
-    "normalize",
-    "retrieve",
-    "embed",
-    "bienc",
-    "qa",
-)  # seed: group qtype
-
+# what `medrank rank` needs to treat a new question exactly as the stages treated the test questions: each step of the
+# inference path is saved by the stage that runs it (medrank.steps), with the params keys it read (a dotted key: one
+# field of a section); the saved steps together are the recipe `recipe_params` rebuilds
+STEP_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {  # step: (the stage that saves it, its params keys)
+    "normalize": ("normalize", ("normalize",)),
+    "retrieve": ("retrieve", ("n_candidates", "rqe_threshold", "retrieve")),
+    "grids": ("embed", ("embed",)),
+    "answer_scores": ("bienc", ("seed", "bienc")),  # seed: the question-type classifier of group qtype
+    "cnn_scores": ("cnn_mediqa", ("cnn.mediqa_aggregation",)),
+}
 
 # where an extraction pass runs (here, forked workers, a Ray pool), not what it computes: the outputs are the same either way
 _PLACEMENT = {"retrieve": {"backend", "workers", "ray"}, "embed": {"backend", "workers", "ray"}}
 
 
-def inference_recipe(p: Params) -> dict:
-    """The knobs of the inference path (the sections above, less where extraction runs, + cnn.mediqa_aggregation),
-    saved with the final system; stage score declares exactly these keys in dvc.yaml."""
-    recipe = p.model_dump(mode="json", include=set(_RECIPE_SECTIONS), exclude=_PLACEMENT)
-    return {**recipe, "cnn": {"mediqa_aggregation": p.cnn.mediqa_aggregation}}
+def step_params(p: Params, step: str) -> dict:
+    """The params keys of `step` (STEP_PARAMS) as a nested dict, less where extraction runs."""
+    out: dict = {}
+    for key in STEP_PARAMS[step][1]:
+        section, _, field = key.partition(".")
+        value = p.model_dump(mode="json", include={section}, exclude=_PLACEMENT)[section]
+        out[section] = {field: value[field]} if field else value
+    return out
 
 
 def recipe_params(recipe: dict, where: str) -> Params:

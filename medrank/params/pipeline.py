@@ -209,6 +209,11 @@ class RetrieveParams(_Section):
 
     _ray = field_validator("backend")(_ray_installed)
 
+    @property
+    def question_column(self) -> str:
+        """The answers / MedQuAD table column holding `question_text`."""
+        return "question_norm" if self.question_text == "normalized" else "question"
+
 
 class EmbedParams(_Section):
     """NLI sentence grids + ANLI for (candidate, entailed answer) pairs (stage embed)."""

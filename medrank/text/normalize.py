@@ -63,10 +63,23 @@ class TextNormalizer:
         return Normalized(text, n_abbr, n_conc)
 
 
-def build_normalizer(p: NormalizeParams) -> TextNormalizer:
-    """The normalizer described by the `normalize` params section."""
-    abbr = AbbreviationExpander(load_abbreviations(p.abbreviation_list)) if p.expand_abbreviations else None
-    concepts = None
+@dataclass(frozen=True)
+class NormalizerState:
+    """What a TextNormalizer is made of: the abbreviation list and the (surface form, preferred name) entries, each
+    None when that pass is off. Saved by stage normalize (medrank.steps), so `medrank rank` needs no vocabulary file."""
+
+    abbreviations: dict[str, str] | None
+    concepts: list[tuple[str, str]] | None
+
+    def normalizer(self) -> TextNormalizer:
+        abbr = AbbreviationExpander(self.abbreviations) if self.abbreviations is not None else None
+        return TextNormalizer(abbr, ConceptNormalizer(self.concepts) if self.concepts is not None else None)
+
+
+def normalizer_state(p: NormalizeParams) -> NormalizerState:
+    """The abbreviations and concept entries the `normalize` params section names (its files read here)."""
+    abbreviations = load_abbreviations(p.abbreviation_list) if p.expand_abbreviations else None
+    entries = None
     if p.preferred_names:
         vfilter = VocabularyFilter(
             min_chars=p.min_term_chars, max_tokens=p.max_term_tokens, stoplist=load_stoplist(p.concept_stoplist)
@@ -75,10 +88,14 @@ def build_normalizer(p: NormalizeParams) -> TextNormalizer:
             entries = umls_entries(p.umls_mrconso, vfilter, p.umls_sources)
         else:
             entries = disease_ontology_entries(p.disease_ontology, vfilter)
-        if abbr is not None:
-            entries = close_under_abbreviations(entries, abbr)
-        concepts = ConceptNormalizer(entries)
-    return TextNormalizer(abbr, concepts)
+        if abbreviations is not None:
+            entries = close_under_abbreviations(entries, AbbreviationExpander(abbreviations))
+    return NormalizerState(abbreviations, entries)
+
+
+def build_normalizer(p: NormalizeParams) -> TextNormalizer:
+    """The normalizer described by the `normalize` params section."""
+    return normalizer_state(p).normalizer()
 
 
 def close_under_abbreviations(entries: list[tuple[str, str]], abbr: AbbreviationExpander) -> list[tuple[str, str]]:
@@ -189,8 +206,8 @@ def normalize_table(
     return out, stats
 
 
-def make_pipeline(p: NormalizeParams) -> tuple[TextNormalizer, Callable[[str], list[str]], Callable | None]:
-    """(normalizer, sentence splitter, coreference resolver or None) for the params section."""
+def make_pipeline(p: NormalizeParams) -> tuple[NormalizerState, Callable[[str], list[str]], Callable | None]:
+    """(normalizer state: `.normalizer()` makes it, sentence splitter, coreference resolver or None) for the section."""
     coref = make_coref(p.coref, p.stanza_dir)  # fail early, before the vocabularies are built
     splitter = make_splitter(p.sentence_splitter, p.stanza_dir)
-    return build_normalizer(p), splitter, coref
+    return normalizer_state(p), splitter, coref

@@ -218,9 +218,13 @@ def test_candidate_without_entailed_answer_is_still_scored(tables):
 
 def test_n_candidates_and_missing_questions(tables):
     a, g, ret = tables
-    d1 = mtl.build_mtl_data(a, g, ret, n_candidates=1)
+    # N is applied once, by stage retrieve: tables of N = 1 give rank-1 pairs only; a table of another N is an error
+    g1 = g[(g["entailed_kind"] == "augment") | (g["entailed_rank"] <= 1)]
+    d1 = mtl.build_mtl_data(a, g1, ret[ret["rank"] <= 1], n_candidates=1)
     rqe_rows = d1.pairs[d1.pairs["augmented"] == 0]
     assert set(rqe_rows["entailed"].str.extract(r"_(\d+)$")[0].astype(int)) == {1}
+    with pytest.raises(MedrankError, match="rank up to 2 for n_candidates 1: the tables come from another run"):
+        mtl.build_mtl_data(a, g, ret, n_candidates=1)
     # questions without retrieval results (a capped tiny profile) are left out, not an error
     q = a["qid"].iloc[0]
     d2 = mtl.build_mtl_data(a, g, ret[ret["qid"] != q], n_candidates=2)

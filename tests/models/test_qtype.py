@@ -26,7 +26,7 @@ from medrank.features import (
 )
 from medrank.data.schemas import NORMALIZED_LIVEQA_QRELS
 from medrank.models.qtype import QuestionTypes
-from medrank.params import BaselineParams, Params, inference_recipe
+from medrank.params import BaselineParams, Params, step_params
 from tests.helpers.tables import MEDQUAD  # 5 foci x 4 types in MedQuAD's templates
 from tests.conftest import write_params
 
@@ -171,5 +171,5 @@ def test_rank_computes_the_stage_columns(qtypes):
     assert set(got) == set(expected)
     for k in expected:
         np.testing.assert_array_equal(got[k], expected[k])
-    # the classifier's seed travels with the trained system's recipe
-    assert inference_recipe(Params(seed=7))["seed"] == 7
+    # the classifier's seed travels with the answer-scores step stage bienc saves
+    assert step_params(Params(seed=7), "answer_scores")["seed"] == 7

@@ -106,24 +106,27 @@ def test_every_layout_path_is_declared_in_dvc_yaml():
     assert not missing, f"in medrank/layout.py but never declared in dvc.yaml: {missing}"
 
 
-def test_score_declares_exactly_the_saved_inference_recipe():
-    """Stage score saves `inference_recipe` in models/system.json: it declares those keys and no more (so e.g.
-    `embed.backend`, which moves extraction but changes no output, does not re-run it)."""
-    from medrank.params import Params, inference_recipe
+def test_the_steps_have_one_folder_each():
+    from medrank import layout
+    from medrank.params import STEP_PARAMS
 
-    def keys(d: dict, prefix: str = "") -> set[str]:
-        return {
-            k
-            for name, v in d.items()
-            for k in (keys(v, f"{prefix}{name}.") if isinstance(v, dict) else {f"{prefix}{name}"})
-        }
+    assert set(layout.STEP_DIRS) == set(STEP_PARAMS)
 
-    declared = set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["score"]["params"]) - {"score"}
-    recipe = inference_recipe(Params())
-    sections = {k for k in declared if "." not in k}
-    expanded = {k for k in keys(recipe) if k.split(".")[0] not in sections} | sections
-    assert declared == expanded
-    assert "backend" not in recipe["embed"] and "ray" not in recipe["retrieve"]
+
+@pytest.mark.parametrize("step", ["normalize", "retrieve", "grids", "answer_scores", "cnn_scores"])
+def test_each_inference_step_is_saved_by_a_stage_that_declares_its_params(step):
+    """medrank.steps: the stage that saves a step of `medrank rank` declares every params key the step holds and
+    declares the step's folder as an output; stage score, which no longer copies them, declares only its own."""
+    from medrank.params import STEP_PARAMS, Params, step_params
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    stage, keys = STEP_PARAMS[step]
+    declared = set(stages[stage]["params"])
+    assert set(keys) <= declared, f"{stage} saves {sorted(set(keys) - declared)} without declaring them"
+    assert f"models/steps/{step}" in _paths(stages[stage]["outs"])
+    saved = step_params(Params(), step)
+    assert "backend" not in saved.get("embed", {}) and "ray" not in saved.get("retrieve", {})  # where, not what
+    assert set(stages["score"]["params"]) == {"seed", "score"}
 
 
 @pytest.mark.parametrize("stage", ["mtl_ablations", "mtl_confirm"])

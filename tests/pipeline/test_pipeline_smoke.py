@@ -52,10 +52,10 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
 
     bag, meta = MTLBag.load(tiny_repo / "models/mtl")
     assert len(bag.members) == 2 and "cnn" in bag.builder.groups and meta["n_candidates"] == 3
-    assert json.loads((tiny_repo / "models/system.json").read_text())["recipe"]["cnn"]["mediqa_aggregation"] in (
-        "max",
-        "mean",
-    )
+    # each inference step saved by the stage that runs it: `medrank rank` reads these, not params.yaml or data/
+    step = json.loads((tiny_repo / "models/steps/cnn_scores/step.json").read_text())
+    assert step["stage"] == "cnn_mediqa" and step["params"]["cnn"]["mediqa_aggregation"] in ("max", "mean")
+    assert "recipe" not in json.loads((tiny_repo / "models/system.json").read_text())
     # the ablation / selection tables and the candidate signals no default reads (qa, qa_graded) are analysis/dvc.yaml's:
     # `dvc repro` runs none of its stages
     assert "analysis/dvc.yaml:" not in r.stdout, r.stdout

@@ -88,16 +88,17 @@ def build_mtl_data(
     """MTLData from the normalized answers, the embed stage's NLI grid rows (extract.NLI_GRID) and the retrieve
     stage's table (retrieval.retrieved_schema: rank, rqe_score, passes_threshold, entailed_answer, rqe_cls).
 
-    Grids are (candidate sentences, selected entailed sentences, H). Entailed answers of rank <= n_candidates
-    (the top-1 fallback below T included, as the paper's §4.6) and augmentation pairs are used; a candidate
+    Grids are (candidate sentences, selected entailed sentences, H). The entailed answers (N applied by stage
+    retrieve and checked here; the top-1 fallback below T included, as the paper's §4.6) and augmentation pairs are used; a candidate
     without any entailed answer gets one empty 1×1 grid (entailed "none"), so every candidate can be scored.
     Answers of questions absent from `retrieved` (a capped tiny profile) are left out. `scores`: per-answer
     columns aligned with `answers` (bienc_cos, cnn_score), passed on to features.answer_table.
     """
-    from medrank.features import answer_table, question_key
+    from medrank.features import answer_table, check_n_applied, question_key
 
     scores = dict(scores or {})
-    retrieved = retrieved[retrieved["rank"] <= n_candidates]
+    check_n_applied(retrieved, n_candidates)
+    check_n_applied(grid[grid["entailed_kind"] != "augment"], n_candidates, "entailed_rank")
     have = set(zip(retrieved["split"].astype(str), retrieved["qid"].astype(str)))
     keep = np.array(
         [(s, q) in have for s, q in zip(answers["split"].astype(str), answers["qid"].astype(str))], dtype=bool
@@ -110,7 +111,6 @@ def build_mtl_data(
         )
         answers = answers[keep].reset_index(drop=True)
         scores = {k: np.asarray(v)[keep] for k, v in scores.items()}
-    grid = grid[(grid["entailed_kind"] == "augment") | (grid["entailed_rank"] <= n_candidates)]
     # a capped profile (embed.max_answers_per_question) embeds only some answers of a question: keep those
     in_grid = set(zip(grid["split"].astype(str), grid["qid"].astype(str), grid["aid"].astype(str)))
     q_in_grid = {(s, q) for s, q, _ in in_grid}

@@ -1,0 +1,122 @@
+"""The inference path's steps, saved by the stages that run them, so that `medrank rank` loads from models/ alone.
+
+Each stage that makes a step of the inference path (STEP_PARAMS: normalize, retrieve, grids, answer scores, CNN
+scores) writes models/steps/<step>/: step.json with the params keys it read (never params.yaml at rank time, never
+copied through another stage) and, where the step holds data, parquet tables beside it (the vocabularies of
+normalize, the MedQuAD documents retrieve searches, the question-type training questions). The fitted models
+(models/nli, rqe, baseline, mtl, cnn, qa) and the final decision (models/system.json, stage score) are their own
+stages' outputs. `load_recipe` joins the saved steps into the typed params `medrank rank` runs with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from medrank import layout
+from medrank.errors import MedrankError
+from medrank.io import write_json, write_parquet
+
+STEP_FILE = "step.json"
+
+
+def step_dir(step: str, models_dir: str | os.PathLike = layout.MODELS) -> Path:
+    """models/steps/<step> under `models_dir` (layout.STEP_DIRS)."""
+    return Path(models_dir) / layout.STEP_DIRS[step].relative_to(layout.MODELS)
+
+
+def save_step(
+    step: str,
+    params: dict,
+    tables: dict[str, pd.DataFrame] | None = None,
+    models_dir: str | os.PathLike = layout.MODELS,
+) -> Path:
+    """Write models/steps/<step>/ (step.json: {"params": ...}, + <name>.parquet per table); each file atomically."""
+    from medrank.params import STEP_PARAMS
+
+    if step not in STEP_PARAMS:
+        raise MedrankError(f"save_step: unknown step '{step}' (one of {', '.join(STEP_PARAMS)})")
+    out = step_dir(step, models_dir)
+    for name, df in (tables or {}).items():
+        write_parquet(df, out / f"{name}.parquet", pa.Schema.from_pandas(df, preserve_index=False))
+    write_json(
+        out / STEP_FILE, {"step": step, "stage": STEP_PARAMS[step][0], "params": params, "tables": sorted(tables or {})}
+    )
+    return out
+
+
+@dataclass(frozen=True)
+class SavedStep:
+    """A step as its stage saved it: the params keys it read and its tables."""
+
+    step: str
+    params: dict
+    tables: dict[str, pd.DataFrame]
+
+
+def load_step(step: str, models_dir: str | os.PathLike = layout.MODELS) -> SavedStep:
+    """models/steps/<step>/ read back; a missing or damaged folder is one error line naming the stage to run."""
+    from medrank.params import STEP_PARAMS
+
+    d = step_dir(step, models_dir)
+    stage = STEP_PARAMS[step][0]
+    path = d / STEP_FILE
+    if not path.is_file():
+        raise MedrankError(f"{path}: the {step} step is missing (run `dvc repro {stage}`)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        params, names = meta["params"], meta["tables"]
+        if not isinstance(params, dict) or not isinstance(names, list):
+            raise TypeError("params must be an object, tables a list")
+    except (ValueError, KeyError, TypeError) as e:
+        raise MedrankError(f"{path}: not a step file stage {stage} writes ({type(e).__name__}: {e})") from None
+    tables = {}
+    for name in names:
+        t = d / f"{name}.parquet"
+        if not t.is_file():
+            raise MedrankError(f"{t}: table of the {step} step missing (run `dvc repro {stage}`)")
+        tables[name] = pd.read_parquet(t)
+    return SavedStep(step, params, tables)
+
+
+def load_recipe(steps: dict[str, SavedStep], where: str):
+    """The typed params of the saved steps together (sections no step saved get their defaults)."""
+    from medrank.params import recipe_params
+
+    merged: dict = {}
+    for s in steps.values():
+        for section, value in s.params.items():
+            if isinstance(value, dict):
+                merged.setdefault(section, {}).update(value)
+            else:
+                merged[section] = value
+    return recipe_params(merged, where)
+
+
+# ---------------------------------------------------------------- the normalize step's vocabularies
+def normalizer_state_tables(state) -> dict[str, pd.DataFrame]:
+    """A NormalizerState as tables: abbreviations (abbreviation, expansion), concepts (surface, name); a pass that is
+    off has no table."""
+    out = {}
+    if state.abbreviations is not None:
+        out["abbreviations"] = pd.DataFrame(
+            {"abbreviation": list(state.abbreviations), "expansion": list(state.abbreviations.values())}
+        )
+    if state.concepts is not None:
+        out["concepts"] = pd.DataFrame(state.concepts, columns=["surface", "name"]).astype(str)
+    return out
+
+
+def normalizer_state_of(saved: SavedStep):
+    from medrank.text.normalize import NormalizerState
+
+    a, c = saved.tables.get("abbreviations"), saved.tables.get("concepts")
+    return NormalizerState(
+        dict(zip(a["abbreviation"], a["expansion"])) if a is not None else None,
+        list(zip(c["surface"], c["name"])) if c is not None else None,
+    )
