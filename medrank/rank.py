@@ -1,11 +1,8 @@
-"""`medrank rank`: the trained pipeline on one new question, composed of the library functions the stages call.
-
-clean + normalize (medrank.text.normalize.normalize_table) → retrieve (medrank.retrieval.score_candidates,
-select_entailed, attach_entailed) → NLI grids (medrank.grids.answer_grids) → per-answer scores (bienc, heading,
-cnn, qa) → the final system of stage score (models/system.json: the MTL, the baseline, or their ensemble at the
-CV-chosen weight and threshold). Every knob comes from what the stages saved under models/ (each step's params and
-tables in models/steps/, medrank.steps; the trained models; the decision), never from params.yaml or data/. The extraction caches are read, never written (they are
-DVC outputs), so a question the pipeline has seen gets the very values the stages computed.
+"""`medrank rank`: the trained pipeline on one new question: the input checked and cleaned here, then the step objects
+the stages save (medrank.inference.InferencePipeline: normalize -> retrieve -> NLI grids -> answer scores -> the final
+system of stage score), loaded from models/ alone, never from params.yaml or data/. The extraction caches are read
+when the working folder has them, never written (they are DVC outputs), so a question the pipeline has seen gets the
+very values the stages computed.
 
 `fit="val"` uses the models trained on the two training sets only (what submissions/task3_val.csv comes from);
 `fit="final"` (default) the models trained on train + validation (the test submission's).
@@ -27,7 +24,6 @@ from medrank.io import decode_utf8, read_text_capped
 if TYPE_CHECKING:
     import pandas as pd
 
-    from medrank.params import Params
 
 log = logging.getLogger(__name__)
 
@@ -181,254 +177,51 @@ def read_system(models_dir: str | Path = layout.MODELS) -> dict:
     return system
 
 
+def answers_table(inp: RankInput) -> pd.DataFrame:
+    """The question's answers as stage clean makes them (schemas.CLEAN answers columns, one question, no labels)."""
+    import pandas as pd
+
+    from medrank.data.mediqa import source_of
+    from medrank.text.clean import clean_answer, normalize_text
+
+    df = pd.DataFrame(
+        {
+            "split": _SPLIT,
+            "qid": _QID,
+            "question": normalize_text(inp.question),
+            "aid": [a.id for a in inp.answers],
+            "answer": [clean_answer(a.text) for a in inp.answers],
+            "url": [a.url for a in inp.answers],
+            "source": [source_of(a.url) for a in inp.answers],
+            "answer_pos": range(1, len(inp.answers) + 1),
+        }
+    )
+    for c in ("system_rank", "reference_rank", "reference_score", "label"):
+        df[c] = pd.Series([None] * len(df), dtype="Float64")
+    df["answer_pos"] = df["answer_pos"].astype("Int32")
+    return df
+
+
 @dataclass
 class Ranker:
-    """The loaded inference path; `rank` scores one question's candidate answers."""
+    """The loaded inference pipeline (medrank.inference); `rank` scores one question's candidate answers."""
 
-    recipe: Params
-    system: dict
-    fit: Fit
-    normalizer: Any
-    splitter: Any
-    docs: pd.DataFrame  # MedQuAD documents (medrank.retrieval.medquad_documents)
-    rqe: Any  # CrossEncoder
-    nli: Any
-    prefilter: Any | None  # SentenceEncoder of the grid prefilter
-    bienc: Any | None  # SentenceEncoder of groups bienc / heading, when a model reads them
-    qtypes: Any | None  # QuestionTypes of group qtype, when a model reads it
-    baseline: Any | None  # FittedBaseline
-    mtl: Any | None  # MTLBag
-    mtl_meta: dict | None
-    cnn: Any | None  # CnnRanker, when a model reads the cnn group
-    qa: Any | None  # CrossEncoder of stage qa, when a model reads the qa group
+    pipeline: Any  # InferencePipeline
 
     @classmethod
     def load(cls, models_dir: str | Path = layout.MODELS, fit: Fit = "final") -> "Ranker":
-        from medrank.encoders.cross_encoder import CrossEncoder
-        from medrank.encoders.sentence_encoder import SentenceEncoder
-        from medrank.models.baseline import FittedBaseline
-        from medrank.models.mtl import MTLBag
-        from medrank.steps import load_recipe, load_step, normalizer_state_of
-        from medrank.text.sentences import make_splitter
+        from medrank.inference import InferencePipeline
 
-        models_dir = Path(models_dir)
-        if fit not in ("final", "val"):
-            raise MedrankError(f"fit must be final or val, got {fit!r}")
-        system = read_system(models_dir)
-        name = system["system"]
-        baseline = mtl = meta = None
-        if name in ("baseline", "ensemble"):
-            baseline = FittedBaseline.load(models_dir / layout.BASELINE_MODEL.name / f"{fit}.json")
-        if name in ("mtl", "ensemble"):
-            mtl_dir = models_dir / layout.MTL_MODEL.name
-            mtl, meta = MTLBag.load(mtl_dir / "val" if fit == "val" else mtl_dir)
-        groups = set(baseline.builder.groups if baseline else ()) | set(mtl.builder.groups if mtl else ())
-        # each step as its stage saved it under models/steps/ (params and tables): nothing read from params.yaml or data/
-        needed = ["normalize", "retrieve", "grids"]
-        needed += ["answer_scores"] if groups & {"bienc", "heading", "qtype"} else []
-        needed += ["cnn_scores"] if "cnn" in groups else []
-        steps = {s: load_step(s, models_dir) for s in needed}
-        p = load_recipe(steps, f"{models_dir / layout.STEPS.name}")
-        normalizer = normalizer_state_of(steps["normalize"]).normalizer()
-        splitter = make_splitter(p.normalize.sentence_splitter, p.normalize.stanza_dir)  # coreference: not used here
-        cnn = qa = bienc = qtypes = None
-        if groups & {"bienc", "heading"}:
-            bienc = SentenceEncoder(p.bienc.model, device=p.device, max_length=p.bienc.max_length)
-        if "qtype" in groups:
-            from medrank.models.qtype import QuestionTypes
+        return cls(InferencePipeline.load(models_dir, fit))
 
-            qtypes = QuestionTypes(steps["answer_scores"].tables["qtype_train"], p.seed)  # as stage bienc fits it
-        if "cnn" in groups:
-            from medrank.models.cnn import CnnRanker
-
-            cnn = CnnRanker.load(_model_dir(models_dir / layout.CNN_MODEL.name, "cnn", "cnn_train"))
-        if "qa" in groups:
-            qa = CrossEncoder.load(
-                _model_dir(models_dir / layout.QA_MODEL.name, "qa", "qa"),
-                device=p.device,
-                precision=p.qa.predict_precision,
-            )
-        ep = p.embed
-        return cls(
-            recipe=p,
-            system=system,
-            fit=fit,
-            normalizer=normalizer,
-            splitter=splitter,
-            docs=steps["retrieve"].tables["medquad"],
-            rqe=CrossEncoder.load(
-                _model_dir(models_dir / layout.RQE_MODEL.name, "rqe", "finetune_rqe"),
-                device=p.device,
-                precision=p.retrieve.precision,
-            ),
-            nli=CrossEncoder.load(
-                _model_dir(models_dir / layout.NLI_MODEL.name, "nli", "finetune_nli"),
-                device=p.device,
-                precision=ep.precision,
-            ),
-            prefilter=SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None,
-            bienc=bienc,
-            qtypes=qtypes,
-            baseline=baseline,
-            mtl=mtl,
-            mtl_meta=meta,
-            cnn=cnn,
-            qa=qa,
-        )
-
-    # ------------------------------------------------------------ the stages' steps, one question
-    def answers_table(self, inp: RankInput) -> pd.DataFrame:
-        """The question's answers as stages clean + normalize make them (schemas.NORMALIZED_ANSWERS columns)."""
-        import pandas as pd
-
-        from medrank.data.mediqa import source_of
-        from medrank.text.clean import clean_answer, normalize_text
-        from medrank.text.normalize import TABLES, normalize_table
-
-        df = pd.DataFrame(
-            {
-                "split": _SPLIT,
-                "qid": _QID,
-                "question": normalize_text(inp.question),
-                "aid": [a.id for a in inp.answers],
-                "answer": [clean_answer(a.text) for a in inp.answers],
-                "url": [a.url for a in inp.answers],
-                "source": [source_of(a.url) for a in inp.answers],
-                "answer_pos": range(1, len(inp.answers) + 1),
-            }
-        )
-        for c in ("system_rank", "reference_rank", "reference_score", "label"):
-            df[c] = pd.Series([None] * len(df), dtype="Float64")
-        df["answer_pos"] = df["answer_pos"].astype("Int32")
-        out, _ = normalize_table(df, TABLES["answers"], self.normalizer, self.splitter, None, desc="rank")
-        return out
-
-    def retrieve(self, answers: pd.DataFrame) -> pd.DataFrame:
-        """The N MedQuAD questions the question entails, as stage retrieve selects them."""
-        from medrank.retrieval import attach_entailed, questions_table, score_candidates, select_entailed
-
-        p = self.recipe
-        qcol = p.retrieve.question_column
-        scored = score_candidates(
-            questions_table(answers, qcol, None),
-            self.docs,
-            self.rqe,
-            layout.CACHE_RQE,
-            question_col=qcol,
-            bm25_top_k=p.retrieve.bm25_top_k,
-            precision=p.retrieve.precision,
-            batch_size=p.retrieve.batch_size,
-            read_only=True,
-            show_progress=False,
-        )
-        return attach_entailed(select_entailed(scored.table, p.n_candidates, p.rqe_threshold), self.docs, qcol)
-
-    def grids(self, answers: pd.DataFrame, retrieved: pd.DataFrame) -> pd.DataFrame:
-        """NLI_GRID rows of every (answer, entailed answer), as stage embed makes them."""
-        from medrank.grids import answer_grids
-
-        ep = self.recipe.embed
-        a = answers[["split", "qid", "aid", "reference_rank", "answer_sentences"]].rename(
-            columns={"answer_sentences": "sentences"}
-        )
-        g = answer_grids(
-            a,
-            retrieved.rename(columns={"entailed_sentences": "sentences"}),
-            self.nli,
-            layout.CACHE_EMBED,
-            max_sentences=ep.max_sentences,
-            prefilter_top_k=ep.prefilter_top_k,
-            bi=self.prefilter,
-            augment_top=ep.augment_top,
-            precision=ep.precision,
-            batch_size=ep.batch_size,
-            bi_batch_size=ep.bi_batch_size,
-            read_only=True,
-            show_progress=False,
-        )
-        return g.rows
-
-    def answer_scores(self, answers: pd.DataFrame, groups: set[str]) -> dict[str, Any]:
-        """Per-answer scores of stages bienc (bienc_cos, heading_cos, qtype_agree, qtype_match), cnn_mediqa (cnn_score) and
-        qa (qa_score)."""
-        from medrank.answer_scores import answer_bienc_scores
-
-        p, out = self.recipe, {}
-        if groups & {"bienc", "heading"}:
-            bp = p.bienc
-            cos, _ = answer_bienc_scores(
-                answers,
-                self.bienc,
-                cache_root=layout.CACHE_BIENC,
-                batch_size=bp.batch_size,
-                read_only=True,
-                precision=bp.precision,
-            )  # as stage bienc resolves it
-            out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
-        if "qtype" in groups:
-            from medrank.answer_scores import answer_qtype_scores
-
-            out.update(answer_qtype_scores(answers, self.qtypes))
-        if "cnn" in groups:
-            from medrank.models.cnn import answer_scores
-            from medrank.text.sentences import split_rule
-
-            out["cnn_score"] = answer_scores(self.cnn, answers, p.cnn.mediqa_aggregation, split_rule)[
-                "cnn_score"
-            ].to_numpy()
-        if "qa" in groups:
-            from medrank.answer_scores import qa_pairs
-
-            out["qa_score"] = self.qa.predict(qa_pairs(answers), batch_size=p.qa.eval_batch_size, show_progress=False)[
-                :, 1
-            ]
-        return out
-
-    # ------------------------------------------------------------ the final system
     def rank(self, inp: RankInput) -> pd.DataFrame:
         """One row per input answer: id, url, kept, rank (1.. for kept answers, else None), prob, rank_score."""
         import numpy as np
         import pandas as pd
 
-        from medrank.decision import Keep, apply_decision, combine_systems, decide
-        from medrank.features import answer_table
-        from medrank.models.mtl import build_mtl_data, ensemble
-
         if not inp.answers:
             return empty_result()
-        answers = self.answers_table(inp)
-        retrieved = self.retrieve(answers)
-        grid = self.grids(answers, retrieved)
-        groups = set(self.baseline.builder.groups if self.baseline else ()) | set(
-            self.mtl.builder.groups if self.mtl else ()
-        )
-        scores = self.answer_scores(answers, groups)
-        n = self.recipe.n_candidates
-        name, systems = self.system["system"], {}
-        if self.mtl is not None:
-            from medrank.params import MtlParams
-
-            d = self.mtl_meta["decision"]
-            # label shift cannot be re-estimated from one question: EM is skipped here (prior_shift none)
-            rule = MtlParams(**{k: d[k] for k in ("ensemble", "rank_by", "threshold", "min_keep")})
-            data = build_mtl_data(answers, grid, retrieved, n_candidates=n, scores=scores)
-            dec = decide(ensemble(*self.mtl.predict(data), rule.ensemble), float(d["threshold_used"]), rule)
-            systems["mtl"] = dec.assign(prob=dec["prob_mean"])
-        if self.baseline is not None:
-            anli = grid[["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]]
-            table = answer_table(answers, entailed=retrieved, anli=anli, n_candidates=n, **scores)
-            pred = self.baseline.predict(table)
-            systems["baseline"] = pred.assign(rank_key=pred["rank_score"])
-        # the score stage's decision: the systems' rows combined at its MTL weight (0 = the baseline's, 1 = the MTL's),
-        # kept by the keep rule fitted for this fit's target set, ordered by its order rule
-        part = lambda df: df[["gid", "aid", "prob", "rank_key"]].assign(part=self.fit, fold=-1)
-        if name == "ensemble":
-            rows = combine_systems(part(systems["mtl"]), part(systems["baseline"]), float(self.system["mtl_weight"]))
-        else:
-            rows = part(systems[name])
-        out = apply_decision(
-            rows, Keep.from_json(self.system["keep"]["val" if self.fit == "val" else "test"]), self.system["order"]
-        )
+        out = self.pipeline.transform(answers_table(inp))
         out = out.set_index("aid").loc[[a.id for a in inp.answers]].reset_index()
         order = out.sort_values("score", ascending=False, kind="stable")
         rank = {aid: i for i, aid in enumerate(order.loc[order["label"] == 1, "aid"], start=1)}
@@ -443,12 +236,6 @@ class Ranker:
                 "score": out["score"].to_numpy(dtype=float),
             }
         )
-
-
-def _model_dir(path: Path, what: str, stage: str) -> Path:
-    if not path.is_dir():
-        raise MedrankError(f"{path}: the {what} model is missing (run `dvc repro {stage}`)")
-    return path
 
 
 def empty_result() -> pd.DataFrame:

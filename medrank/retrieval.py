@@ -136,9 +136,13 @@ def medquad_documents(medquad: pd.DataFrame, question_col: str, answer_col: str)
 
 
 def saved_documents(docs: pd.DataFrame, question_col: str) -> pd.DataFrame:
-    """The columns of `medquad_documents` that retrieval reads (search text, ids, the entailed answer), as the
-    retrieve step saves them for `medrank rank`."""
-    return docs[["qa_id", "collection", question_col, "answer_norm", "answer_sentences"]].reset_index(drop=True)
+    """The columns of `medquad_documents` that retrieval reads (search text, ids, the entailed answer; focus, type and
+    question for an RQE stack with the question-type feature, `stacked_rqe_scores`), as the retrieve step saves them."""
+    qtype = [
+        c for c in ("focus", "question_type", "question") if c in docs.columns
+    ]  # MedQuAD's; fixtures may lack them
+    cols = ["qa_id", "collection", *qtype, question_col, "answer_norm", "answer_sentences"]
+    return docs[list(dict.fromkeys(cols))].reset_index(drop=True)
 
 
 def questions_table(answers: pd.DataFrame, question_col: str, max_questions_per_split: int | None) -> pd.DataFrame:

@@ -16,12 +16,11 @@ from medrank.encoders.runtime import set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import extraction_backend
 from medrank.encoders.extract import cached_precision_check
-from medrank.encoders.sentence_encoder import SentenceEncoder
-from medrank.grids import NLI_GRID, answer_grids, candidate_answers, check_sample, grid_metrics
+from medrank.grids import NLI_GRID, candidate_answers, check_sample, grid_metrics
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.params import load_params, step_params
+from medrank.inference import GridStep
+from medrank.params import load_params
 from medrank.runner import run
-from medrank.steps import save_step
 
 log = logging.getLogger("stages.embed")
 
@@ -38,24 +37,10 @@ def main(params_path: str = "params.yaml") -> None:
     )
     backend = extraction_backend(ep.backend, ep.ray, ep.workers)
     model = CrossEncoder.load(layout.NLI_MODEL, device=p.device, precision=ep.precision)
-    bi = SentenceEncoder(ep.bi_encoder, device=p.device) if ep.prefilter_top_k is not None else None
-    grids = answer_grids(
-        answers,
-        retrieved,
-        model,
-        layout.CACHE_EMBED,
-        max_sentences=ep.max_sentences,
-        prefilter_top_k=ep.prefilter_top_k,
-        bi=bi,
-        augment_top=ep.augment_top,
-        precision=ep.precision,
-        batch_size=ep.batch_size,
-        bi_batch_size=ep.bi_batch_size,
-        shard_size=ep.shard_size,
-        backend=backend,
-    )
+    step = GridStep.fit(p, model, p.device)
+    grids = step.transform(answers, retrieved, layout.CACHE_EMBED, shard_size=ep.shard_size, backend=backend)
     write_parquet(grids.rows, layout.NLI_GRID, NLI_GRID)
-    save_step("grids", step_params(p, "grids"))
+    step.save()
 
     sample = check_sample(grids, ep.precision_check_pairs, p.seed)
     check = cached_precision_check(model, sample, grids.precision, layout.CACHE_EMBED, ep.batch_size)

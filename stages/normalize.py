@@ -9,10 +9,11 @@ import time
 from medrank import layout
 from medrank.data.schemas import NORMALIZED_TABLES
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.params import load_params, step_params
+from medrank.inference import NormalizeStep
+from medrank.params import load_params
 from medrank.runner import run
-from medrank.steps import normalizer_state_tables, save_step
-from medrank.text.normalize import TABLES, make_pipeline, normalize_table
+from medrank.text.coref import make_coref
+from medrank.text.normalize import TABLES
 
 log = logging.getLogger("stages.normalize")
 
@@ -21,8 +22,9 @@ def main(params_path: str = "params.yaml") -> None:
     params = load_params(params_path)
     p = params.normalize
     t0 = time.perf_counter()
-    state, splitter, coref = make_pipeline(p)
-    normalizer = state.normalizer()
+    coref = make_coref(p.coref, p.stanza_dir)  # fail early, before the vocabularies are built
+    step = NormalizeStep.fit(params)
+    normalizer = step.normalizer
     metrics: dict = {
         "vocabulary": {
             "abbreviations": len(normalizer.abbreviations) if normalizer.abbreviations else 0,
@@ -35,7 +37,7 @@ def main(params_path: str = "params.yaml") -> None:
     for name, spec in TABLES.items():
         t1 = time.perf_counter()
         df = read_parquet(layout.CLEAN / f"{name}.parquet")
-        out, stats = normalize_table(df, spec, normalizer, splitter, coref, desc=name)
+        out, stats = step.transform(df, spec, coref, desc=name)
         assert len(out) == len(df), f"{name}: {len(df)} rows in, {len(out)} out"
         write_parquet(out, layout.NORMALIZED / f"{name}.parquet", NORMALIZED_TABLES[name])
         n_texts = sum(stats[c]["texts"] for c in spec.texts)
@@ -45,7 +47,7 @@ def main(params_path: str = "params.yaml") -> None:
         metrics[name] = stats
         log.info("%s: %d rows, %d texts in %.1fs", name, len(df), n_texts, time.perf_counter() - t1)
     metrics["total"] = totals
-    save_step("normalize", step_params(params, "normalize"), normalizer_state_tables(state))
+    step.save()
     write_json(layout.metrics_file("normalize"), metrics)
     log.info("normalize: %d texts, %d changed, in %.1fs", totals["texts"], totals["changed"], time.perf_counter() - t0)
 

@@ -17,10 +17,10 @@ from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.encoders.distributed import extraction_backend
 from medrank.errors import MedrankError
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.params import load_params, step_params
+from medrank.inference import RetrieveStep
+from medrank.params import load_params
 from medrank import retrieval as R
 from medrank.runner import run
-from medrank.steps import save_step
 
 log = logging.getLogger("stages.retrieve")
 
@@ -37,27 +37,17 @@ def main(params_path: str = "params.yaml") -> None:
     qcol = rp.question_column
     answers = read_parquet(layout.ANSWERS, columns=["split", "qid", "question", "question_norm"])
     questions = R.questions_table(answers, qcol, p.max_questions_per_split)
-    docs = R.medquad_documents(read_parquet(layout.MEDQUAD), qcol, "answer_norm")
+    model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision, lazy=True)
+    step = RetrieveStep.fit(p, read_parquet(layout.MEDQUAD), model)
+    docs = step.docs
     log.info("%d MEDIQA questions, %d MedQuAD question-answer pairs", len(questions), len(docs))
     backend = extraction_backend(rp.backend, rp.ray, rp.workers)
-    model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision, lazy=True)
-    scored = R.score_candidates(
-        questions,
-        docs,
-        model,
-        layout.CACHE_RQE,
-        question_col=qcol,
-        bm25_top_k=rp.bm25_top_k,
-        precision=rp.precision,
-        batch_size=rp.batch_size,
-        shard_size=rp.shard_size,
-        backend=backend,
-    )
+    scored = step.score(questions, layout.CACHE_RQE, shard_size=rp.shard_size, backend=backend)
     write_parquet(scored.table[R.CANDIDATES.names], layout.RQE_CANDIDATES, R.CANDIDATES)
-    chosen = R.attach_entailed(R.select_entailed(scored.table, p.n_candidates, p.rqe_threshold), docs, qcol)
+    chosen = step.entailed(scored.table)
     schema = R.retrieved_schema(model.hidden_size)
     write_parquet(chosen[schema.names], layout.RETRIEVED, schema)
-    save_step("retrieve", step_params(p, "retrieve"), {"medquad": R.saved_documents(docs, qcol)})
+    step.save()
 
     metrics = R.retrieval_metrics(
         p,

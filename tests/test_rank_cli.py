@@ -213,6 +213,7 @@ def workdir(tmp_path_factory) -> Path:
     mq["question_norm"] = mq["question"]
     mq["answer_norm"] = mq["answer"]
     mq["answer_sentences"] = [split_rule(a) if a else [] for a in mq["answer"]]
+    mq["focus"], mq["question_type"] = "topic", "information"
 
     cfg = _tiny_mtl(max_epochs=2)
     data = _fake_training_data()

@@ -21,8 +21,6 @@ from medrank.text.concepts import (
     load_stoplist,
     umls_entries,
 )
-from medrank.text.coref import make_coref
-from medrank.text.sentences import make_splitter
 
 log = logging.getLogger(__name__)
 
@@ -204,10 +202,3 @@ def normalize_table(
     if len(out) != len(df):  # never lose a row
         raise AssertionError(f"{desc}: {len(df)} rows in, {len(out)} out")
     return out, stats
-
-
-def make_pipeline(p: NormalizeParams) -> tuple[NormalizerState, Callable[[str], list[str]], Callable | None]:
-    """(normalizer state: `.normalizer()` makes it, sentence splitter, coreference resolver or None) for the section."""
-    coref = make_coref(p.coref, p.stanza_dir)  # fail early, before the vocabularies are built
-    splitter = make_splitter(p.sentence_splitter, p.stanza_dir)
-    return normalizer_state(p), splitter, coref

@@ -4,7 +4,6 @@ group and `medrank rank`'s scores."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -163,10 +162,9 @@ def test_feature_group_qtype(qtypes):
 
 
 def test_rank_computes_the_stage_columns(qtypes):
-    from medrank.rank import Ranker
+    from medrank.inference import AnswerScores
 
-    ranker = SimpleNamespace(recipe=Params(), qtypes=qtypes)
-    got = Ranker.answer_scores(ranker, ANSWERS, {"qtype"})
+    got = AnswerScores(Params(), {"qtype"}, qtypes=qtypes).transform(ANSWERS)
     expected = answer_qtype_scores(ANSWERS, qtypes)
     assert set(got) == set(expected)
     for k in expected:
