@@ -14,6 +14,7 @@ steps and runs them on one question, reading the caches when they are there (nev
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -271,6 +272,32 @@ class AnswerScores:
         return out
 
 
+def read_system(models_dir: str | os.PathLike = layout.MODELS) -> dict:
+    """models/system.json (written by stage score): the final system, its MTL weight, keep rules and order."""
+    path = Path(models_dir) / layout.SYSTEM.name
+    if not path.is_file():
+        raise MedrankError(f"{path}: no trained system (run `dvc repro score`)")
+    try:
+        system = json.loads(path.read_text(encoding="utf-8"))
+        missing = [k for k in ("system", "mtl_weight", "keep", "order") if k not in system]
+    except (ValueError, TypeError) as e:
+        raise MedrankError(f"{path}: not a system file written by stage score ({type(e).__name__}: {e})") from None
+    if missing:
+        raise MedrankError(f"{path}: not a system file written by stage score (no {', '.join(missing)})")
+    try:  # the saved decision, checked here: a doctored file stops with one line, not a traceback per question
+        from medrank.decision import ORDERS, Keep
+
+        for fit in ("val", "test"):
+            Keep.from_json(system["keep"][fit])
+        if system["order"] not in ORDERS:
+            raise ValueError(f"order {system['order']!r}")
+    except (KeyError, TypeError, ValueError) as e:
+        raise MedrankError(
+            f"{path}: the saved keep rule / order is not one stage score writes ({type(e).__name__}: {e})"
+        ) from None
+    return system
+
+
 # ---------------------------------------------------------------- the final system
 @dataclass
 class SystemStep:
@@ -292,7 +319,6 @@ class SystemStep:
     def load(cls, models_dir: str | os.PathLike = layout.MODELS, fit: Fit = "final") -> "SystemStep":
         from medrank.models.baseline import FittedBaseline
         from medrank.models.mtl import MTLBag
-        from medrank.rank import read_system
 
         models_dir = Path(models_dir)
         if fit not in ("final", "val"):

@@ -151,32 +151,6 @@ def read_rank_input(path: str) -> RankInput:
     return parse_rank_input(read_text_capped(p, MAX_INPUT_BYTES, "one question's answers"), path)
 
 
-def read_system(models_dir: str | Path = layout.MODELS) -> dict:
-    """models/system.json (written by stage score): the final system, its MTL weight, keep rules and order."""
-    path = Path(models_dir) / layout.SYSTEM.name
-    if not path.is_file():
-        raise MedrankError(f"{path}: no trained system (run `dvc repro score`)")
-    try:
-        system = json.loads(path.read_text(encoding="utf-8"))
-        missing = [k for k in ("system", "mtl_weight", "keep", "order") if k not in system]
-    except (ValueError, TypeError) as e:
-        raise MedrankError(f"{path}: not a system file written by stage score ({type(e).__name__}: {e})") from None
-    if missing:
-        raise MedrankError(f"{path}: not a system file written by stage score (no {', '.join(missing)})")
-    try:  # the saved decision, checked here: a doctored file stops with one line, not a traceback per question
-        from medrank.decision import ORDERS, Keep
-
-        for fit in ("val", "test"):
-            Keep.from_json(system["keep"][fit])
-        if system["order"] not in ORDERS:
-            raise ValueError(f"order {system['order']!r}")
-    except (KeyError, TypeError, ValueError) as e:
-        raise MedrankError(
-            f"{path}: the saved keep rule / order is not one stage score writes ({type(e).__name__}: {e})"
-        ) from None
-    return system
-
-
 def answers_table(inp: RankInput) -> pd.DataFrame:
     """The question's answers as stage clean makes them (schemas.CLEAN answers columns, one question, no labels)."""
     import pandas as pd
