@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from medrank import layout as L
 from medrank.evaluation import split_questions
-from medrank.features import medquad_tfidf, read_answer_scores
+from medrank.bow import medquad_tfidf
+from medrank.features import read_answer_scores
 from medrank.io import read_parquet
 from medrank.models import mtl
 from medrank.params import load_params

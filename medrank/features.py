@@ -4,13 +4,12 @@ Flow: `answer_table` gathers, per candidate answer, everything the groups read (
 text, 1-best entailed answer, N-best RQE and ANLI scores, bi-encoder cosines, question-type agreement);
 `FeatureBuilder.fit` learns what depends on training rows (source categories, scaling) and `transform` returns
 the model matrix.
-The TF-IDF vocabulary is fitted on MedQuAD answers only (`fit_tfidf`), never on MEDIQA text.
+The TF-IDF vocabulary is fitted on MedQuAD answers only (medrank.bow), never on MEDIQA text.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from medrank.bow import tfidf_rows
 from medrank.errors import MedrankError
 
 if TYPE_CHECKING:
@@ -243,14 +243,6 @@ def read_answer_scores(
     return {col: answer_scores(answers, tables[path], col, str(path)) for col, path in wanted}
 
 
-def medquad_tfidf(max_features: int) -> TfidfVectorizer:
-    """The bow group's TF-IDF, fitted on the normalized MedQuAD answers (never on MEDIQA text)."""
-    from medrank.io import read_parquet
-    from medrank.layout import MEDQUAD
-
-    return fit_tfidf(read_parquet(MEDQUAD, columns=["answer_norm"])["answer_norm"].dropna().tolist(), max_features)
-
-
 def required_columns(groups: Sequence[str], n_candidates: int) -> list[str]:
     """Answer-table columns the given feature groups read."""
     cols: list[str] = []
@@ -261,50 +253,6 @@ def required_columns(groups: Sequence[str], n_candidates: int) -> list[str]:
         if g in ("rqe", "rqe_emb", "anli"):
             cols += [f"{g}_{i}" for i in range(1, n_candidates + 1)]
     return cols
-
-
-# ---------------------------------------------------------------- bag of words
-
-
-def fit_tfidf(corpus: Sequence[str], max_features: int, min_df: int = 2) -> TfidfVectorizer:
-    """TF-IDF vectorizer fitted on `corpus` (MedQuAD answers: the paper's choice; no MEDIQA text)."""
-    from sklearn.feature_extraction.text import TfidfVectorizer  # here: stages that never fit one skip sklearn (~0.8 s)
-
-    vec = TfidfVectorizer(
-        lowercase=True,
-        stop_words="english",
-        sublinear_tf=True,
-        min_df=min_df,
-        max_features=max_features,
-        token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z0-9-]+\b",  # words, not bare numbers
-        dtype=np.float32,
-    )
-    vec.fit(list(corpus))
-    return vec
-
-
-@dataclass
-class _RowMemo:
-    index: dict[str, int] = field(default_factory=dict)
-    matrix: sp.csr_matrix | None = None
-
-
-_BOW_MEMO: "weakref.WeakKeyDictionary[TfidfVectorizer, _RowMemo]" = weakref.WeakKeyDictionary()
-
-
-def tfidf_rows(tfidf: TfidfVectorizer, texts: Sequence[str]) -> sp.csr_matrix:
-    """`tfidf.transform(texts)`, memoised per vectorizer and text: CV refits the builder many times on the
-    same answers, and tokenising them again dominated its run time."""
-    memo = _BOW_MEMO.setdefault(tfidf, _RowMemo())
-    new = [t for t in dict.fromkeys(texts) if t not in memo.index]
-    if new:
-        rows = tfidf.transform(new).tocsr()
-        memo.matrix = rows if memo.matrix is None else sp.vstack([memo.matrix, rows], format="csr")
-        start = len(memo.index)
-        memo.index.update({t: start + i for i, t in enumerate(new)})
-    if not len(texts):
-        return sp.csr_matrix((0, len(tfidf.vocabulary_)), dtype=np.float32)
-    return memo.matrix[[memo.index[t] for t in texts]]
 
 
 # ---------------------------------------------------------------- question-relative values

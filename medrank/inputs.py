@@ -13,7 +13,8 @@ def load_tables(p, used: set[str], judged: bool = False, extra_scores: dict | No
     added to score files (features.read_answer_scores)."""
     from medrank import layout as L
     from medrank.data.judged import judged_answers, with_judged
-    from medrank.features import answer_table, cap_questions, medquad_tfidf, read_answer_scores
+    from medrank.bow import medquad_tfidf
+    from medrank.features import answer_table, cap_questions, read_answer_scores
     from medrank.io import read_parquet
 
     answers = cap_questions(read_parquet(L.ANSWERS), p.max_questions_per_split)

@@ -47,7 +47,8 @@ class Refits:
         import torch
 
         from medrank.encoders.hardware import resolve_device
-        from medrank.features import answer_table, medquad_tfidf
+        from medrank.bow import medquad_tfidf
+        from medrank.features import answer_table
         from medrank.inputs import load_tables
         from medrank.models import mtl
 

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from medrank.answer_scores import answer_heading
+from medrank.bow import fit_tfidf, tfidf_rows
 from medrank.errors import MedrankError
 from medrank.features import (
     FeatureBuilder,
@@ -14,9 +15,7 @@ from medrank.features import (
     answer_table,
     cap_questions,
     chiqa_rank,
-    fit_tfidf,
     relative_to_question,
-    tfidf_rows,
     required_columns,
 )
 from tests.helpers import FIXTURES

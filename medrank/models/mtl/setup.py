@@ -44,7 +44,7 @@ def prepare(p, configs: dict[str, MtlParams], params_path: str = "params.yaml") 
     from medrank import layout as L
     from medrank.encoders.hardware import resolve_device
     from medrank.evaluation import split_questions
-    from medrank.features import medquad_tfidf
+    from medrank.bow import medquad_tfidf
 
     if p.mtl.threads:
         torch.set_num_threads(p.mtl.threads)
