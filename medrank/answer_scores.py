@@ -243,14 +243,14 @@ def auc_by_source(answers: pd.DataFrame, columns: dict[str, np.ndarray]) -> dict
 
 
 def qtype_training_questions() -> pd.DataFrame:
-    """The MedQuAD questions the question-type classifier (group qtype) learns from; the answer-scores step saves them."""
+    """The MedQuAD questions the question-type classifier (group qtype) learns from."""
     from medrank import layout
     from medrank.io import read_parquet
 
     return read_parquet(layout.CLEAN_MEDQUAD, columns=["focus", "question_type", "question"])
 
 
-def score_answers(answers: pd.DataFrame, p, bi=None, read_only: bool = False) -> tuple[pd.DataFrame, dict]:
+def score_answers(answers: pd.DataFrame, p, bi=None, read_only: bool = False, qtypes=None) -> tuple[pd.DataFrame, dict]:
     """(split, qid, aid + bienc_cos, heading_cos, qtype_agree, qtype_match; the encoding stats) of `answers`, vectors
     at `bienc.precision` through the persistent cache (only unseen texts are encoded; `read_only`: none is stored, the
     cache staying the stage's output): stage bienc; analysis/judged_rows.py scores the judged answers so."""
@@ -270,7 +270,8 @@ def score_answers(answers: pd.DataFrame, p, bi=None, read_only: bool = False) ->
         read_only=read_only,
         precision=bp.precision,
     )
-    qtype = answer_qtype_scores(answers, QuestionTypes(qtype_training_questions(), p.seed))  # BLAS threads fixed inside
+    qtypes = qtypes or QuestionTypes(qtype_training_questions(), p.seed)
+    qtype = answer_qtype_scores(answers, qtypes)  # BLAS threads fixed inside
     return answers[["split", "qid", "aid"]].assign(**cos, **qtype), stats
 
 

@@ -226,7 +226,7 @@ class AnswerScores:
         if "qtype" in groups:
             from medrank.models.qtype import QuestionTypes
 
-            out.qtypes = QuestionTypes(steps["answer_scores"].tables["qtype_train"], p.seed)  # as stage bienc fits it
+            out.qtypes = QuestionTypes.from_tables(steps["answer_scores"].tables, p.seed)  # stage bienc's, not refitted
         if "cnn" in groups:
             from medrank.models.cnn import CnnRanker
 

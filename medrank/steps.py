@@ -3,7 +3,7 @@
 Each stage that makes a step of the inference path (STEP_PARAMS: normalize, retrieve, grids, answer scores, CNN
 scores) writes models/steps/<step>/: step.json with the params keys it read (never params.yaml at rank time, never
 copied through another stage) and, where the step holds data, parquet tables beside it (the vocabularies of
-normalize, the MedQuAD documents retrieve searches, the question-type training questions). The fitted models
+normalize, the MedQuAD documents retrieve searches, the fitted question-type classifier). The fitted models
 (models/nli, rqe, baseline, mtl, cnn, qa) and the final decision (models/system.json, stage score) are their own
 stages' outputs. `load_recipe` joins the saved steps into the typed params `medrank rank` runs with.
 """

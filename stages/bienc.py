@@ -24,6 +24,7 @@ from medrank.data.judged import judged_answers, with_judged
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
+from medrank.models.qtype import QuestionTypes
 from medrank.params import load_params, step_params
 from medrank.runner import run
 from medrank.steps import save_step
@@ -44,9 +45,10 @@ def main(params_path: str = "params.yaml") -> None:
     judged = judged_answers(read_parquet(layout.JUDGED), answers) if bp.judged else None
     answers = with_judged(answers, judged)[["split", "qid", "aid", "question_norm", "answer_norm", "judged"]]
     bi = SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)
-    table, stats = score_answers(answers, p, bi)
+    qtypes = QuestionTypes(qtype_training_questions(), p.seed)
+    table, stats = score_answers(answers, p, bi, qtypes=qtypes)
     write_parquet(table, layout.BIENC, BIENC_SCORES)
-    save_step("answer_scores", step_params(p, "answer_scores"), {"qtype_train": qtype_training_questions()})
+    save_step("answer_scores", step_params(p, "answer_scores"), qtypes.tables())  # the classifier, fitted
     metrics = bienc_metrics(answers, labelled, table, bi, p, stats)
     write_json(layout.metrics_file("bienc"), {**metrics, "seconds": round(time.perf_counter() - t0, 1)})
     log.info("bienc: %d answers in %.1fs (%s)", len(answers), time.perf_counter() - t0, stats)

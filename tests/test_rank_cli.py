@@ -195,6 +195,7 @@ def workdir(tmp_path_factory) -> Path:
     from medrank.models import mtl
     from medrank.params import Params, step_params
     from medrank.retrieval import medquad_documents, saved_documents
+    from medrank.models.qtype import QuestionTypes
     from medrank.steps import normalizer_state_tables, save_step
     from medrank.text.normalize import normalizer_state
     from medrank.text.sentences import split_rule
@@ -244,8 +245,10 @@ def workdir(tmp_path_factory) -> Path:
     docs = saved_documents(medquad_documents(mq, "question_norm", "answer_norm"), "question_norm")
     save_step("retrieve", step_params(recipe, "retrieve"), {"medquad": docs}, models_dir=models)
     save_step("grids", step_params(recipe, "grids"), models_dir=models)
-    qtype_train = pd.DataFrame({"focus": ["x"] * 4, "question_type": ["a", "a", "b", "b"], "question": ["w"] * 4})
-    save_step("answer_scores", step_params(recipe, "answer_scores"), {"qtype_train": qtype_train}, models_dir=models)
+    asks = {"focus": ["flu", "flu", "cold", "cold"], "question_type": ["treatment", "symptoms"] * 2}
+    asks["question"] = [f"{w} {f}?" for w, f in zip(["How to treat", "Signs of"] * 2, asks["focus"])]
+    qtypes = QuestionTypes(pd.DataFrame(asks), 0).tables()
+    save_step("answer_scores", step_params(recipe, "answer_scores"), qtypes, models_dir=models)
     save_step("cnn_scores", step_params(recipe, "cnn_scores"), models_dir=models)
     keep = {"kind": "threshold", "value": 0.5, "min_keep": 0, "target_prior": None}
     write_json(

@@ -24,6 +24,7 @@ from medrank.features import (
     required_columns,
 )
 from medrank.data.schemas import NORMALIZED_LIVEQA_QRELS
+from medrank.errors import MedrankError
 from medrank.models.qtype import QuestionTypes
 from medrank.params import BaselineParams, Params, step_params
 from tests.helpers.tables import MEDQUAD  # 5 foci x 4 types in MedQuAD's templates
@@ -171,3 +172,16 @@ def test_rank_computes_the_stage_columns(qtypes):
         np.testing.assert_array_equal(got[k], expected[k])
     # the classifier's seed travels with the answer-scores step stage bienc saves
     assert step_params(Params(seed=7), "answer_scores")["seed"] == 7
+
+
+def test_saved_tables_predict_the_same_bits_without_refitting(qtypes, tmp_path):
+    """Stage bienc saves the fitted classifier as tables (no pickle); `medrank rank` rebuilds it from them."""
+    tables = qtypes.tables()
+    for name, t in tables.items():
+        t.to_parquet(tmp_path / f"{name}.parquet")
+    back = QuestionTypes.from_tables({n: pd.read_parquet(tmp_path / f"{n}.parquet") for n in tables}, 0)
+    texts = list(ANSWERS["question_norm"].fillna("")) + ["How is it treated?", "Is it genetic?", ""]
+    np.testing.assert_array_equal(back.proba(texts), qtypes.proba(texts))
+    assert back.types == qtypes.types
+    with pytest.raises(MedrankError, match="question-type classifier tables: KeyError"):
+        QuestionTypes.from_tables({k: v for k, v in tables.items() if k != "qtype_lr"})
