@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import json
+
 import yaml
 
 from tests.conftest import REPO
@@ -176,3 +178,21 @@ def test_rqe_selection_declares_the_finetune_rqe_keys_it_reads():
         if k.startswith("finetune.")
     }
     assert declared == {f"finetune.rqe.{k}" for k in FinetuneRqeParams.model_fields if k not in SELECTION_OVERRIDES}
+
+
+def test_metrics_read_by_other_stages_hold_no_timings():
+    """A metrics file another stage depends on changes only with its results: a re-run that computes the same numbers
+    in another time leaves its readers up to date (the timings are in <stage>_seconds.json beside it)."""
+
+    def keys(d) -> set[str]:
+        return {k for k, v in d.items() for k in (k, *keys(v))} if isinstance(d, dict) else set()
+
+    frozen = {  # a frozen stage never re-runs (its refresh is by hand), so its timing cannot move its readers
+        m for st in _stages().values() if st.get("frozen") for m in _paths(st.get("metrics")) | _paths(st.get("outs"))
+    }
+    for dvc_file in ("dvc.yaml", "analysis/dvc.yaml"):
+        for name, st in yaml.safe_load((REPO / dvc_file).read_text())["stages"].items():
+            for dep in _paths(st.get("deps")) - frozen:
+                if dep.startswith("metrics/") and dep.endswith(".json"):
+                    timed = {k for k in keys(json.loads((REPO / dep).read_text())) if "second" in k}
+                    assert not timed, f"{dvc_file}:{name} reads {dep}, which holds timings {sorted(timed)}"
