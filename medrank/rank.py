@@ -1,5 +1,5 @@
 """`medrank rank`: the trained pipeline on one new question: the input checked and cleaned here, then the step objects
-the stages save (medrank.inference.InferencePipeline: normalize -> retrieve -> NLI grids -> answer scores -> the final
+the stages save (medrank.steps.pipeline.InferencePipeline: normalize -> retrieve -> NLI grids -> answer scores -> the final
 system of stage score), loaded from models/ alone, never from params.yaml or data/. The extraction caches are read
 when the working folder has them, never written (they are DVC outputs), so a question the pipeline has seen gets the
 very values the stages computed.
@@ -178,13 +178,13 @@ def answers_table(inp: RankInput) -> pd.DataFrame:
 
 @dataclass
 class Ranker:
-    """The loaded inference pipeline (medrank.inference); `rank` scores one question's candidate answers."""
+    """The loaded inference pipeline (medrank.steps.pipeline); `rank` scores one question's candidate answers."""
 
     pipeline: Any  # InferencePipeline
 
     @classmethod
     def load(cls, models_dir: str | Path = layout.MODELS, fit: Fit = "final") -> "Ranker":
-        from medrank.inference import InferencePipeline
+        from medrank.steps.pipeline import InferencePipeline
 
         return cls(InferencePipeline.load(models_dir, fit))
 

@@ -18,7 +18,7 @@ from medrank.encoders.distributed import extraction_backend
 from medrank.encoders.extract import cached_precision_check
 from medrank.grids import NLI_GRID, candidate_answers, check_sample, grid_metrics
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.inference import GridStep
+from medrank.steps.grid_step import GridStep
 from medrank.params import load_params
 from medrank.runner import run
 

@@ -9,7 +9,7 @@ import time
 from medrank import layout
 from medrank.data.schemas import NORMALIZED_TABLES
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.inference import NormalizeStep
+from medrank.steps.normalize_step import NormalizeStep
 from medrank.params import load_params
 from medrank.runner import run
 from medrank.text.coref import make_coref

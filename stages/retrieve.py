@@ -17,7 +17,7 @@ from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.encoders.distributed import extraction_backend
 from medrank.errors import MedrankError
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.inference import RetrieveStep
+from medrank.steps.retrieve_step import RetrieveStep
 from medrank.params import load_params
 from medrank import retrieval as R
 from medrank.runner import run

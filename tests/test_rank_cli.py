@@ -196,7 +196,8 @@ def workdir(tmp_path_factory) -> Path:
     from medrank.params import Params, step_params
     from medrank.retrieval import medquad_documents, saved_documents
     from medrank.models.qtype import QuestionTypes
-    from medrank.steps import normalizer_state_tables, save_step
+    from medrank.steps import save_step
+    from medrank.steps.normalize_step import normalizer_state_tables
     from medrank.text.normalize import normalizer_state
     from medrank.text.sentences import split_rule
 

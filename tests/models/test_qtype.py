@@ -163,7 +163,7 @@ def test_feature_group_qtype(qtypes):
 
 
 def test_rank_computes_the_stage_columns(qtypes):
-    from medrank.inference import AnswerScores
+    from medrank.steps.score_step import AnswerScores
 
     got = AnswerScores(Params(), {"qtype"}, qtypes=qtypes).transform(ANSWERS)
     expected = answer_qtype_scores(ANSWERS, qtypes)

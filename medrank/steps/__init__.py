@@ -1,11 +1,21 @@
-"""The inference path's steps, saved by the stages that run them, so that `medrank rank` loads from models/ alone.
+"""The inference path's steps, one module each, shared by the stages that run them and `medrank rank`.
 
-Each stage that makes a step of the inference path (STEP_PARAMS: normalize, retrieve, grids, answer scores, CNN
-scores) writes models/steps/<step>/: step.json with the params keys it read (never params.yaml at rank time, never
-copied through another stage) and, where the step holds data, parquet tables beside it (the vocabularies of
-normalize, the MedQuAD documents retrieve searches, the fitted question-type classifier). The fitted models
-(models/nli, rqe, baseline, mtl, cnn, qa) and the final decision (models/system.json, stage score) are their own
-stages' outputs. `load_recipe` joins the saved steps into the typed params `medrank rank` runs with.
+    normalize_step  NormalizeStep   answers table -> normalized texts + sentences            stage normalize
+    retrieve_step   RetrieveStep    questions -> scored BM25 candidates -> the N entailed    stage retrieve
+    grid_step       GridStep        answers + entailed answers -> NLI grid rows              stage embed
+    score_step      AnswerScores    answers -> per-answer scores (bienc, qtype, cnn, qa)     stages bienc, cnn_mediqa (+ models)
+    system_step     SystemStep      grids + scores -> filter probability, keep, order        stages baseline / mtl / score
+    pipeline        InferencePipeline: the five, loaded from models/ (medrank rank)
+
+A stage builds its step (`fit` from its params and inputs), `save`s it and calls `transform` on every question,
+writing the extraction caches; `InferencePipeline.load(models/)` loads the same steps and runs them on one question,
+reading the caches when they are there (never writing them).
+
+Saved form (this module): each stage writes models/steps/<step>/: step.json with the params keys it read
+(params.STEP_PARAMS; never params.yaml at rank time, never copied through another stage) and, where the step holds
+data, parquet tables beside it (the vocabularies of normalize, the MedQuAD documents retrieve searches, the fitted
+question-type classifier). The fitted models (models/nli, rqe, baseline, mtl, cnn, qa) and the final decision
+(models/system.json, stage score) are their own stages' outputs. `load_recipe` joins saved steps into typed params.
 """
 
 from __future__ import annotations
@@ -98,25 +108,7 @@ def load_recipe(steps: dict[str, SavedStep], where: str):
     return recipe_params(merged, where)
 
 
-# ---------------------------------------------------------------- the normalize step's vocabularies
-def normalizer_state_tables(state) -> dict[str, pd.DataFrame]:
-    """A NormalizerState as tables: abbreviations (abbreviation, expansion), concepts (surface, name); a pass that is
-    off has no table."""
-    out = {}
-    if state.abbreviations is not None:
-        out["abbreviations"] = pd.DataFrame(
-            {"abbreviation": list(state.abbreviations), "expansion": list(state.abbreviations.values())}
-        )
-    if state.concepts is not None:
-        out["concepts"] = pd.DataFrame(state.concepts, columns=["surface", "name"]).astype(str)
-    return out
-
-
-def normalizer_state_of(saved: SavedStep):
-    from medrank.text.normalize import NormalizerState
-
-    a, c = saved.tables.get("abbreviations"), saved.tables.get("concepts")
-    return NormalizerState(
-        dict(zip(a["abbreviation"], a["expansion"])) if a is not None else None,
-        list(zip(c["surface"], c["name"])) if c is not None else None,
-    )
+def model_dir(path: Path, what: str, stage: str) -> Path:
+    if not path.is_dir():
+        raise MedrankError(f"{path}: the {what} model is missing (run `dvc repro {stage}`)")
+    return path
