@@ -15,20 +15,20 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from medrank import layout
 from medrank.errors import MedrankError
 from medrank.io import decode_utf8, read_text_capped
 
 if TYPE_CHECKING:
+    from medrank.steps.system_step import Fit
     import pandas as pd
 
 
 log = logging.getLogger(__name__)
 
 _SPLIT, _QID = "input", "q"  # one question, never a training split (no augmentation pairs)
-Fit = Literal["final", "val"]
 
 
 @dataclass(frozen=True)
