@@ -39,14 +39,25 @@ class NormalizeStep:
         return cls(p, normalizer_state(p.normalize))
 
     def save(self, models_dir: str | os.PathLike = layout.MODELS) -> Path:
+        """The section and the vocabularies as tables; concept entries drawn from a licensed UMLS are NOT copied into
+        models/ (a DVC output others may pull): the step records the user's MRCONSO path and `load` re-reads it."""
         from medrank.params import step_params
 
-        return save_step("normalize", step_params(self.p, "normalize"), normalizer_state_tables(self.state), models_dir)
+        tables = normalizer_state_tables(self.state)
+        if self.p.normalize.umls_mrconso:
+            tables.pop("concepts", None)
+        return save_step("normalize", step_params(self.p, "normalize"), tables, models_dir)
 
     @classmethod
     def load(cls, models_dir: str | os.PathLike = layout.MODELS) -> "NormalizeStep":
         saved = load_step("normalize", models_dir)
-        return cls(load_recipe({"normalize": saved}, str(models_dir)), normalizer_state_of(saved))
+        p = load_recipe({"normalize": saved}, str(models_dir))
+        state = normalizer_state_of(saved)
+        if p.normalize.preferred_names and p.normalize.umls_mrconso and state.concepts is None:
+            from medrank.text.normalize import normalizer_state
+
+            state = normalizer_state(p.normalize)  # the licensed vocabulary, from the user's own file
+        return cls(p, state)
 
     def transform(self, table: pd.DataFrame, spec: Any, coref: Any = None, desc: str = "normalize"):
         """(normalized table, stats) of one table (medrank.text.normalize.TABLES[name])."""

@@ -248,6 +248,26 @@ def test_umls_mrconso_loader():
     assert norm.normalize("a heart attack and the flu")[0] == "a Myocardial Infarction and the Influenza"
 
 
+def test_the_saved_step_normalizes_the_same_and_never_copies_umls(tmp_path):
+    """The normalize step saved and loaded back normalizes as the fitted one; with a licensed UMLS file the concept
+    entries stay out of models/ (the step records the path and re-reads the user's file at load)."""
+    from medrank.params import Params
+    from medrank.steps.normalize_step import NormalizeStep
+
+    text = "The flu and a heart attack (MI) raise BP."
+    umls = Params(normalize={"umls_mrconso": str(FIX / "MRCONSO_tiny.RRF"), "min_term_chars": 3})
+    fitted = NormalizeStep.fit(umls)
+    fitted.save(tmp_path / "models")
+    saved = tmp_path / "models" / "steps" / "normalize"
+    assert (saved / "abbreviations.parquet").is_file() and not (saved / "concepts.parquet").exists()
+    loaded = NormalizeStep.load(tmp_path / "models")
+    assert loaded.normalizer(text) == fitted.normalizer(text) and "Influenza" in loaded.normalizer(text).text
+    # an open vocabulary (here: none but the abbreviations) is saved whole and needs no file at load
+    plain = NormalizeStep.fit(Params(normalize={"preferred_names": False}))
+    plain.save(tmp_path / "plain")
+    assert NormalizeStep.load(tmp_path / "plain").normalizer(text) == plain.normalizer(text)
+
+
 def test_umls_loader_errors(tmp_path):
     with pytest.raises(MedrankError, match="not found"):
         umls_entries(tmp_path / "MRCONSO.RRF", _filter())
