@@ -22,6 +22,15 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> Path:
+    """The one tiny BERT base (tests/helpers/models.make_tiny_bert's defaults: randomly initialised, seed 0) that every
+    test which only reads a base model shares; built once per session. Never write into it."""
+    from tests.helpers.models import make_tiny_bert
+
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny") / "bert")
+
+
 @pytest.fixture
 def shared_data() -> Path:
     """The byte-exact mirror beside the repo (CI has it); tests needing real files skip without it."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,15 +15,10 @@ from medrank.encoders.models import DEFAULT_MODEL, DEFAULT_MODEL_SHA256, model_f
 from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches, padded_width
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.errors import MedrankError
-from tests.helpers.models import FIXTURES, make_tiny_bert
+from tests.helpers.models import FIXTURES
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
-
-
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory) -> Path:
-    return make_tiny_bert(tmp_path_factory.mktemp("tiny") / "bert")
 
 
 @pytest.fixture(scope="module")

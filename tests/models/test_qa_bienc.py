@@ -8,7 +8,7 @@ import pytest
 from medrank.crossfit import crossfit, source_folds
 from medrank.data.mining import medquad_qa_triplets
 from medrank.encoders.sentence_encoder import SentenceEncoder
-from tests.helpers.models import FIXTURES, make_tiny_bert
+from tests.helpers.models import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,11 +35,11 @@ def test_crossfit_never_scores_a_question_with_a_model_that_learned_it():
     )
 
 
-def test_fit_ranking_learns_to_put_each_query_next_to_its_positive(tmp_path):
+def test_fit_ranking_learns_to_put_each_query_next_to_its_positive(tiny_base):
     pairs = pd.read_csv(FIXTURES / "pairs.tsv", sep="\t")
     pos = pairs[pairs["label"] == 1].head(16)
     q, a = pos["text_a"].tolist(), pos["text_b"].tolist()
-    enc = SentenceEncoder(str(make_tiny_bert(tmp_path / "bert")), device="cpu", max_length=32)
+    enc = SentenceEncoder(str(tiny_base), device="cpu", max_length=32)
 
     def hits() -> float:
         sim = enc.encode(q) @ enc.encode(a).T
@@ -49,7 +49,7 @@ def test_fit_ranking_learns_to_put_each_query_next_to_its_positive(tmp_path):
     hist = enc.fit_ranking(q, a, None, epochs=8, lr=5e-3, batch_size=8, seed=0, precision="fp32", show_progress=False)
     assert hist[-1]["train_loss"] < hist[0]["train_loss"]
     assert hits() > before
-    again = SentenceEncoder(str(tmp_path / "bert"), device="cpu", max_length=32)
+    again = SentenceEncoder(str(tiny_base), device="cpu", max_length=32)
     assert (
         again.fit_ranking(q, a, None, epochs=8, lr=5e-3, batch_size=8, seed=0, precision="fp32", show_progress=False)
         == hist

@@ -21,12 +21,7 @@ from medrank.encoders.hardware import native_bf16
 from medrank.encoders.runtime import BLAS_THREADS, deterministic_torch, fixed_blas_threads, runtime_info
 from medrank.encoders.cross_encoder import CrossEncoder
 from tests.conftest import REPO
-from tests.helpers.models import FIXTURES, make_tiny_bert
-
-
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory):
-    return make_tiny_bert(tmp_path_factory.mktemp("tiny") / "bert")
+from tests.helpers.models import FIXTURES
 
 
 @pytest.fixture(scope="module")
