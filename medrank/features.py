@@ -210,7 +210,7 @@ def cap_questions(answers: pd.DataFrame, per_split: int | None) -> pd.DataFrame:
     return answers.merge(keep, on=["split", "qid"])
 
 
-def answer_scores(answers: pd.DataFrame, scores: pd.DataFrame, column: str, source: str) -> np.ndarray:
+def aligned_scores(answers: pd.DataFrame, scores: pd.DataFrame, column: str, source: str) -> np.ndarray:
     """`scores[column]` (a per-answer table keyed by split, qid, aid) aligned to the rows of `answers`."""
     key = ["split", "qid", "aid"]
     if scores.duplicated(key).any():
@@ -240,7 +240,7 @@ def read_answer_scores(
     for path, rows in (extra or {}).items():
         if path in tables:
             tables[path] = pd.concat([tables[path], rows], ignore_index=True)
-    return {col: answer_scores(answers, tables[path], col, str(path)) for col, path in wanted}
+    return {col: aligned_scores(answers, tables[path], col, str(path)) for col, path in wanted}
 
 
 def required_columns(groups: Sequence[str], n_candidates: int) -> list[str]:

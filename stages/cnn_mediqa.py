@@ -16,7 +16,7 @@ from medrank.encoders.runtime import runtime_info
 from medrank.evaluation import held_out_scores
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.metrics import gold_from_answers, ir_metrics, score_task3
-from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, answer_scores
+from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, cnn_answer_scores
 from medrank.params import load_params, step_params
 from medrank.runner import run
 from medrank.steps import save_step
@@ -31,7 +31,9 @@ def main(params_path: str = "params.yaml") -> None:
     answers = read_parquet(layout.CLEAN_ANSWERS)
     ranker = CnnRanker.load(layout.CNN_MODEL)
     scored = answers[["split", "qid", "aid", "label"]].reset_index(drop=True)
-    scored = scored.join(answer_scores(ranker, answers.reset_index(drop=True), p.cnn.mediqa_aggregation, split_rule))
+    scored = scored.join(
+        cnn_answer_scores(ranker, answers.reset_index(drop=True), p.cnn.mediqa_aggregation, split_rule)
+    )
     write_parquet(scored.drop(columns="label"), layout.CNN_SCORES, CNN_MEDIQA_SCORES)
     save_step("cnn_scores", step_params(p, "cnn_scores"))
 

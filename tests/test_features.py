@@ -11,7 +11,7 @@ from medrank.bow import fit_tfidf, tfidf_rows
 from medrank.errors import MedrankError
 from medrank.features import (
     FeatureBuilder,
-    answer_scores,
+    aligned_scores,
     answer_table,
     cap_questions,
     chiqa_rank,
@@ -228,12 +228,12 @@ def test_answer_scores_align_to_answer_order_and_name_gaps(answers):
     keyed = answers[["split", "qid", "aid"]].assign(cnn_score=np.arange(len(answers), dtype=float))
     shuffled = keyed.sample(frac=1.0, random_state=0)
     np.testing.assert_array_equal(
-        answer_scores(answers, shuffled, "cnn_score", "scores.parquet"), np.arange(len(answers))
+        aligned_scores(answers, shuffled, "cnn_score", "scores.parquet"), np.arange(len(answers))
     )
     with pytest.raises(MedrankError, match=r"scores.parquet: no cnn_score for 1 answers"):
-        answer_scores(answers, shuffled.iloc[1:], "cnn_score", "scores.parquet")
+        aligned_scores(answers, shuffled.iloc[1:], "cnn_score", "scores.parquet")
     with pytest.raises(MedrankError, match="duplicate"):
-        answer_scores(answers, pd.concat([keyed, keyed.iloc[:1]]), "cnn_score", "scores.parquet")
+        aligned_scores(answers, pd.concat([keyed, keyed.iloc[:1]]), "cnn_score", "scores.parquet")
 
 
 def test_cap_questions_keeps_first_questions_per_split(answers):

@@ -367,7 +367,7 @@ CNN_MEDIQA_SCORES = pa.schema(
 )
 
 
-def answer_scores(
+def cnn_answer_scores(
     ranker: CnnRanker, answers: pd.DataFrame, aggregation: str, split_sentences: Callable[[str], list[str]]
 ) -> pd.DataFrame:
     """Score each (question, answer) row as max or mean of the CNN scores of (question, answer sentence)."""

@@ -81,10 +81,10 @@ class AnswerScores:
 
             out.update(answer_qtype_scores(answers, self.qtypes))
         if "cnn" in groups:
-            from medrank.models.cnn import answer_scores
+            from medrank.models.cnn import cnn_answer_scores
             from medrank.text.sentences import split_rule
 
-            scored = answer_scores(self.cnn, answers, p.cnn.mediqa_aggregation, split_rule)
+            scored = cnn_answer_scores(self.cnn, answers, p.cnn.mediqa_aggregation, split_rule)
             out["cnn_score"] = scored["cnn_score"].to_numpy()
         if "qa" in groups:
             from medrank.answer_scores import qa_pairs

@@ -20,7 +20,7 @@ from medrank.models.cnn import (
     Encoder,
     SeverynMoschittiCNN,
     TrainConfig,
-    answer_scores,
+    cnn_answer_scores,
     make_batch,
     make_optimizer,
 )
@@ -373,13 +373,13 @@ def test_answer_scores_max_and_mean():
         {"question": ["q", "q"], "answer": ["One two. One two three four.", "Single sentence here."]}
     )
     split = lambda t: [s for s in t.split(". ") if s]
-    mx = answer_scores(_LengthRanker(), answers, "max", split)
-    mean = answer_scores(_LengthRanker(), answers, "mean", split)
+    mx = cnn_answer_scores(_LengthRanker(), answers, "max", split)
+    mean = cnn_answer_scores(_LengthRanker(), answers, "mean", split)
     assert mx["cnn_score"].tolist() == pytest.approx([0.4, 0.3])
     assert mean["cnn_score"].tolist() == pytest.approx([0.3, 0.3])
     assert mx["n_sentences"].tolist() == [2, 1]
     with pytest.raises(MedrankError):
-        answer_scores(_LengthRanker(), answers, "median", split)
+        cnn_answer_scores(_LengthRanker(), answers, "median", split)
 
 
 def test_word2vec_training_texts_are_squad_train_paragraphs_then_medquad_answers():
