@@ -30,11 +30,9 @@ def main(params_path: str = "params.yaml") -> None:
     ep = p.embed
     t0 = time.perf_counter()
     threads = set_threads()
-    retrieved = read_parquet(layout.RETRIEVED).rename(columns={"entailed_sentences": "sentences"})
+    retrieved = read_parquet(layout.RETRIEVED)
     answers = read_parquet(layout.ANSWERS, columns=["split", "qid", "aid", "reference_rank", "answer_sentences"])
-    answers = candidate_answers(
-        answers.rename(columns={"answer_sentences": "sentences"}), retrieved, ep.max_answers_per_question
-    )
+    answers = candidate_answers(answers, retrieved, ep.max_answers_per_question)
     backend = extraction_backend(ep.backend, ep.ray, ep.workers)
     model = CrossEncoder.load(layout.NLI_MODEL, device=p.device, precision=ep.precision)
     step = GridStep.fit(p, model, p.device)

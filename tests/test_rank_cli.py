@@ -487,3 +487,16 @@ def test_rank_with_the_qa_group_loads_the_qa_cross_encoder(workdir, tmp_path, mo
     out = json.loads(_rank(root, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
     assert sorted(a["id"] for a in out["answers"]) == ["3", "4", "A1", "A2"]
     assert CrossEncoder.load(root / "models" / "qa").num_labels == 2
+
+
+def test_a_damaged_step_table_is_one_error_line(workdir, monkeypatch, capsys, tmp_path):
+    from medrank.cli import main
+
+    models = tmp_path / "models"
+    shutil.copytree(workdir / "models", models)
+    (models / "steps" / "retrieve" / "medquad.parquet").write_bytes(b"not parquet")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(models)])
+    lines = error_lines(capsys.readouterr().err)
+    assert e.value.code == 2 and len(lines) == 1 and "not a table the retrieve step wrote" in lines[0]

@@ -54,9 +54,10 @@ def save_step(
     out = step_dir(step, models_dir)
     for name, df in (tables or {}).items():
         write_parquet(df, out / f"{name}.parquet", pa.Schema.from_pandas(df, preserve_index=False))
-    write_json(
-        out / STEP_FILE, {"step": step, "stage": STEP_PARAMS[step][0], "params": params, "tables": sorted(tables or {})}
-    )
+    meta = {"step": step, "stage": STEP_PARAMS[step][0], "params": params, "tables": sorted(tables or {})}
+    write_json(out / STEP_FILE, meta)  # last: it names the tables of this save
+    for stale in set(out.glob("*.parquet")) - {out / f"{n}.parquet" for n in tables or {}}:
+        stale.unlink()  # an earlier save's table (e.g. concepts, before a switch to UMLS) never outlives it
     return out
 
 
@@ -90,7 +91,12 @@ def load_step(step: str, models_dir: str | os.PathLike = layout.MODELS) -> Saved
         t = d / f"{name}.parquet"
         if not t.is_file():
             raise MedrankError(f"{t}: table of the {step} step missing (run `dvc repro {stage}`)")
-        tables[name] = pd.read_parquet(t)
+        try:
+            tables[name] = pd.read_parquet(t)
+        except (OSError, ValueError) as e:  # pyarrow's errors are both
+            raise MedrankError(
+                f"{t}: not a table the {step} step wrote ({type(e).__name__}); re-run `dvc repro {stage}`"
+            ) from None
     return SavedStep(step, params, tables)
 
 

@@ -45,14 +45,17 @@ class GridStep:
         return cls.fit(p, CrossEncoder.load(path, device=device, precision=p.embed.precision), device)
 
     def transform(self, answers: pd.DataFrame, retrieved: pd.DataFrame, cache_root: str | os.PathLike, **kw: Any):
-        """medrank.grids.Grids of `answers` (split, qid, aid, reference_rank, sentences) against `retrieved`
-        (entailed answers as `sentences`); `kw`: read_only, show_progress, shard_size, backend."""
+        """medrank.grids.Grids of `answers` (normalized answers: split, qid, aid, reference_rank, answer_sentences)
+        against `retrieved` (the retrieve step's table: entailed_sentences); `kw`: read_only, show_progress,
+        shard_size, backend."""
         from medrank.grids import answer_grids
 
         ep = self.p.embed
         return answer_grids(
-            answers,
-            retrieved,
+            answers[["split", "qid", "aid", "reference_rank", "answer_sentences"]].rename(
+                columns={"answer_sentences": "sentences"}
+            ),
+            retrieved.rename(columns={"entailed_sentences": "sentences"}),
             self.nli,
             cache_root,
             max_sentences=ep.max_sentences,

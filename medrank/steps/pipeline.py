@@ -47,13 +47,6 @@ class InferencePipeline:
 
         answers, _ = self.normalize.transform(answers, TABLES["answers"], desc="rank")
         retrieved = self.retrieve.transform(answers, layout.CACHE_RQE, read_only=True, show_progress=False)
-        grid_in = answers[["split", "qid", "aid", "reference_rank", "answer_sentences"]]
-        grids = self.grids.transform(
-            grid_in.rename(columns={"answer_sentences": "sentences"}),
-            retrieved.rename(columns={"entailed_sentences": "sentences"}),
-            layout.CACHE_EMBED,
-            read_only=True,
-            show_progress=False,
-        )
+        grids = self.grids.transform(answers, retrieved, layout.CACHE_EMBED, read_only=True, show_progress=False)
         scores = self.scores.transform(answers)
         return self.system.transform(answers, retrieved, grids.rows, scores, self.retrieve.p.n_candidates)
