@@ -244,23 +244,6 @@ def loso_summary_of(decided: pd.DataFrame, cand: pd.DataFrame, sources: Sequence
     )
 
 
-def held_out_copies(rows: pd.DataFrame, k: int, seed: int, sources: Sequence[str]) -> pd.DataFrame:
-    """Labelled rows (gid, split, ...) of a system that trains nothing on MEDIQA (or only a threshold) twice: part
-    "oof" with the question-grouped folds every model's CV uses (same question order and seed), part "loso" with
-    fold = the index of the question's source; decide them with decision.decide_system, score with
-    cv_summary_of / loso_summary_of."""
-    from medrank.decision import grouped_folds, source_folds
-
-    rows = rows[rows["split"].isin(sources)].reset_index(drop=True)
-    return pd.concat(
-        [
-            rows.assign(part="oof", fold=grouped_folds(rows["gid"].to_numpy(), k, seed)),
-            rows.assign(part="loso", fold=source_folds(rows["split"].to_numpy(), sources)),
-        ],
-        ignore_index=True,
-    )
-
-
 def noise_band(spreads: Sequence[dict], keys: Sequence[str]) -> dict[str, float]:
     """The written rule's tolerance per key (a metric or "order"): the largest seed spread of the systems' defaults."""
     return {k: max(float(s[k]) for s in spreads) for k in dict.fromkeys(keys)}
@@ -379,23 +362,4 @@ def candidate_systems(
         "decided": decided,
         "cv": chosen["cv"],
         "loso": chosen["loso"],
-    }
-
-
-def held_out_scores(scored, answers, labelled_splits: Sequence[str], seed: int, k: int = 5) -> dict:
-    """A scorer's rows (`scored`: split, qid, aid, prob, rank_key) under both protocols, question-grouped CV and
-    leave-one-source-out over `labelled_splits`: the keep threshold, its only MEDIQA-fitted part, is chosen on the
-    other folds' / sources' rows (decision.decide_system). Used for the CNN (stage cnn_mediqa)."""
-    from medrank.decision import decide_system
-    from medrank.features import question_key
-
-    labelled = answers[answers["split"].isin(labelled_splits)]
-    cand = labelled[["split", "qid", "aid", "label", "reference_rank", "reference_score"]].assign(
-        gid=question_key(labelled)
-    )
-    rows = held_out_copies(scored.assign(gid=question_key(scored)), k, seed, labelled_splits)
-    _, decided = decide_system(rows[["part", "fold", "gid", "aid", "prob", "rank_key"]], cand, train=[])
-    return {
-        "cv": rounded_summary(cv_summary_of(decided, cand)),
-        "loso": loso_summary_of(decided, cand, labelled_splits),
     }

@@ -10,6 +10,7 @@ import pandas as pd
 
 from medrank import evaluation as E
 from medrank import layout as L
+from medrank.experiment import held_out_scores
 
 SELECTION_RULE = (
     "MTL weight and keep rule: the highest mean, over the metrics of score.select_on, of CV and LOSO mean; candidates "
@@ -121,11 +122,12 @@ def task3_val_metrics(inp: Inputs, sel: dict, sp, seed: int, weights: list[float
         chosen, inp.base, cand, {"filter probability": ("prob", True), "CHiQA rank": ("chiqa_rank", False)}
     )
     # CHiQA keeps every answer in its own order: scored on the same CV folds and held-out sources
-    chiqa = E.held_out_copies(
+    chiqa = held_out_scores(
         cand[["gid", "aid", "split", "chiqa_rank"]].assign(label=1, score=-cand["chiqa_rank"]),
+        cand,
+        L.LABELLED_SPLITS,
         sp.cv_folds,
         seed,
-        L.LABELLED_SPLITS,
     )
     mtl, base, cnn = _metrics("mtl"), _metrics("task3_val_baseline"), _metrics("cnn_mediqa")
     mtl_val = score_task3(gold_val, E.ranked_rows(inp.pred[inp.pred["part"] == "val"])[["qid", "aid", "label"]])
@@ -133,8 +135,7 @@ def task3_val_metrics(inp: Inputs, sel: dict, sp, seed: int, weights: list[float
         "mtl": {"val": E.rounded_scores(mtl_val), "cv": E.rounded_summary(mtl["cv"]), "loso": mtl["loso"]},
         "chiqa": {
             "val": E.rounded_scores(score_task3(gold_val, L.task3_submission("val", "chiqa"))),
-            "cv": E.rounded_summary(E.cv_summary_of(chiqa, cand)),
-            "loso": E.loso_summary_of(chiqa, cand, L.LABELLED_SPLITS),
+            **chiqa,
         },
         "baseline": {
             "val": E.rounded_scores(task3_scores_of(val_q["baseline"])),

@@ -13,7 +13,8 @@ import torch
 from medrank import layout
 from medrank.decision import best_cut_threshold, relative_to_question_best
 from medrank.encoders.runtime import runtime_info
-from medrank.evaluation import held_out_scores
+from medrank.experiment import answer_truth, held_out_scores
+from medrank.features import question_key
 from medrank.io import read_parquet, write_json, write_parquet
 from medrank.metrics import gold_from_answers, ir_metrics, score_task3
 from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, cnn_answer_scores
@@ -54,8 +55,10 @@ def main(params_path: str = "params.yaml") -> None:
     out["val"] = score_task3(
         gold_from_answers(answers, layout.VAL_SPLIT), layout.task3_submission(layout.VAL_SPLIT, "cnn")
     )
-    rescored = scored.assign(prob=relative, rank_key=scored["cnn_score"])
-    out.update(held_out_scores(rescored, answers, layout.LABELLED_SPLITS, p.seed))
+    # the keep threshold, the CNN's only MEDIQA-fitted part, chosen on the other folds' / sources' rows
+    rescored = scored.assign(prob=relative, rank_key=scored["cnn_score"], gid=question_key(scored))
+    truth = answer_truth(answers, layout.LABELLED_SPLITS)
+    out.update(held_out_scores(rescored, truth, layout.LABELLED_SPLITS, k=5, seed=p.seed))
     # ranking quality alone (every answer ranked by score; relevance = reference_score >= 3), per labelled split
     for split in layout.LABELLED_SPLITS:
         part = scored[scored["split"] == split]

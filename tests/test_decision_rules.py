@@ -9,6 +9,7 @@ import pytest
 
 from medrank import decision as D
 from medrank import evaluation as E
+from medrank import experiment as X
 from medrank.errors import MedrankError
 from medrank.params import KeepRule, OrderRule
 
@@ -101,26 +102,23 @@ def test_decide_system_loso_fits_on_the_other_sources():
     sources = ("train_liveqa", "train_alexa", "val")
     # each source's valid answers sit at a different probability; one rule per held-out source from the other two
     level = {"train_alexa": 0.9, "train_liveqa": 0.3, "val": 0.7}
-    rows = E.held_out_copies(
-        cand.assign(
-            prob=[level[s] if lab else 0.1 for s, lab in zip(cand["split"], cand["label"])],
-            rank_key=-cand["chiqa_rank"],
-        ),
-        k=2,
-        seed=0,
-        sources=sources,
+    scores = cand.assign(
+        prob=[level[s] if lab else 0.1 for s, lab in zip(cand["split"], cand["label"])],
+        rank_key=-cand["chiqa_rank"],
     )
-    fits, decided = D.decide_system(rows[["part", "fold", "gid", "aid", "prob", "rank_key"]], cand, train=[])
-    assert len(fits["loso"]) == 3 and len(fits["folds"]) == 2
-    loso = E.loso_summary_of(decided, cand, sources)
+    got = X.experiment({"s": X.FixedScores(scores, cand)}, X.questions_of(cand), [X.CV(2, 0), X.LOSO(sources, 0)])
+    cv, loso = got["s"]["cv"], got["s"]["loso"]
+    assert len(loso.info["keep_fits"]["loso"]) == 3 and len(cv.info["keep_fits"]["folds"]) == 2
+    loso = loso.summary["base"]
     assert set(loso["by_source"]) == set(sources)
     # the rule fitted on sources with higher valid levels misses train_liveqa's 0.3 valid answers: the worst source
     assert loso["accuracy"]["worst_source"] == "train_liveqa" and loso["accuracy"]["worst"] < 1.0
     assert loso["accuracy"]["mean"] == pytest.approx(
         np.mean([m["accuracy"] for m in loso["by_source"].values()]), abs=1e-4
     )
-    cv = E.cv_summary_of(decided, cand)
-    assert set(cv["accuracy"]) == {"mean", "sd"}
+    assert set(cv.summary["base"]["accuracy"]) == {"mean", "sd"}
+    # the same folds scored from decided rows (the score stage's path) give the same figures
+    assert E.cv_summary_of(cv.rows.assign(part="oof"), cand) == cv.summary["base"]
 
 
 def test_pick_prefers_the_simplest_within_the_band():
@@ -175,31 +173,3 @@ def test_confirmed_row_wins_only_beyond_the_default_seed_spread():
     )
     assert not rows["noise"]["win"] and rows["noise"]["diff_mean"] == pytest.approx(0.005)  # paired +0.005 < band
     assert not rows["default"]["win"] and rows["default"]["diff_mean"] == 0.0
-
-
-def test_loso_and_cv_jobs_never_put_a_question_on_both_sides():
-    from medrank.models.mtl.fits import cv_jobs, source_fold_of
-
-    sources = ("train_liveqa", "train_alexa", "val")
-    # several answers per question, questions of every source and of test (never in a fold)
-    cand = pd.DataFrame(
-        [
-            {"gid": f"{s}/{q}", "split": s, "aid": f"{s}/{q}/{a}"}
-            for s in (*sources, "test")
-            for q in range(7)
-            for a in range(3)
-        ]
-    )
-    loso = source_fold_of(cand, sources)
-    assert set(loso) == set(cand.loc[cand["split"] != "test", "gid"])
-    labelled = list(loso)
-    for folds, k in ((loso, None), (None, 4)):
-        fold, jobs = cv_jobs(labelled, cfg=None, make_builder=lambda: None, k=k or 5, seed=3, folds=folds)
-        held = [set(j.predict) for j in jobs]
-        assert set().union(*held) == set(labelled) and sum(map(len, held)) == len(
-            labelled
-        )  # each question held out once
-        for j, h in zip(jobs, held):
-            assert not set(j.train) & h and set(j.train) | h == set(labelled)  # never on both sides of a fold
-        if folds is loso:  # one fold per source, holding out exactly that source's questions
-            assert [{g.split("/")[0] for g in h} for h in held] == [{s} for s in sources]

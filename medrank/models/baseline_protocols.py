@@ -4,13 +4,14 @@ paper's ablation tables (Tables 1-2 and 4), each over `fit_baseline` (medrank.mo
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 
-from medrank.decision import grouped_folds
-from medrank.evaluation import evaluate, summarize
+from medrank.evaluation import evaluate
+from medrank.experiment import CV, LOSO, Refit, Scored, Task, experiment, questions_of, reseeded, seed_spread
 from medrank.models.baseline import (
     PREDICTIONS,
     BaselineConfig,
@@ -37,96 +38,91 @@ def with_variant(model: FittedBaseline, variant: dict) -> FittedBaseline:
 
 
 def holdout(
-    train: pd.DataFrame,
-    test: pd.DataFrame,
-    cfg: BaselineConfig,
-    tfidf,
-    variants: dict[str, dict] | None = None,
-    with_predictions: bool = False,
-) -> dict | tuple[dict, pd.DataFrame]:
-    """Train on `train`, score labelled `test`: official metrics per variant ('base' = cfg as is, with its threshold);
-    with `with_predictions`, also the base model's rows (FittedBaseline.predict columns + threshold) in `test`'s index."""
+    train: pd.DataFrame, test: pd.DataFrame, cfg: BaselineConfig, tfidf, variants: dict[str, dict] | None = None
+) -> dict:
+    """Train on `train`, score labelled `test`: official metrics per variant ('base' = cfg as is, with its threshold)."""
     model = fit_baseline(train, cfg, tfidf)
-    pred = model.predict(test)
-    out = {"base": evaluate(pred, test)}
+    out = {"base": evaluate(model.predict(test), test)}
     for name, v in (variants or {}).items():
-        m = with_variant(model, v)
-        out[name] = evaluate(m.predict(test), test)
-        if m.info.get("target_prior") is not None:
-            out[name]["target_prior"] = m.info["target_prior"]
+        out[name] = evaluate(with_variant(model, v).predict(test), test)
     out["base"]["threshold"] = model.threshold
-    if with_predictions:
-        return out, pred.set_index(test.index).assign(threshold=model.threshold)
     return out
 
 
-def cross_validate(
-    table: pd.DataFrame,
-    cfg: BaselineConfig,
-    tfidf,
-    k: int,
-    seed: int,
-    variants: dict[str, dict] | None = None,
-    with_predictions: bool = False,
-) -> dict | tuple[dict, pd.DataFrame]:
-    """Question-grouped K-fold CV of the full recipe (threshold chosen inside each training part).
+@dataclass
+class BaselineSystem:
+    """The baseline as a medrank.experiment system: a task fits `fit_baseline` (seed: the protocol's) on its training
+    questions' rows (judged rows go with their question) and predicts the held-out questions' MEDIQA rows, as
+    configured ("base") and under each prediction-time variant (`with_variant`), which share the task's fit."""
 
-    Returns, per variant ('base' + `variants`, see `with_variant`), the mean and sd over folds of each
-    official metric; variants share the fold's fit. With `with_predictions`, also the out-of-fold rows of
-    the base model (FittedBaseline.predict columns + fold, threshold) in table order.
-    """
-    folds = grouped_folds(question_ids(table), k, seed)
-    results: dict[str, list[dict]] = {"base": [], **{name: [] for name in variants or {}}}
-    thresholds, oof = [], []
-    for f in range(k):
-        tr, te = table[folds != f], scored_rows(table[folds == f])
-        model = fit_baseline(tr, cfg, tfidf)
-        thresholds.append(model.threshold)
-        pred = model.predict(te)
-        results["base"].append(evaluate(pred, te))
-        oof.append(pred.set_index(te.index).assign(fold=f, threshold=model.threshold))
-        for name, v in (variants or {}).items():
-            results[name].append(evaluate(with_variant(model, v).predict(te), te))
-    out = {name: summarize(r) for name, r in results.items()}
-    out["base"]["thresholds"] = thresholds
-    if with_predictions:
-        return out, pd.concat(oof).loc[scored_rows(table).index].reset_index(drop=True)
-    return out
+    table: pd.DataFrame
+    cfg: BaselineConfig
+    tfidf: object
+    variants: dict[str, dict] = field(default_factory=dict)
 
+    def questions(self) -> pd.DataFrame:
+        return questions_of(self.table, "qkey" if "qkey" in self.table.columns else "gid")
 
-def leave_one_source_out(
-    table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], variants: dict[str, dict] | None = None
-) -> tuple[dict, pd.DataFrame]:
-    """Train on the other labelled sources, score the held-out one (real question and label shift), per source.
+    def run(self, tasks: Sequence[Task]) -> list[dict]:
+        key, out = question_ids(self.table), []
+        for t in tasks:
+            train, test = self.table[np.isin(key, t.train)], scored_rows(self.table[np.isin(key, t.test)])
+            model = fit_baseline(train, replace(self.cfg, seed=t.seed), self.tfidf)
+            preds = {"base": model, **{name: with_variant(model, v) for name, v in self.variants.items()}}
+            out.append(
+                {
+                    "test": test,
+                    "threshold": model.threshold,
+                    "preds": {name: (m.predict(test), m.info.get("target_prior")) for name, m in preds.items()},
+                    "train_positive_rate": float(scored_rows(train)["label"].astype(float).mean()),
+                }
+            )
+        return out
 
-    -> ({source: {variant: official metrics (base: + threshold), "positive_rate", "train_positive_rate"}}, the base
-    model's held-out rows (FittedBaseline.predict columns + fold = the source's index, threshold) in table order).
-    """
-    out, rows = {}, []
-    for f, split in enumerate(sources):
-        tr, te = table[table["split"] != split], scored_rows(table[table["split"] == split])
-        if te.empty:
-            continue
-        r, pred = holdout(tr, te, cfg, tfidf, variants, with_predictions=True)
-        r["positive_rate"] = float(te["label"].astype(float).mean())
-        r["train_positive_rate"] = float(scored_rows(tr)["label"].astype(float).mean())
-        out[split] = r
-        rows.append(pred.assign(fold=f))
-    held_out = pd.concat(rows)
-    return out, held_out.loc[table.index[table.index.isin(held_out.index)]].reset_index(drop=True)
+    def score(self, protocol, tasks: Sequence[Task], results: Sequence[dict]) -> Scored:
+        """Per fold and variant the official scores (base: + the fold model's threshold; a label-shift variant: + its
+        estimated prior); the base rows (FittedBaseline.predict columns + fold, threshold) in table order; per fold
+        the held-out and training positive rates (info)."""
+        per_fold: dict[str, dict[int, dict]] = {"base": {}, **{name: {} for name in self.variants}}
+        rows, info = [], {"positive_rate": {}, "train_positive_rate": {}}
+        for t, r in zip(tasks, results):
+            test, labelled = r["test"], not r["test"]["label"].isna().any()
+            for name, (pred, prior) in r["preds"].items():
+                if labelled:
+                    m = evaluate(pred, test)
+                    per_fold[name][t.fold] = {**m, "threshold": r["threshold"]} if name == "base" else m
+                    if name != "base" and prior is not None:
+                        m["target_prior"] = prior
+            rows.append(r["preds"]["base"][0].set_index(test.index).assign(fold=t.fold, threshold=r["threshold"]))
+            if labelled:
+                info["positive_rate"][t.fold] = float(test["label"].astype(float).mean())
+            info["train_positive_rate"][t.fold] = r["train_positive_rate"]
+        held = pd.concat(rows)
+        held = held.loc[self.table.index[self.table.index.isin(held.index)]].reset_index(drop=True)
+        extra = {"base": {"thresholds": [r["threshold"] for r in results]}} if isinstance(protocol, CV) else {}
+        return Scored(per_fold, held, extra, info)
 
 
 def protocols(
     table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], variants: dict[str, dict] | None = None
 ) -> dict:
-    """The recipe under both protocols: question-grouped CV (mean ± sd) and LOSO (per source, mean, worst), per
-    variant ('base' + `variants`), with both protocols' held-out rows ("oof", "loso")."""
-    from medrank.evaluation import loso_summary
-
-    cv, oof = cross_validate(table, cfg, tfidf, cfg.params.cv_folds, cfg.seed, variants, with_predictions=True)
-    per_source, loso_rows = leave_one_source_out(table, cfg, tfidf, sources, variants)
-    loso = {name: loso_summary({s: r[name] for s, r in per_source.items()}) for name in ["base", *(variants or {})]}
-    return {"cv": cv, "loso": loso, "per_source": per_source, "oof": oof, "loso_rows": loso_rows}
+    """The recipe under both protocols (medrank.experiment): question-grouped CV (mean ± sd; base: + the fold
+    thresholds) and LOSO (per source, mean, worst), per variant ('base' + `variants`, see `with_variant`), the per-source
+    scores (+ positive rates), and both protocols' held-out rows ("oof", "loso")."""
+    system = BaselineSystem(table, cfg, tfidf, dict(variants or {}))
+    r = experiment(
+        {"baseline": system}, system.questions(), [CV(cfg.params.cv_folds, cfg.seed), LOSO(tuple(sources), cfg.seed)]
+    )
+    cv, loso = r["baseline"]["cv"], r["baseline"]["loso"]
+    per_source = {
+        sources[f]: {
+            **{name: loso.per_fold[name][f] for name in loso.per_fold},
+            "positive_rate": loso.info["positive_rate"][f],
+            "train_positive_rate": loso.info["train_positive_rate"][f],
+        }
+        for f in sorted(loso.per_fold["base"])
+    }
+    return {"cv": cv.summary, "loso": loso.summary, "per_source": per_source, "oof": cv.rows, "loso_rows": loso.rows}
 
 
 def held_out_rows(
@@ -137,30 +133,30 @@ def held_out_rows(
     inner_sources: Sequence[str],
     outer: Sequence[str],
 ) -> pd.DataFrame:
-    """Rows for a nested selection (medrank.nested): part oof / loso (`protocols` over the `inner` questions and
+    """Rows for a nested selection (medrank.nested): part oof / loso (CV and LOSO over the `inner` questions and
     `inner_sources` only) and test (the `outer` questions, by a model trained on every inner question); columns
     part, gid, aid, fold, prob, rank_score. No fit sees an outer question."""
-    inner_table = table[table["gid"].isin(set(inner))].reset_index(drop=True)
-    proto = protocols(inner_table, cfg, tfidf, inner_sources)
-    target = scored_rows(table[table["gid"].isin(set(outer))])
-    test = fit_baseline(inner_table, cfg, tfidf).predict(target).assign(fold=-1)
+    system = BaselineSystem(table, cfg, tfidf)
+    questions = system.questions()
+    questions = questions[questions["gid"].isin(set(inner))]
+    proto = [
+        CV(cfg.params.cv_folds, cfg.seed),
+        LOSO(tuple(inner_sources), cfg.seed),
+        Refit(tuple(questions["gid"]), tuple(outer), cfg.seed),
+    ]
+    r = experiment({"baseline": system}, questions, proto)["baseline"]
     cols = ["part", "gid", "aid", "fold", "prob", "rank_score"]
-    return pd.concat(
-        [
-            proto["oof"].assign(part="oof")[cols],
-            proto["loso_rows"].assign(part="loso")[cols],
-            test.assign(part="test")[cols],
-        ],
-        ignore_index=True,
-    )
+    parts = {"oof": r["cv"].rows, "loso": r["loso"].rows, "test": r["test"].rows.assign(fold=-1)}
+    return pd.concat([rows.assign(part=part)[cols] for part, rows in parts.items()], ignore_index=True)
 
 
 def spread_over_seeds(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int) -> dict:
-    """`evaluation.seed_spread` of the recipe over `n` seeds from cfg.seed (folds, inner-CV folds, rank-SVM pair flips)."""
-    from medrank.evaluation import seed_spread
-
-    runs = [protocols(table, replace(cfg, seed=cfg.seed + i), tfidf, sources) for i in range(n)]
-    return seed_spread([(r["cv"]["base"], r["loso"]["base"]) for r in runs])
+    """The seed spread (medrank.experiment.seed_spread) of the recipe's CV and LOSO over `n` seeds from cfg.seed
+    (folds, inner-CV folds, rank-SVM pair flips)."""
+    system = BaselineSystem(table, cfg, tfidf)
+    seeds = [cfg.seed + i for i in range(n)]
+    protocols_ = reseeded([CV(cfg.params.cv_folds, cfg.seed), LOSO(tuple(sources), cfg.seed)], seeds)
+    return seed_spread(experiment({"baseline": system}, system.questions(), protocols_)["baseline"], seeds)
 
 
 # ---------------------------------------------------------------- the baseline stage's tables

@@ -1,5 +1,7 @@
 """medrank.models.baseline: rank SVM, threshold choice, EM prior shift, grouped CV, the full recipe."""
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -15,7 +17,7 @@ from medrank.models.baseline import (
     fit_baseline,
     pairwise_differences,
 )
-from medrank.models.baseline_protocols import cross_validate, leave_one_source_out, protocols
+from medrank.models.baseline_protocols import protocols
 from medrank.params import BaselineParams, Params
 
 
@@ -187,23 +189,24 @@ def test_cross_validate_and_source_transfer_report_every_metric():
         [synthetic_table(15, seed=1), synthetic_table(15, seed=2, split="train_alexa")], ignore_index=True
     )
     cfg = config(cv_folds=3)
-    out = cross_validate(table, cfg, None, k=3, seed=0, variants={"em": {"prior_shift": "em"}, "lr": {"ranker": "lr"}})
+    got = protocols(
+        table, cfg, None, ("train_liveqa", "train_alexa", "val"), {"em": {"prior_shift": "em"}, "lr": {"ranker": "lr"}}
+    )
+    out = got["cv"]
     assert set(out) == {"base", "em", "lr"}
     for name in out:
         for metric in ("accuracy", "precision", "mrr", "spearman", "spearman_true"):
             assert set(out[name][metric]) == {"mean", "sd"}
     assert len(out["base"]["thresholds"]) == 3
     assert out["base"]["accuracy"]["mean"] > 0.7
-    tr, rows = leave_one_source_out(
-        table, cfg, None, ("train_liveqa", "train_alexa", "val"), {"em": {"prior_shift": "em"}}
-    )
+    tr, rows = got["per_source"], got["loso_rows"]
     assert set(tr) == {"train_liveqa", "train_alexa"}  # a source without rows is skipped
     assert 0 < tr["train_alexa"]["em"]["target_prior"] < 1
     # held-out rows in table order, fold = the source's index
     assert list(rows["aid"]) == list(table["aid"]) and set(rows["fold"]) == {0, 1}
-    both = protocols(table, cfg, None, ("train_liveqa", "train_alexa"))
-    assert set(both["loso"]["base"]["by_source"]) == {"train_liveqa", "train_alexa"}
-    assert both["loso"]["base"]["accuracy"]["worst"] <= both["loso"]["base"]["accuracy"]["mean"]
+    assert list(got["oof"]["aid"]) == list(table["aid"]) and set(got["oof"]["fold"]) == {0, 1, 2}
+    assert set(got["loso"]["base"]["by_source"]) == {"train_liveqa", "train_alexa"}
+    assert got["loso"]["base"]["accuracy"]["worst"] <= got["loso"]["base"]["accuracy"]["mean"]
 
 
 def with_judged_lists(table: pd.DataFrame, per_question: int = 6, seed: int = 3) -> pd.DataFrame:
@@ -243,13 +246,14 @@ def test_judged_rows_only_train_and_stay_with_their_question():
     )
     judged = with_judged_lists(table)
     cfg = config(cv_folds=3, judged_rows="all", features=list(GROUPS))
-    cv, oof = cross_validate(judged, cfg, None, k=3, seed=0, with_predictions=True)
+    both = protocols(judged, replace(cfg, seed=0), None, ("train_liveqa", "train_alexa"))
+    oof = both["oof"]
     assert list(oof["aid"]) == list(table["aid"])  # scored: the MEDIQA rows only, in table order
     folds = grouped_folds(judged["qkey"].to_numpy(), 3, 0)
     # a question's judged list shares its fold (it is never on the other side of a split)
     by_q = pd.DataFrame({"qkey": judged["qkey"], "fold": folds}).groupby("qkey")["fold"].nunique()
     assert (by_q == 1).all()
-    per_source, rows = leave_one_source_out(judged, cfg, None, ("train_liveqa", "train_alexa"))
+    per_source, rows = both["per_source"], both["loso_rows"]
     assert list(rows["aid"]) == list(table["aid"])
     # held-out liveqa: no judged row trains (they are liveqa's); its positive rate is the MEDIQA rows'
     assert per_source["train_liveqa"]["positive_rate"] == pytest.approx(

@@ -14,7 +14,8 @@ from medrank.errors import MedrankError
 from medrank import decision as D
 from medrank import evaluation as E
 from medrank.models import mtl
-from medrank.models.mtl.fits import cv_jobs, fit_many, source_fold_of
+from medrank.experiment import LOSO
+from medrank.models.mtl.fits import fit_many
 from medrank.params import MtlParams
 
 H = 8  # hidden size of the fake NLI / RQE vectors
@@ -590,7 +591,8 @@ def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
     assert m["seconds"]["workers"] == 2 and m["seconds"]["fits_sum"] >= m["seconds"]["cv_folds"][0]
     # the LOSO fold holding out `val` trains on exactly the training questions: it is the train-only model (no own fit)
     labelled = mtl.labelled_gids(data, gids_of(data, "train"), gids_of(data, "val"))
-    _, loso_jobs = cv_jobs(labelled, cfg, builder, k=2, seed=1, folds=source_fold_of(data.cand, sources))
+    system = mtl.MTLSystem(data, cfg, builder)
+    loso_jobs = system.jobs(LOSO(sources, seed=1).tasks(system.questions(labelled)))
     assert set(loso_jobs[2].train) == set(gids_of(data, "train")) and set(loso_jobs[2].predict) == set(
         gids_of(data, "val")
     )

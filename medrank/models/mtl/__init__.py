@@ -3,28 +3,20 @@
 - data: MTLData / build_mtl_data - candidates, (candidate, entailed answer) pairs, NLI grids, RQE vectors;
 - network: the conv grid encoder, the joint embedding, the filter and pairwise heads, the loss;
 - training: fit_mtl (early stopping on an inner split), FittedMTL / MTLBag (predict, save, load);
-- fits: FitJob / fit_many (fits side by side on forked workers), cv_jobs (question-grouped or per-source folds);
-- recipe: ensembling over the N entailed answers, thresholds, the mtl stage's run_recipe, ablation rows, seeds.
+- fits: FitJob / fit_many (fits side by side on forked workers);
+- decisions: ensembling over the N entailed answers, each fold decided on the other folds' rows;
+- system: the MTL as a medrank.experiment system (CV, LOSO, refits), the seed spread, ablation rows, nested rows;
+- recipe: the mtl stage's run_recipe (the same protocols plus its train-only and final models).
 
 The knobs are medrank.params.MtlParams (params.yaml `mtl`) throughout: no copies of them.
 """
 
 from medrank.models.mtl.data import PAIR_FEATURES, MTLData, build_mtl_data, check_augmentation, read_mtl_data
 from medrank.models.mtl.network import GridEncoder, MaskedBatchNorm2d, MTLNet, mtl_loss, quadrant_pool
-from medrank.models.mtl.fits import CVResult, cross_validate_mtl, labelled_gids
-from medrank.models.mtl.recipe import (
-    DECISION_FIELDS,
-    PREDICTIONS_SCHEMA,
-    ablation_cv,
-    builder_factory,
-    cv_metrics,
-    decision_of,
-    ensemble,
-    held_out_rows,
-    run_recipe,
-    spread_over_seeds,
-    with_truth,
-)
+from medrank.models.mtl.fits import CVResult, labelled_gids
+from medrank.models.mtl.decisions import decide_folds, ensemble, with_truth
+from medrank.models.mtl.recipe import DECISION_FIELDS, PREDICTIONS_SCHEMA, builder_factory, decision_of, run_recipe
+from medrank.models.mtl.system import MTLSystem, ablation_cv, held_out_rows, spread_over_seeds
 from medrank.models.mtl.training import FittedMTL, MTLBag, fit_mtl, fit_mtl_bag, pair_index, set_seed
 
 __all__ = [
@@ -38,12 +30,12 @@ __all__ = [
     "MTLBag",
     "MTLData",
     "MTLNet",
+    "MTLSystem",
     "ablation_cv",
     "build_mtl_data",
     "builder_factory",
     "check_augmentation",
-    "cross_validate_mtl",
-    "cv_metrics",
+    "decide_folds",
     "decision_of",
     "ensemble",
     "fit_mtl",

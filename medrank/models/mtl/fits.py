@@ -1,6 +1,6 @@
 """The MTL's fits side by side: a FitJob is one fit_mtl_bag (train questions, seed, what to predict); `fit_many` runs
-jobs on forked workers (the same bits for any count); `cv_jobs` / `cv_result` make question-grouped or per-source folds
-of them (the mtl stage's CV and LOSO, the ablation rows, the noise band's seeds, the nested refits)."""
+jobs on forked workers (the same bits for any count); `cv_result` gathers one protocol's fold results (medrank.experiment
+plans the folds: the mtl stage's CV and LOSO, the ablation rows, the noise band's seeds, the nested refits)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 import pandas as pd
 import torch
 
-from medrank.decision import grouped_folds
 from medrank.models.mtl.data import MTLData
 from medrank.models.mtl.training import MTLBag, fit_mtl_bag
 from medrank.params import MtlParams
@@ -118,43 +116,9 @@ def fit_many(
     return out  # type: ignore[return-value]
 
 
-def cv_jobs(
-    gids: Sequence[str],
-    cfg: MtlParams,
-    make_builder: Callable[[], object],
-    *,
-    k: int,
-    seed: int,
-    folds: dict[str, int] | None = None,
-    name: str = "",
-) -> tuple[dict[str, int], list[FitJob]]:
-    """(gid -> fold, one FitJob per fold): question-grouped k folds (shuffled by `seed`), or the given `folds`
-    (e.g. one per source: leave-one-source-out). Fold f trains with seed + f."""
-    gids = list(gids)
-    fold = (
-        dict(zip(gids, grouped_folds(np.asarray(gids), k, seed).tolist()))
-        if folds is None
-        else {g: folds[g] for g in gids}
-    )
-    tag = f"{name} " if name else ""
-    kind = "CV" if folds is None else "LOSO"
-    ids = sorted(set(fold.values()))
-    jobs = [
-        FitJob(
-            cfg,
-            make_builder,
-            tuple(g for g in gids if fold[g] != f),
-            tuple(g for g in gids if fold[g] == f),
-            seed + f,
-            f"{tag}{kind} fold {f + 1}/{len(ids)}",
-        )
-        for f in ids
-    ]
-    return fold, jobs
-
-
 def cv_result(fold: dict[str, int], results: Sequence[FitResult]) -> CVResult:
-    """The CVResult of cv_jobs' jobs from their results (fold order)."""
+    """The CVResult of one protocol's fold fits (`fold`: gid -> fold of the held-out questions) from their results
+    (fold order)."""
     f_parts = [r.filter_df.assign(fold=f) for f, r in zip(sorted(set(fold.values())), results)]
     p_parts = [r.pair_df.assign(fold=f) for f, r in zip(sorted(set(fold.values())), results)]
     return CVResult(
@@ -165,31 +129,6 @@ def cv_result(fold: dict[str, int], results: Sequence[FitResult]) -> CVResult:
         [r.seconds for r in results],
         [r.history for r in results],
     )
-
-
-def cross_validate_mtl(
-    data: MTLData,
-    gids: Sequence[str],
-    cfg: MtlParams,
-    make_builder: Callable[[], object],
-    *,
-    k: int,
-    seed: int,
-    device: str | torch.device = "cpu",
-    folds: dict[str, int] | None = None,
-    workers: int = 1,
-) -> CVResult:
-    """Question-grouped k-fold CV: each fold's model (early stopping on an inner split of its training
-    questions) predicts the held-out questions. `folds` (gid -> fold) replaces the shuffled folds, e.g. one fold
-    per source (leave-one-source-out)."""
-    fold, jobs = cv_jobs(gids, cfg, make_builder, k=k, seed=seed, folds=folds)
-    return cv_result(fold, fit_many(data, jobs, device=device, workers=workers))
-
-
-def source_fold_of(cand: pd.DataFrame, sources: Sequence[str]) -> dict[str, int]:
-    """gid -> the index of its question's source in `sources` (leave-one-source-out folds) for labelled questions."""
-    split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
-    return {g: list(sources).index(s) for g, s in split_of.items() if s in sources}
 
 
 def labelled_gids(data: MTLData, train_gids: Sequence[str], val_gids: Sequence[str]) -> list[str]:
