@@ -25,7 +25,7 @@ from medrank.encoders.cross_encoder_training import (
     Pair,
     check_pairs,
 )
-from medrank.encoders.int8 import LazyInt8
+from medrank.encoders.low_precision import PrecisionCopies
 from medrank.encoders.models import (
     ENCODER_META,
     model_fingerprint,
@@ -83,7 +83,7 @@ def label_index(label_names: Sequence[str], wanted: str, fallback: int) -> int:
     return fallback
 
 
-class CrossEncoder(LazyInt8, CrossEncoderTraining):
+class CrossEncoder(PrecisionCopies, CrossEncoderTraining):
     """Sequence-pair classifier over a transformers checkpoint; probabilities (n, num_labels)."""
 
     def __init__(

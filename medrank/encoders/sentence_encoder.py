@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from medrank.encoders.hardware import resolve_device
-from medrank.encoders.int8 import LazyInt8
+from medrank.encoders.low_precision import PrecisionCopies
 from medrank.encoders.models import (
     ENCODER_META,
     model_fingerprint,
@@ -25,7 +25,7 @@ from medrank.encoders.batching import length_sorted_batches, padded_width
 from medrank.errors import MedrankError
 
 
-class SentenceEncoder(LazyInt8):
+class SentenceEncoder(PrecisionCopies):
     """Mean-pooled, L2-normalised sentence embeddings; `encode(texts, precision)` -> (n, H) float32."""
 
     def __init__(self, name_or_path: str, device: str = "auto", max_length: int = 128, saved: bool = False) -> None:

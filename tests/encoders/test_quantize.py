@@ -7,7 +7,7 @@ import torch
 
 from copy import deepcopy as copy_module
 
-from medrank.encoders.int8 import Int8Linear, bf16_linears, int8_keeps_fp32, quantize_int8
+from medrank.encoders.low_precision import Int8Linear, bf16_linears, int8_keeps_fp32, quantize_int8
 from medrank.errors import MedrankError
 from tests.helpers.models import tiny_bert_config
 
@@ -109,9 +109,9 @@ def test_bf16_weight_copy_gives_autocasts_bits_and_shares_the_rest(tiny_classifi
 
 
 def test_bf16_copy_is_rebuilt_after_the_weights_change(tiny_classifier):
-    from medrank.encoders.int8 import LazyInt8
+    from medrank.encoders.low_precision import PrecisionCopies
 
-    class Holder(LazyInt8):
+    class Holder(PrecisionCopies):
         def __init__(self, model):
             self.model = model
 

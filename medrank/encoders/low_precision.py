@@ -1,6 +1,5 @@
-"""The one int8 set-up of every encoder: per-channel int8 Linear layers with fp32 outlier channels, the sensitive layers
-kept in fp32 (`quantize_int8`), and the lazily built int8 or bf16-weight copy an encoder predicts with (`LazyInt8`).
-"""
+"""The low-precision copies an encoder predicts with (`PrecisionCopies`): int8 (per-channel int8 Linear layers with
+fp32 outlier channels, the sensitive layers kept in fp32: `quantize_int8`) or bf16 weights (`bf16_linears`)."""
 
 from __future__ import annotations
 
@@ -226,7 +225,7 @@ def _weights_version(model: torch.nn.Module) -> tuple:
     return (id(model), *((id(p), p._version) for p in model.parameters()))
 
 
-class LazyInt8:
+class PrecisionCopies:
     """Mixin of the encoders: `inference_model(precision)` is `self.model`, or a copy made for the precision on first
     use: int8 (`quantize_int8`, kept until `_int8_model` is reset, after training or to free memory) or bf16
     (`bf16_linears`, rebuilt when the weights have changed since, e.g. between evaluations during training)."""
