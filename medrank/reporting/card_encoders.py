@@ -9,12 +9,6 @@ from medrank.reporting.formatting import acc_text, md_table
 from medrank.reporting.signals import retrieve_section, rqe_rows_section
 
 
-COMMON_LIMITS = [
-    "- Research software: not for clinical decisions, diagnosis, triage or treatment; a kept or high-scoring answer is not a verified answer.",
-    "- English only: trained and evaluated on English text (consumer health questions, NIH pages, or general-domain data as listed above).",
-]
-
-
 TRAIN_KNOBS = (
     "max_length",
     "epochs",

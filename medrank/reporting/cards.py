@@ -4,13 +4,16 @@ Rendered by `medrank report` beside the README / RESULTS blocks and held current
 (`stale_docs`). Every number is read at generation time: evaluation from metrics/*.json (and the score stage's
 error-analysis CSVs), the training recipe from dvc.lock (the params the committed models were trained with; from
 params.yaml, marked, for a stage never run), the data files from medrank/data/sources.py. A value no file holds
-reads "not measured". The prose (what a model is for, where it stops) lives in card_encoders.py / card_rankers.py, per artifact name; an artifact
-without a section still gets a card from dvc.yaml and its stage's metrics files.
+reads "not measured". The card's skeleton and the prose that holds no number are templates (medrank/reporting/templates/);
+the sections built from numbers (what a model is for, where it stops) live in card_encoders.py / card_rankers.py, per
+artifact name; an artifact without a section still gets a card from dvc.yaml and its stage's metrics files.
 """
 
 from __future__ import annotations
 
+from importlib.resources import files
 from pathlib import Path
+from string import Template
 from typing import Callable
 
 from medrank.reporting.card_base import (
@@ -26,7 +29,7 @@ from medrank.reporting.card_base import (
     md_cell,
     out_path,
 )
-from medrank.reporting.card_encoders import COMMON_LIMITS, gated_note, nli_card, qa_card, rqe_card
+from medrank.reporting.card_encoders import gated_note, nli_card, qa_card, rqe_card
 from medrank.reporting.card_rankers import cnn_card, mtl_card
 from medrank.reporting.formatting import flat_keys, fmt_num, md_table
 
@@ -82,21 +85,32 @@ def render_card(repo: Repo, name: str, art: dict) -> str:
     for key in card.recipe:
         value, source = repo.param(key, stage)
         recipe.append([f"`{key}`", NOT_MEASURED if value is MISSING else code_text(value), source or "not recorded"])
-    lines = [f"# Model card: {name}", "", HEADER, "", md_cell(art.get("desc") or ""), "", "## What it is", ""]
-    lines += md_table(["field", "value"], [[a, md_cell(b)] for a, b in what])
-    lines += ["## Training data", ""] + card.data + [gated_note(repo), ""]
-    lines += ["## Training recipe", ""]
-    lines += ["The params the committed model was trained with (dvc.lock), then what the run recorded:", ""]
+    intro = []
     if stage and repo.locked_params(stage) is None:
-        lines += [f"Stage `{stage}` has no dvc.lock entry yet: values from params.yaml, not a trained model's.", ""]
-    lines += (
-        md_table(["setting", "value", "read from"], recipe + card.recorded)
-        if recipe or card.recorded
-        else [f"{NOT_MEASURED}.", ""]
+        intro = [f"Stage `{stage}` has no dvc.lock entry yet: values from params.yaml, not a trained model's.", ""]
+    table = md_table(["setting", "value", "read from"], recipe + card.recorded) if recipe or card.recorded else None
+    text = _template("model_card.md").substitute(
+        name=name,
+        header=HEADER,
+        desc=md_cell(art.get("desc") or ""),
+        what=_join(md_table(["field", "value"], [[a, md_cell(b)] for a, b in what])),
+        data=_join(card.data),
+        gated=gated_note(repo),
+        recipe=_join(intro + (table or [f"{NOT_MEASURED}.", ""])),
+        evaluation=_join(card.evaluation),
+        use=_join(card.use),
+        limits=_join(card.limits),
     )
-    lines += ["## Evaluation", ""] + card.evaluation + ["## Intended use", ""] + card.use + [""]
-    lines += ["## Known limits", ""] + COMMON_LIMITS + card.limits
-    return "\n".join(lines).rstrip() + "\n"
+    return text.rstrip() + "\n"
+
+
+def _template(name: str) -> Template:
+    """A markdown skeleton of medrank/reporting/templates/ (the prose that holds no number)."""
+    return Template((files("medrank.reporting") / "templates" / name).read_text(encoding="utf-8"))
+
+
+def _join(lines: list[str]) -> str:
+    return "\n".join(lines)
 
 
 def render_index(repo: Repo) -> str:
@@ -109,17 +123,9 @@ def render_index(repo: Repo) -> str:
         ]
         for name, art in repo.artifacts.items()
     ]
-    lines = [
-        "# Model cards",
-        "",
-        HEADER,
-        "",
-        "One card per trained model declared under `artifacts:` in dvc.yaml: what it is, its training data and "
-        "licences, the recipe (dvc.lock), held-out and downstream evaluation (metrics/), intended use and known limits. "
-        f'Numbers are read from the repository by `medrank report`; a value no file holds reads "{NOT_MEASURED}".',
-        "",
-    ]
-    return "\n".join(lines + md_table(["artifact", "path", "stage", "what it is"], rows)).rstrip() + "\n"
+    table = md_table(["artifact", "path", "stage", "what it is"], rows)
+    text = _template("model_cards_index.md").substitute(header=HEADER, not_measured=NOT_MEASURED, table=_join(table))
+    return text.rstrip() + "\n"
 
 
 def render_cards(repo_root: str | Path = ".", metrics_dir: str | Path = "metrics") -> dict[str, str]:
