@@ -32,7 +32,8 @@ from medrank.models import baseline_protocols as BP
 from medrank.data.judged import judged_answers
 from medrank.features import cap_questions
 from medrank.io import read_parquet
-from medrank.params import BIENC_GROUPS, load_params
+from medrank.feature_groups import BIENC_GROUPS
+from medrank.params import load_params
 from medrank.answer_scores import score_answers
 from medrank.inputs import load_tables
 

@@ -22,13 +22,14 @@ TRAIN_ONLY = -1  # a question every fold trains on (a Refit's training questions
 @dataclass(frozen=True)
 class Task:
     """One fit: train on `train` questions, predict `test` ones; `seed` is the protocol's (a system derives its fit
-    seeds from it and `fold`)."""
+    seeds from it and `fold`); `refit`: a Refit's one model on every training question."""
 
     protocol: str
     fold: int
     train: tuple[str, ...]
     test: tuple[str, ...]
     seed: int
+    refit: bool = False
 
 
 class _Folds:
@@ -51,6 +52,7 @@ class _Folds:
                 tuple(g for g, v in fold.items() if v != f),
                 tuple(g for g, v in fold.items() if v == f),
                 self.seed,
+                isinstance(self, Refit),
             )
             for f in ids
         ]

@@ -19,53 +19,12 @@ import scipy.sparse as sp
 
 from medrank.bow import tfidf_rows
 from medrank.errors import MedrankError
+from medrank.feature_groups import GROUPS, REGISTRY, SCORE_FILES
 
 if TYPE_CHECKING:
     from sklearn.feature_extraction.text import TfidfVectorizer
 
 log = logging.getLogger(__name__)
-
-GROUPS = (
-    "metadata",
-    "bow",
-    "rqe",
-    "rqe_emb",
-    "anli",
-    "bienc",
-    "heading",
-    "qtype",
-    "cnn",
-    "qa",
-    "qa_graded",
-    "qa_bienc",
-)
-# answer-table columns each group reads (rqe_i / anli_i for i = 1..n_candidates are added per builder)
-_GROUP_COLUMNS = {
-    "metadata": ["source", "n_sentences", "chiqa_rank"],
-    "bow": ["answer_text", "entailed_text"],
-    "rqe": [],
-    "rqe_emb": [],
-    "anli": [],
-    "bienc": ["bienc_cos"],
-    "heading": ["heading_cos"],
-    "qtype": ["qtype_agree", "qtype_match"],
-    "cnn": ["cnn_score"],
-    "qa": ["qa_score"],
-    "qa_graded": ["qa_graded_score"],
-    "qa_bienc": ["qa_bienc_cos"],
-}
-# groups of per-answer scores: the score is expanded into itself and its position among the question's answers,
-# the group's other columns (qtype_match) are used as they are
-_ANSWER_SCORES = {
-    "bienc": "bienc_cos",
-    "heading": "heading_cos",
-    "qtype": "qtype_agree",
-    "cnn": "cnn_score",
-    "qa": "qa_score",
-    "qa_graded": "qa_graded_score",
-    "qa_bienc": "qa_bienc_cos",
-}
-
 
 # ---------------------------------------------------------------- answer table
 
@@ -228,13 +187,12 @@ def aligned_scores(answers: pd.DataFrame, scores: pd.DataFrame, column: str, sou
 def read_answer_scores(
     answers: pd.DataFrame, groups: set[str] | Sequence[str], extra: dict | None = None
 ) -> dict[str, np.ndarray]:
-    """The per-answer scores other stages wrote (medrank.layout.SCORE_FILES) that `groups` read, aligned to `answers`;
+    """The per-answer scores other stages wrote (medrank.feature_groups.SCORE_FILES) that `groups` read, aligned to `answers`;
     `extra` ({score file: more rows of it}) adds rows the file lacks (analysis/judged_rows.py: the judged answers')."""
     from medrank.io import read_parquet
-    from medrank.layout import SCORE_FILES
 
     wanted = [
-        (col, path) for group, (_, path) in SCORE_FILES.items() if group in groups for col in _GROUP_COLUMNS[group]
+        (col, path) for group, (_, path) in SCORE_FILES.items() if group in groups for col in REGISTRY[group].columns
     ]
     tables = {path: read_parquet(path) for _, path in wanted}  # bienc, heading and qtype share one file: read once
     for path, rows in (extra or {}).items():
@@ -247,10 +205,10 @@ def required_columns(groups: Sequence[str], n_candidates: int) -> list[str]:
     """Answer-table columns the given feature groups read."""
     cols: list[str] = []
     for g in groups:
-        if g not in _GROUP_COLUMNS:
+        if g not in REGISTRY:
             raise MedrankError(f"unknown feature group '{g}' (expected one of {', '.join(GROUPS)})")
-        cols += _GROUP_COLUMNS[g]
-        if g in ("rqe", "rqe_emb", "anli"):
+        cols += REGISTRY[g].columns
+        if REGISTRY[g].per_candidate:
             cols += [f"{g}_{i}" for i in range(1, n_candidates + 1)]
     return cols
 
@@ -345,13 +303,13 @@ class FeatureBuilder:
             for i in range(1, self.n_candidates + 1):
                 cols.append(table[f"anli_{i}"].to_numpy(dtype=float))
                 names.append(f"anli_{i}")
-        for group, col in _ANSWER_SCORES.items():
+        for group, col in ((g, s.score) for g, s in REGISTRY.items() if s.score is not None):
             if group in self.groups:
                 score = table[col].to_numpy(dtype=float)
                 rel = relative_to_question(score, gid)
                 cols += [score, rel["minus_max"], rel["minus_mean"], rel["rank_frac"]]
                 names += [col, f"{col}_minus_max", f"{col}_minus_mean", f"{group}_rank_frac"]
-                extra = [c for c in _GROUP_COLUMNS[group] if c != col]
+                extra = [c for c in REGISTRY[group].columns if c != col]
                 cols += [table[c].to_numpy(dtype=float) for c in extra]
                 names += extra
         if not cols:

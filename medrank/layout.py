@@ -66,17 +66,6 @@ SQUAD_SENTENCES = CNN_INTERIM / "squad_sentences.parquet"
 SQUAD_SENTENCES_STATS = CNN_INTERIM / "squad_sentences_stats.json"
 CROSSENC_DEV_SCORES = CNN_INTERIM / "crossenc_dev_scores.parquet"
 
-# per-answer scores of other stages, by feature group: (its score column, file)
-SCORE_FILES = {
-    "bienc": ("bienc_cos", BIENC),
-    "heading": ("heading_cos", BIENC),
-    "qtype": ("qtype_agree", BIENC),  # + qtype_match (features._GROUP_COLUMNS)
-    "cnn": ("cnn_score", CNN_SCORES),
-    "qa": ("qa_score", QA_SCORES),
-    "qa_graded": ("qa_graded_score", QA_GRADED_SCORES),
-    "qa_bienc": ("qa_bienc_cos", QA_BIENC_SCORES),
-}
-
 # ---------------------------------------------------------------- models
 MODELS = Path("models")
 BASE_MODELS = MODELS / "base"  # acquire_models: pinned pretrained encoders by name (<name>/, MANIFEST.json)

@@ -43,7 +43,8 @@ def test_loso_refuses_an_unlabelled_source():
 
 def test_refit_trains_on_its_questions_only_and_protocol_names_must_differ():
     (task,) = X.Refit(("a", "b"), ("c",), 9).tasks(questions())
-    assert (task.train, task.test, task.seed, task.protocol) == (("a", "b"), ("c",), 9, "test")
+    assert (task.train, task.test, task.seed, task.protocol, task.refit) == (("a", "b"), ("c",), 9, "test", True)
+    assert not any(t.refit for t in X.CV(2, 0).tasks(questions()))
     with pytest.raises(ValueError, match="repeat"):
         X.plan([X.CV(2, 0), X.CV(3, 0)], questions())
     seeded = X.reseeded([X.CV(2, 0), X.LOSO(SOURCES, 0)], [5, 6])

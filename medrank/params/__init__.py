@@ -31,9 +31,6 @@ from medrank.params.pipeline import (
 )
 from medrank.params.rankers import (
     FeatureGroup,
-    ANALYSIS_GROUPS,
-    JUDGED_GROUPS,
-    BIENC_GROUPS,
     QaParams,
     QaGradedParams,
     QaBiencParams,
@@ -64,10 +61,8 @@ from medrank.params.loading import (
 )
 
 __all__ = [
-    "ANALYSIS_GROUPS",
     "AcquireParams",
     "AnalysisParams",
-    "BIENC_GROUPS",
     "Backend",
     "BaselineAnalysisParams",
     "BaselineParams",
@@ -82,7 +77,6 @@ __all__ = [
     "FinetuneParams",
     "FinetuneRqeParams",
     "FinetuneTaskParams",
-    "JUDGED_GROUPS",
     "KeepRule",
     "MAX_LIST_BYTES",
     "MtlAnalysisParams",

@@ -22,9 +22,8 @@ from medrank.params.pipeline import (
     NormalizeParams,
     RetrieveParams,
 )
+from medrank.feature_groups import ANALYSIS_GROUPS, BIENC_GROUPS
 from medrank.params.rankers import (
-    ANALYSIS_GROUPS,
-    BIENC_GROUPS,
     AnalysisParams,
     BaselineParams,
     BiencParams,

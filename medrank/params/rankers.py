@@ -7,18 +7,11 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, ValidationError, model_validator
 from medrank.params.base import PositiveInt, _Section
+from medrank.feature_groups import GROUPS, JUDGED_GROUPS
 from medrank.params.pipeline import RqeSource
 
 
-FeatureGroup = Literal[
-    "metadata", "bow", "rqe", "rqe_emb", "anli", "bienc", "heading", "qtype", "cnn", "qa", "qa_graded", "qa_bienc"
-]
-# groups whose scores analysis/dvc.yaml computes (stages qa, qa_graded): candidates for the analysis rows only, so a
-# full `dvc repro` does not train models the default systems never read; adopting one moves its stage to dvc.yaml
-ANALYSIS_GROUPS = ("qa", "qa_graded", "qa_bienc")
-# groups whose inputs exist for the judged LiveQA answers (no NLI grid, CNN or qa scores are computed for them)
-JUDGED_GROUPS = ("metadata", "bow", "rqe", "rqe_emb", "bienc", "heading", "qtype")
-BIENC_GROUPS = ("bienc", "heading", "qtype")  # the groups stage bienc writes
+FeatureGroup = Literal[GROUPS]  # the names of medrank.feature_groups.REGISTRY
 
 
 class _TrainKnobs(_Section):

@@ -52,7 +52,7 @@ class MTLSystem:
                 self.make_builder,
                 t.train,
                 t.test,
-                t.seed + (REFIT_SEED_OFFSET if t.protocol == "test" else t.fold),
+                t.seed + (REFIT_SEED_OFFSET if t.refit else t.fold),
                 f"{tag}{t.protocol} fold {t.fold + 1}/{n[t.protocol]}",
             )
             for t in tasks
