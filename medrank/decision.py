@@ -1,4 +1,4 @@
-"""How scores become a submission: question-grouped folds, threshold rules, keep/order rules, prior shift,
+"""How scores become a submission (folds: medrank.experiment): threshold rules, keep/order rules, prior shift,
 and the combination of two systems. Every model and stage decides through these functions.
 
 Threshold rules (one home for "how is the threshold chosen?"):
@@ -23,20 +23,6 @@ if TYPE_CHECKING:
 
 THRESHOLD_GRID = np.round(np.arange(0.05, 0.951, 0.01), 2)
 ENSEMBLE_MODES = ("sum", "mean", "max")
-
-
-# ---------------------------------------------------------------- folds
-
-
-def grouped_folds(gid: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """Fold index per row; all rows of a question share a fold; questions shuffled with `seed`."""
-    questions = pd.unique(pd.Series(np.asarray(gid)))
-    if k < 2 or k > len(questions):
-        raise MedrankError(f"{k} folds for {len(questions)} questions")
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(questions))
-    fold_of = {q: int(i % k) for i, q in zip(range(len(questions)), questions[perm])}
-    return np.array([fold_of[q] for q in gid], dtype=np.int64)
 
 
 # ---------------------------------------------------------------- thresholds
@@ -363,16 +349,7 @@ def apply_decision(rows: pd.DataFrame, keep: Keep, order: str = "rank") -> pd.Da
     )
 
 
-# ---------------------------------------------------------------- protocols
-
-
-def source_folds(splits: Sequence[str], sources: Sequence[str]) -> np.ndarray:
-    """Leave-one-source-out folds: each row's fold is the index of its question's source in `sources`."""
-    index = {s: i for i, s in enumerate(sources)}
-    missing = sorted(set(splits) - set(index))
-    if missing:
-        raise MedrankError(f"leave-one-source-out: split(s) {', '.join(missing)} are not labelled sources")
-    return np.array([index[s] for s in splits], dtype=np.int64)
+# ---------------------------------------------------------------- one system's held-out rows
 
 
 HELD_OUT_PARTS = ("oof", "loso")  # question-grouped CV folds | leave-one-source-out folds (fold = source index)

@@ -12,9 +12,36 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol as Interface, Sequence
 
+import numpy as np
 import pandas as pd
 
-from medrank.decision import grouped_folds, source_folds
+from medrank.errors import MedrankError
+
+# ---------------------------------------------------------------- folds
+
+
+def grouped_folds(gid: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Fold index per row; all rows of a question share a fold; questions shuffled with `seed`."""
+    questions = pd.unique(pd.Series(np.asarray(gid)))
+    if k < 2 or k > len(questions):
+        raise MedrankError(f"{k} folds for {len(questions)} questions")
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(questions))
+    fold_of = {q: int(i % k) for i, q in zip(range(len(questions)), questions[perm])}
+    return np.array([fold_of[q] for q in gid], dtype=np.int64)
+
+
+def source_folds(splits: Sequence[str], sources: Sequence[str]) -> np.ndarray:
+    """Leave-one-source-out folds: each row's fold is the index of its question's source in `sources`."""
+    index = {s: i for i, s in enumerate(sources)}
+    missing = sorted(set(splits) - set(index))
+    if missing:
+        raise MedrankError(f"leave-one-source-out: split(s) {', '.join(missing)} are not labelled sources")
+    return np.array([index[s] for s in splits], dtype=np.int64)
+
+
+# ---------------------------------------------------------------- protocols
+
 
 TRAIN_ONLY = -1  # a question every fold trains on (a Refit's training questions)
 

@@ -151,12 +151,6 @@ def test_pick_prefers_the_simplest_within_the_band():
     )
 
 
-def test_source_folds_reject_unknown_sources():
-    assert list(D.source_folds(["val", "train_alexa"], ("train_alexa", "val"))) == [1, 0]
-    with pytest.raises(MedrankError, match="test"):
-        D.source_folds(["test"], ("train_alexa", "val"))
-
-
 def test_confirmed_row_wins_only_beyond_the_default_seed_spread():
     from medrank.evaluation import confirm_table
 

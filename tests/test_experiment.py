@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from medrank import experiment as X
-from medrank.decision import grouped_folds
+from medrank.errors import MedrankError
 
 SOURCES = ("train_liveqa", "train_alexa", "val")
 
@@ -33,7 +33,7 @@ def test_a_protocol_holds_each_question_out_once_and_never_trains_on_it(protocol
 def test_cv_folds_are_the_grouped_folds_every_model_used():
     q = questions()
     fold = X.CV(5, 13).fold_of(q)
-    assert list(fold.values()) == grouped_folds(q["gid"].to_numpy(), 5, 13).tolist()
+    assert list(fold.values()) == X.grouped_folds(q["gid"].to_numpy(), 5, 13).tolist()
 
 
 def test_loso_refuses_an_unlabelled_source():
@@ -123,3 +123,9 @@ def test_fixed_scores_fit_only_the_keep_rule_on_other_folds():
     scored = cand.assign(prob=cand["label"] * 0.8 + 0.1, rank_key=-cand["reference_rank"])
     perfect = X.held_out_scores(scored, cand, SOURCES, k=3, seed=0)
     assert perfect["cv"]["accuracy"]["mean"] == 1.0 and perfect["loso"]["accuracy"]["worst"] == 1.0
+
+
+def test_source_folds_reject_unknown_sources():
+    assert list(X.source_folds(["val", "train_alexa"], ("train_alexa", "val"))) == [1, 0]
+    with pytest.raises(MedrankError, match="test"):
+        X.source_folds(["test"], ("train_alexa", "val"))

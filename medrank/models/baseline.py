@@ -19,7 +19,8 @@ import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 from sklearn.svm import LinearSVC
 
-from medrank.decision import accuracy_at, em_prior_shift, grouped_folds, keep_labels, select_threshold, submission_score
+from medrank.decision import accuracy_at, em_prior_shift, keep_labels, select_threshold, submission_score
+from medrank.experiment import grouped_folds
 from medrank.errors import MedrankError
 from medrank.features import FeatureBuilder, builder_from_json, builder_to_json
 from medrank.params import BaselineParams

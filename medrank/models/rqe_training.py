@@ -46,7 +46,7 @@ def read_inputs(p, tp) -> Inputs:
     zero-shot bi-encoder's cosine of every validation pair."""
     from medrank import layout
     from medrank.data.tasks import rqe_task
-    from medrank.decision import grouped_folds
+    from medrank.experiment import grouped_folds
     from medrank.encoders.sentence_encoder import SentenceEncoder
     from medrank.io import read_parquet
     from medrank.models.qtype import QuestionTypes

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.decision import grouped_folds
+from medrank.experiment import grouped_folds
 from medrank.errors import MedrankError
 from medrank.models import rqe
 from medrank.models import rqe_choice
