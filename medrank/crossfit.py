@@ -29,7 +29,7 @@ def crossfit(
     return out
 
 
-def source_folds(keys: pd.DataFrame, sources: Sequence[str], seed: int) -> np.ndarray:
+def folds_by_source(keys: pd.DataFrame, sources: Sequence[str], seed: int) -> np.ndarray:
     """A fold per row of `keys` (unique split, qid): the index of its split in `sources` (one fold per labelled source),
     other splits' questions (unlabelled: test) dealt over those folds in a seeded random order."""
     from medrank.data.judged import question_folds

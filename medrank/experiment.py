@@ -210,7 +210,7 @@ def questions_of(table: pd.DataFrame, key: str = "gid") -> pd.DataFrame:
     return pd.DataFrame({"gid": q[key].to_numpy(), "split": q["split"].to_numpy()})
 
 
-def seed_spread(results: Mapping[str, Result], seeds: Sequence[int], variant: str = "base") -> dict:
+def seed_spread_of(results: Mapping[str, Result], seeds: Sequence[int], variant: str = "base") -> dict:
     """evaluation.seed_spread of `reseeded` CV and LOSO results ({"cv@<seed>": ..., "loso@<seed>": ...})."""
     from medrank.evaluation import seed_spread as spread
 

@@ -106,7 +106,7 @@ def test_every_system_runs_the_same_folds_and_each_protocol_summarises_its_own()
     assert bad["cv"].summary["base"]["accuracy"]["mean"] == 0.0
     assert set(good["loso"].summary["base"]["by_source"]) == set(SOURCES)
     assert good["loso"].summary["base"]["accuracy"]["worst"] == 1.0
-    spread = X.seed_spread(
+    spread = X.seed_spread_of(
         X.experiment(
             {"good": Oracle(cand, True, [])}, X.questions_of(cand), X.reseeded([X.CV(3, 0), X.LOSO(SOURCES, 0)], [1, 2])
         )["good"],

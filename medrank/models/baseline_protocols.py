@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from medrank.evaluation import evaluate
-from medrank.experiment import CV, LOSO, Refit, Scored, Task, experiment, questions_of, reseeded, seed_spread
+from medrank.experiment import CV, LOSO, Refit, Scored, Task, experiment, questions_of, reseeded, seed_spread_of
 from medrank.models.baseline import (
     PREDICTIONS,
     BaselineConfig,
@@ -151,12 +151,12 @@ def held_out_rows(
 
 
 def spread_over_seeds(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int) -> dict:
-    """The seed spread (medrank.experiment.seed_spread) of the recipe's CV and LOSO over `n` seeds from cfg.seed
+    """The seed spread (medrank.experiment.seed_spread_of) of the recipe's CV and LOSO over `n` seeds from cfg.seed
     (folds, inner-CV folds, rank-SVM pair flips)."""
     system = BaselineSystem(table, cfg, tfidf)
     seeds = [cfg.seed + i for i in range(n)]
     protocols_ = reseeded([CV(cfg.params.cv_folds, cfg.seed), LOSO(tuple(sources), cfg.seed)], seeds)
-    return seed_spread(experiment({"baseline": system}, system.questions(), protocols_)["baseline"], seeds)
+    return seed_spread_of(experiment({"baseline": system}, system.questions(), protocols_)["baseline"], seeds)
 
 
 # ---------------------------------------------------------------- the baseline stage's tables

@@ -13,7 +13,7 @@ import pandas as pd
 
 from medrank import layout
 from medrank.answer_scores import qa_pairs
-from medrank.crossfit import crossfit, source_folds
+from medrank.crossfit import crossfit, folds_by_source
 from medrank.data.judged import question_folds
 from medrank.data.mining import medquad_qa_triplets
 from medrank.encoders.sentence_encoder import SentenceEncoder
@@ -41,7 +41,7 @@ def cross_fitted_cosines(answers: pd.DataFrame, judged: pd.DataFrame, p, live) -
     a_label = (answers["reference_score"].fillna(0).to_numpy(dtype=float) >= 3).astype(int)
     keys = answers[["split", "qid"]].drop_duplicates()
     folds = (
-        source_folds(keys, layout.LABELLED_SPLITS, p.seed)
+        folds_by_source(keys, layout.LABELLED_SPLITS, p.seed)
         if qp.fold_by == "source"
         else question_folds(keys, qp.folds, p.seed)
     )

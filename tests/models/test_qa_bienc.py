@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.crossfit import crossfit, source_folds
+from medrank.crossfit import crossfit, folds_by_source
 from medrank.data.mining import medquad_qa_triplets
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from tests.helpers.models import FIXTURES
@@ -80,6 +80,6 @@ def test_source_folds_hold_each_labelled_source_out_whole_and_deal_the_test_ques
             "qid": [str(i) for i in range(15)],
         }
     )
-    folds = source_folds(keys, ("train_liveqa", "train_alexa", "val"), seed=0)
+    folds = folds_by_source(keys, ("train_liveqa", "train_alexa", "val"), seed=0)
     assert folds[:9].tolist() == [0] * 4 + [1] * 3 + [2] * 2
     assert sorted(folds[9:].tolist()) == [0, 0, 1, 1, 2, 2]  # dealt evenly

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from medrank.decision import decide
-from medrank.experiment import CV, LOSO, Refit, Scored, Task, experiment, reseeded, seed_spread
+from medrank.experiment import CV, LOSO, Refit, Scored, Task, experiment, reseeded, seed_spread_of
 from medrank.models.mtl.data import MTLData
 from medrank.models.mtl.decisions import decide_folds, ensembled
 from medrank.models.mtl.fits import FitJob, FitResult, cv_result, fit_many
@@ -86,11 +86,11 @@ def spread_over_seeds(
     device: str | torch.device = "cpu",
     workers: int = 1,
 ) -> dict:
-    """The seed spread (medrank.experiment.seed_spread) of the recipe's CV and LOSO under each of `seeds` (folds and
+    """The seed spread (medrank.experiment.seed_spread_of) of the recipe's CV and LOSO under each of `seeds` (folds and
     initialisation): one experiment, every seed's fits side by side."""
     system = MTLSystem(data, cfg, make_builder, device, workers)
     protocols = reseeded([CV(cfg.cv_folds, seeds[0]), LOSO(tuple(sources), seeds[0])], seeds)
-    return seed_spread(experiment({"mtl": system}, system.questions(labelled), protocols)["mtl"], seeds)
+    return seed_spread_of(experiment({"mtl": system}, system.questions(labelled), protocols)["mtl"], seeds)
 
 
 def ablation_cv(
