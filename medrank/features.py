@@ -119,7 +119,9 @@ def answer_table(
         by_rank = {i: e[e["rank"] == i].drop_duplicates("gid").set_index("gid") for i in ranks}
         for i in ranks:
             t[f"rqe_{i}"] = t["qkey"].map(by_rank[i]["rqe_score"]).fillna(0.0).astype(float).to_numpy()
-        t["entailed_text"] = t["qkey"].map(by_rank[1]["entailed_answer"]).fillna("").astype(str).to_numpy()
+        # object first: with no entailed answer at all the mapped column is float NaN, which a str fill would upcast
+        entailed = t["qkey"].map(by_rank[1]["entailed_answer"]).astype(object)
+        t["entailed_text"] = entailed.fillna("").astype(str).to_numpy()
         if "rqe_cls" in e.columns and len(e):
             hidden = len(e["rqe_cls"].iloc[0])
             for i in ranks:
