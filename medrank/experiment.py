@@ -59,8 +59,9 @@ class Task:
     refit: bool = False
 
 
-class _Folds:
-    """A protocol: its dataclass fields end with `seed` and `name`."""
+class Protocol:
+    """How questions are cut into folds, and how the folds' scores are summarised (subclasses are frozen dataclasses
+    whose fields end with `seed` and `name`)."""
 
     name: str
     seed: int
@@ -89,7 +90,7 @@ class _Folds:
 
 
 @dataclass(frozen=True)
-class CV(_Folds):
+class CV(Protocol):
     """Question-grouped k-fold cross-validation, questions shuffled by `seed` (every system: the same folds)."""
 
     k: int = 5
@@ -107,7 +108,7 @@ class CV(_Folds):
 
 
 @dataclass(frozen=True)
-class LOSO(_Folds):
+class LOSO(Protocol):
     """Leave one labelled source out: fold = the index of the question's source in `sources` (real question and label
     shift); `seed` only seeds the fits."""
 
@@ -125,7 +126,7 @@ class LOSO(_Folds):
 
 
 @dataclass(frozen=True)
-class Refit(_Folds):
+class Refit(Protocol):
     """One fit on every `train` question that predicts the `test` ones (a nested estimate's outer part, or a model
     for unlabelled questions): no summary, its rows are the result."""
 
@@ -141,7 +142,7 @@ class Refit(_Folds):
         return dict(per_fold.get(0, {}))
 
 
-def reseeded(protocols: Sequence[_Folds], seeds: Sequence[int]) -> list[_Folds]:
+def reseeded(protocols: Sequence[Protocol], seeds: Sequence[int]) -> list[Protocol]:
     """Each protocol under each seed (named "<name>@<seed>"): a seed spread is one experiment over these."""
     return [replace(p, seed=s, name=f"{p.name}@{s}") for s in seeds for p in protocols]
 
@@ -172,10 +173,10 @@ class Result:
 class System(Interface):
     def run(self, tasks: Sequence[Task]) -> list: ...
 
-    def score(self, protocol: _Folds, tasks: Sequence[Task], results: Sequence) -> Scored: ...
+    def score(self, protocol: Protocol, tasks: Sequence[Task], results: Sequence) -> Scored: ...
 
 
-def plan(protocols: Sequence[_Folds], questions: pd.DataFrame) -> list[tuple[_Folds, list[Task]]]:
+def plan(protocols: Sequence[Protocol], questions: pd.DataFrame) -> list[tuple[Protocol, list[Task]]]:
     """Each protocol with its tasks over `questions` (gid, split; one row per question, in order)."""
     names = [p.name for p in protocols]
     if len(set(names)) != len(names):
@@ -183,7 +184,7 @@ def plan(protocols: Sequence[_Folds], questions: pd.DataFrame) -> list[tuple[_Fo
     return [(p, p.tasks(questions)) for p in protocols]
 
 
-def collect(system: System, plans: Sequence[tuple[_Folds, list[Task]]], results: Sequence) -> dict[str, Result]:
+def collect(system: System, plans: Sequence[tuple[Protocol, list[Task]]], results: Sequence) -> dict[str, Result]:
     """`system.score` of each protocol's slice of `results` (the plans' tasks in order), summarised."""
     out, at = {}, 0
     for p, tasks in plans:
@@ -195,7 +196,7 @@ def collect(system: System, plans: Sequence[tuple[_Folds, list[Task]]], results:
 
 
 def experiment(
-    systems: Mapping[str, System], questions: pd.DataFrame, protocols: Sequence[_Folds]
+    systems: Mapping[str, System], questions: pd.DataFrame, protocols: Sequence[Protocol]
 ) -> dict[str, dict[str, Result]]:
     """Every system under every protocol, on the same folds: {system: {protocol name: Result}}. Each system runs all
     its tasks in one call (side by side where it can)."""
@@ -235,7 +236,7 @@ class FixedScores:
     def run(self, tasks: Sequence[Task]) -> list[pd.DataFrame]:
         return [self.rows[self.rows["gid"].isin(set(t.test))].assign(fold=t.fold) for t in tasks]
 
-    def score(self, protocol: _Folds, tasks: Sequence[Task], results: Sequence[pd.DataFrame]) -> Scored:
+    def score(self, protocol: Protocol, tasks: Sequence[Task], results: Sequence[pd.DataFrame]) -> Scored:
         from medrank.decision import decide_system
         from medrank.evaluation import evaluate_decided
 

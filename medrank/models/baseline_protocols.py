@@ -11,7 +11,18 @@ import numpy as np
 import pandas as pd
 
 from medrank.evaluation import evaluate
-from medrank.experiment import CV, LOSO, Refit, Scored, Task, experiment, questions_of, reseeded, seed_spread_of
+from medrank.experiment import (
+    CV,
+    LOSO,
+    Protocol,
+    Refit,
+    Scored,
+    Task,
+    experiment,
+    questions_of,
+    reseeded,
+    seed_spread_of,
+)
 from medrank.models.baseline import (
     PREDICTIONS,
     BaselineConfig,
@@ -79,7 +90,7 @@ class BaselineSystem:
             )
         return out
 
-    def score(self, protocol, tasks: Sequence[Task], results: Sequence[dict]) -> Scored:
+    def score(self, protocol: Protocol, tasks: Sequence[Task], results: Sequence[dict]) -> Scored:
         """Per fold and variant the official scores (base: + the fold model's threshold; a label-shift variant: + its
         estimated prior); the base rows (FittedBaseline.predict columns + fold, threshold) in table order; per fold
         the held-out and training positive rates (info)."""

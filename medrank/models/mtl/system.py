@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from medrank.decision import decide
-from medrank.experiment import CV, LOSO, Refit, Scored, Task, experiment, reseeded, seed_spread_of
+from medrank.experiment import CV, LOSO, Protocol, Refit, Scored, Task, experiment, reseeded, seed_spread_of
 from medrank.models.mtl.data import MTLData
 from medrank.models.mtl.decisions import decide_folds, ensembled
 from medrank.models.mtl.fits import FitJob, FitResult, cv_result, fit_many
@@ -61,7 +61,7 @@ class MTLSystem:
     def run(self, tasks: Sequence[Task]) -> list[FitResult]:
         return fit_many(self.data, self.jobs(tasks), device=self.device, workers=self.workers)
 
-    def score(self, protocol, tasks: Sequence[Task], results: Sequence[FitResult]) -> Scored:
+    def score(self, protocol: Protocol, tasks: Sequence[Task], results: Sequence[FitResult]) -> Scored:
         if isinstance(protocol, Refit):  # rows for a decision made downstream: the rank key only
             ens = ensembled(results[0].filter_df, results[0].pair_df, self.data.cand, self.cfg.ensemble)
             return Scored({}, decide(ens, 0.5, self.cfg).assign(fold=-1))
