@@ -75,8 +75,10 @@ class BaselineSystem:
         return questions_of(self.table, "qkey" if "qkey" in self.table.columns else "gid")
 
     def run(self, tasks: Sequence[Task]) -> list[dict]:
+        from tqdm.auto import tqdm
+
         key, out = question_ids(self.table), []
-        for t in tasks:
+        for t in tqdm(tasks, desc="baseline fits", unit="fit", leave=False):
             train, test = self.table[np.isin(key, t.train)], scored_rows(self.table[np.isin(key, t.test)])
             model = fit_baseline(train, replace(self.cfg, seed=t.seed), self.tfidf)
             preds = {"base": model, **{name: with_variant(model, v) for name, v in self.variants.items()}}

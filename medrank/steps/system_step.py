@@ -102,7 +102,7 @@ class SystemStep:
             systems["baseline"] = pred.assign(rank_key=pred["rank_score"])
         # the systems' rows combined at the MTL weight (0 = the baseline's, 1 = the MTL's), kept by the keep rule
         # fitted for this fit's target set, ordered by the order rule
-        part = lambda df: df[["gid", "aid", "prob", "rank_key"]].assign(part=self.fit, fold=-1)  # noqa: E731
+        part = lambda df: df[["gid", "aid", "prob", "rank_key"]].assign(part=self.fit, fold=-1)
         name = self.system["system"]
         if name == "ensemble":
             rows = combine_systems(part(systems["mtl"]), part(systems["baseline"]), float(self.system["mtl_weight"]))

@@ -27,7 +27,7 @@ REFIT_SEED_OFFSET = 202  # a model on every training question draws seed + 202 (
 class MTLSystem:
     """A task is one FitJob (fold f of a protocol seeded s trains with seed s + f; a Refit's with s + 202); the fits of
     one `run` go side by side (`fit_many`, `workers`). Scoring decides each fold on the other folds' rows, as
-    configured ("base") and under each decision-rule variant of `variants` (sharing the fits)."""
+    configured ("base") and, on CV folds, under each decision-rule variant of `variants` (sharing the fits)."""
 
     data: MTLData
     cfg: MtlParams
@@ -67,7 +67,9 @@ class MTLSystem:
             return Scored({}, decide(ens, 0.5, self.cfg).assign(fold=-1))
         cv = cv_result({g: t.fold for t in tasks for g in t.test}, results)
         per_fold, extra, rows = {}, {}, None
-        for name, decision in {"base": self.cfg, **self.variants}.items():
+        # the decision-rule variants are reported on the CV folds only (metrics/mtl.json cv_variants)
+        variants = self.variants if isinstance(protocol, CV) else {}
+        for name, decision in {"base": self.cfg, **variants}.items():
             per_fold[name], thresholds, decided = decide_folds(cv, self.data.cand, decision)
             extra[name] = {"thresholds": thresholds}
             rows = decided if rows is None else rows
