@@ -21,7 +21,6 @@ _RECORDED = {
     "train_precision": "train precision (chosen)",
     "predict_precision": "predict precision (chosen)",
     "threads": "threads",
-    "train_seconds": "train seconds",
 }
 
 
@@ -97,7 +96,7 @@ def nli_card(repo: Repo, art: dict) -> Card:
             )
         )
         + ("seed", "device"),
-        recorded=recorded_rows(m, "finetune_nli", ("train_precision", "predict_precision", "threads", "train_seconds")),
+        recorded=recorded_rows(m, "finetune_nli", ("train_precision", "predict_precision", "threads")),
         evaluation=["**Held-out NLI** (`metrics/finetune_nli.json`; the last epoch's model):", ""]
         + md_table(["split", "pairs", "accuracy", "macro F1"], rows)
         + [
@@ -263,7 +262,7 @@ def qa_card(repo: Repo, art: dict) -> Card:
             )
         )
         + ("seed", "device"),
-        recorded=recorded_rows(m, "qa", ("train_precision", "threads", "train_seconds")),
+        recorded=recorded_rows(m, "qa", ("train_precision", "threads")),
         evaluation=["**Held-out MedQuAD foci** (`metrics/qa.json`):", ""]
         + md_table(
             ["pairs", "accuracy", "macro F1"],

@@ -1,7 +1,8 @@
 """README.md and RESULTS.md blocks and the model cards, rendered from the repo itself (never typed by hand).
 
 README.md holds the headline table (`headline` block) and `dvc dag --md` (`dag` block); RESULTS.md holds every other
-table (`results` block). Each block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; the prose around
+table (`results` block) and the stages' seconds (`timings` block: machine-dependent, refreshed by `update_docs`, never
+part of the drift check). Each block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; the prose around
 the markers is hand-written and left alone. The model cards (docs/model_cards/, medrank/reporting/cards.py) are whole
 generated files, one per `artifacts:` entry of the README's repository's dvc.yaml.
 """
@@ -16,6 +17,7 @@ from medrank.reporting.card_base import CARDS_DIR
 from medrank.reporting.cards import pending_cards
 from medrank.reporting.headline import render_headline
 from medrank.reporting.results import render_results
+from medrank.reporting.timings import render_timings
 
 
 def render_dag(repo: str | Path = ".") -> str:
@@ -33,39 +35,53 @@ def render_dag(repo: str | Path = ".") -> str:
 README_BLOCKS = ("headline", "dag")
 
 
-RESULTS_BLOCKS = ("results",)
+RESULTS_BLOCKS = ("results", "timings")
+UNCHECKED_BLOCKS = frozenset({"timings"})  # what a re-run on another machine changes: refreshed, never a drift
 
 
 def _render(block: str, doc: Path, metrics_dir: str | Path) -> str:
     if block == "dag":
         return render_dag(doc.resolve().parent)
-    return {"headline": render_headline, "results": render_results}[block](metrics_dir)
+    return {"headline": render_headline, "results": render_results, "timings": render_timings}[block](metrics_dir)
+
+
+def _split(doc: Path, text: str, block: str) -> tuple[str, str]:
+    """(text up to and including the block's start marker, text from its end marker on)."""
+    start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise MedrankError(f"{doc}: needs exactly one {start} ... {end} pair")
+    head, rest = text.split(start, 1)
+    return head + start, end + rest.split(end, 1)[1]
+
+
+def _read(doc: Path) -> str:
+    if not doc.is_file():
+        raise MedrankError(f"{doc}: not found (run from the repository root, or pass its path)")
+    return doc.read_text(encoding="utf-8")
 
 
 def _refreshed(doc: Path, blocks: tuple[str, ...], metrics_dir: str | Path) -> tuple[str, str]:
     """(current text, text with every block in `blocks` re-rendered)."""
-    if not doc.is_file():
-        raise MedrankError(f"{doc}: not found (run from the repository root, or pass its path)")
-    text = new = doc.read_text(encoding="utf-8")
+    text = new = _read(doc)
     for block in blocks:
-        start, end = f"<!-- {block}:start -->", f"<!-- {block}:end -->"
-        if new.count(start) != 1 or new.count(end) != 1 or new.index(start) > new.index(end):
-            raise MedrankError(f"{doc}: needs exactly one {start} ... {end} pair")
-        head, rest = new.split(start, 1)
-        tail = rest.split(end, 1)[1]
-        new = f"{head}{start}\n{_render(block, doc, metrics_dir)}{end}{tail}"
+        head, tail = _split(doc, new, block)
+        new = f"{head}\n{_render(block, doc, metrics_dir)}{tail}"
     return text, new
 
 
 def _pending(
-    readme: str | Path, results: str | Path, metrics_dir: str | Path, cards: str | Path | None
+    readme: str | Path, results: str | Path, metrics_dir: str | Path, cards: str | Path | None, check: bool = False
 ) -> list[tuple[Path, str | None]]:
     """(document, its re-rendered text) for each document whose generated text is out of date; (card, None) for a
-    generated card whose artifact left dvc.yaml. Cards: `cards`, else docs/model_cards/ beside the README."""
+    generated card whose artifact left dvc.yaml. Cards: `cards`, else docs/model_cards/ beside the README. `check`:
+    the drift check, blind to the UNCHECKED_BLOCKS."""
 
     out: list[tuple[Path, str | None]] = []
     for doc, blocks in ((Path(readme), README_BLOCKS), (Path(results), RESULTS_BLOCKS)):
-        text, new = _refreshed(doc, blocks, metrics_dir)
+        compared = tuple(b for b in blocks if not (check and b in UNCHECKED_BLOCKS))
+        text, new = _refreshed(doc, compared, metrics_dir)
+        for block in sorted(set(blocks) - set(compared)):
+            _split(doc, text, block)  # not compared, but its markers must be there
         if new != text:
             out.append((doc, new))
     repo = Path(readme).parent
@@ -79,8 +95,8 @@ def stale_docs(
     cards: str | Path | None = None,
 ) -> list[Path]:
     """The documents whose generated text differs from metrics/ (or from dvc.yaml / dvc.lock: the DAG, the cards),
-    missing cards included."""
-    return [doc for doc, _ in _pending(readme, results, metrics_dir, cards)]
+    missing cards included; the timings block is not compared (it only has to be there)."""
+    return [doc for doc, _ in _pending(readme, results, metrics_dir, cards, check=True)]
 
 
 def update_docs(
@@ -89,7 +105,7 @@ def update_docs(
     metrics_dir: str | Path = "metrics",
     cards: str | Path | None = None,
 ) -> list[Path]:
-    """Re-render README's headline and DAG blocks, RESULTS.md's results block and the model cards (a card whose
+    """Re-render README's headline and DAG blocks, RESULTS.md's results and timings blocks and the model cards (a card whose
     artifact is gone is removed); returns the files that changed."""
     pending = _pending(readme, results, metrics_dir, cards)
     for doc, new in pending:

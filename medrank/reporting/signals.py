@@ -59,10 +59,9 @@ def finetune_section(metrics: dict[str, dict]) -> list[str]:
             fmt_num(v.get("macro_f1")),
             str(nli.get("n_train_pairs")),
             str(nli.get("train_precision")),
-            fmt_num(nli.get("train_seconds")),
         ]
         out += ["**NLI cross-encoder** (MiniLM-L6)", ""] + md_table(
-            ["model", "accuracy", "macro F1", "train pairs", "train precision", "train seconds"], [row]
+            ["model", "accuracy", "macro F1", "train pairs", "train precision"], [row]
         )
     return out + rqe_rows_section(metrics.get("finetune_rqe", {}), metrics.get("rqe_selection", {}))
 
@@ -355,13 +354,12 @@ def qa_bienc_section(m: dict, bienc: dict | None = None) -> list[str]:
         auc = {f"bienc_cos (stage bienc, {bienc.get('model')})": ref} | auc
     splits = [s for s in next(iter(auc.values())) if s != "pooled"] + ["pooled"]
     rows = [[name] + [fmt_num(r.get(s)) for s in splits] for name, r in auc.items()]
-    secs = m.get("seconds") or {}
     out = [
         f"**Question → answer bi-encoder** (stage `qa_bienc`, {ANALYSIS_NOTE}): step one learns {m.get('n_triplets')} MedQuAD "
         "(question, answer, same-focus other-type answer) triplets with in-batch negatives; step two, cross-fitted over "
         f"{len(m.get('folds') or [])} question folds, the labelled MEDIQA answers and judged LiveQA answers of the other folds' "
         f"questions (no question scored by a model that learned it). AUC of cos(question, answer) against the label, per labelled "
-        f"source; {secs.get('total', '—')} s on this machine.",
+        "source (its seconds: the timings table).",
         "",
     ]
     return out + md_table(["score"] + splits, rows)

@@ -112,7 +112,7 @@ def test_agreement_is_higher_for_the_asked_type(qtypes):
     np.testing.assert_array_equal(again["qtype_agree"], agree)
 
 
-def test_stage_bienc_writes_the_qtype_columns(tmp_path, monkeypatch):
+def test_stage_bienc_writes_the_qtype_columns(tmp_path, monkeypatch, tiny_base):
     from medrank import answer_scores
     from stages import bienc as stage
 
@@ -121,7 +121,8 @@ def test_stage_bienc_writes_the_qtype_columns(tmp_path, monkeypatch):
     ANSWERS.to_parquet(tmp_path / layout.ANSWERS)
     MEDQUAD.to_parquet(tmp_path / layout.CLEAN_MEDQUAD)
     NORMALIZED_LIVEQA_QRELS.empty_table().to_pandas().to_parquet(tmp_path / layout.JUDGED)  # no judged answers here
-    write_params(tmp_path, {"seed": 0})
+    # the tiny base, not the acquired mpnet: a test never depends on what the machine happens to have installed
+    write_params(tmp_path, {"seed": 0, "bienc": {"model": str(tiny_base)}})
     n = len(ANSWERS)
     # the encoder is tested elsewhere (test_embed_cache): fixed cosines here
     monkeypatch.setattr(

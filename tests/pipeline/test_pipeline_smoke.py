@@ -549,3 +549,34 @@ def test_frozen_noise_band_is_reused_then_refreshed_by_hand(tiny_repo, tiny_repr
     assert json.loads((tiny_repo / "metrics/task3_val.json").read_text())["selection"]["noise_band"]["accuracy"] == max(
         band["baseline"]["accuracy"], band["mtl"]["accuracy"]
     )
+
+
+def test_the_readme_test_command_passes_after_the_tiny_repro(tiny_repo, tiny_repro, tmp_path):
+    """The newcomer's order: `dvc repro`, then the README's test command in the same checkout. Here: the tiny repo
+    after every test above (its repro, the analysis pipeline, the pushes and re-runs), its documents refreshed from
+    its own metrics (`medrank report`: the tiny profile's numbers are not the committed ones), then the fast tests
+    inside it, with the mirror beside it as CI has it (the slow ones would start this module again)."""
+    import os
+
+    assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
+    shared = tiny_repo.parent / "shared"
+    if not shared.exists():
+        shared.symlink_to(SHARED_DATA.parent.resolve(), target_is_directory=True)
+    env = {**os.environ, "PYTHONPATH": str(tiny_repo)}
+    report = subprocess.run(
+        [sys.executable, "-c", "from medrank.cli import main; main(['report'])"],
+        cwd=tiny_repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "inner")],
+        cwd=tiny_repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout.splitlines()[-1], r.stdout[-2000:]

@@ -134,7 +134,9 @@ def test_an_artifact_added_to_dvc_yaml_gets_a_card(tmp_path, monkeypatch, capsys
     repo = _repo(tmp_path, artifacts={"mtl-reranker": ARTIFACTS["mtl-reranker"]}, stages=STAGES, metrics={"mtl": {}})
     readme, results = repo / "README.md", repo / "RESULTS.md"
     readme.write_text("# r\n<!-- headline:start -->\n<!-- headline:end -->\n<!-- dag:start -->\n<!-- dag:end -->\n")
-    results.write_text("# results\n<!-- results:start -->\n<!-- results:end -->\n")
+    results.write_text(
+        "# results\n<!-- results:start -->\n<!-- results:end -->\n<!-- timings:start -->\n<!-- timings:end -->\n"
+    )
     cards = repo / CARDS_DIR
     update_docs(readme, results, repo / "metrics")
     assert sorted(p.name for p in cards.iterdir()) == [INDEX, "mtl-reranker.md"] and not stale_docs(

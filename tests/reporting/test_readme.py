@@ -6,7 +6,8 @@ import pytest
 
 from medrank import cli
 from medrank.reporting import documents
-from medrank.reporting import render_headline, render_results, stale_docs
+from medrank.errors import MedrankError
+from medrank.reporting import render_headline, render_results, stale_docs, update_docs
 from tests.conftest import REPO
 
 
@@ -57,7 +58,9 @@ def test_report_cli_checks_and_refreshes_both_files(tmp_path, monkeypatch, capsy
     readme.write_text(
         "# r\n<!-- headline:start -->\nstale table\n<!-- headline:end -->\nprose\n<!-- dag:start -->\n<!-- dag:end -->\n"
     )
-    results.write_text("# results\n<!-- results:start -->\n<!-- results:end -->\nhand-written notes\n")
+    results.write_text(
+        "# results\n<!-- results:start -->\n<!-- results:end -->\nhand-written notes\n<!-- timings:start -->\n<!-- timings:end -->\n"
+    )
     args = ["report", "--readme", str(readme), "--results", str(results), "--metrics-dir", str(tmp_path)]
 
     def run(*extra: str) -> tuple[int, str, str]:
@@ -85,6 +88,39 @@ def test_report_cli_checks_and_refreshes_both_files(tmp_path, monkeypatch, capsy
     results.write_text("# results without markers\n")
     code, _, err = run("--check")
     assert code == 2 and "needs exactly one <!-- results:start -->" in err
+
+
+def test_timings_are_refreshed_but_never_a_drift(tmp_path, monkeypatch, capsys):
+    """A re-run on another machine changes the seconds and nothing else: `medrank report --check` (and the drift
+    test) pass; `medrank report` refreshes the timings block; the block's markers must still be there."""
+    monkeypatch.setattr(documents, "render_dag", lambda repo: "graph\n")
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    (metrics / "task3_val.json").write_text(json.dumps({"accuracy": 0.5, "system": "baseline", "systems": {}}))
+    nli = {"val": {"accuracy": 0.8}, "n_train_pairs": 10, "train_precision": "fp32", "train_seconds": 172.5}
+    (metrics / "finetune_nli.json").write_text(json.dumps(nli))
+    (metrics / "mtl_seconds.json").write_text(json.dumps({"total": 31.4, "fits_sum": 52.7}))
+    (metrics / "embed.json").write_text(json.dumps({"seconds": 5.2, "extract": {"nli": {"pairs_per_s": 0.0}}}))
+    readme, results = tmp_path / "README.md", tmp_path / "RESULTS.md"
+    readme.write_text("<!-- headline:start -->\n<!-- headline:end -->\n<!-- dag:start -->\n<!-- dag:end -->\n")
+    results.write_text("<!-- results:start -->\n<!-- results:end -->\n<!-- timings:start -->\n<!-- timings:end -->\n")
+    docs = dict(readme=readme, results=results, metrics_dir=metrics, cards=tmp_path / "cards")
+    update_docs(**docs)
+    text = results.read_text()
+    assert "172.5" not in text.split("<!-- timings:start -->")[0]  # no seconds in the checked block
+    timings = text.split("<!-- timings:start -->")[1]
+    assert "| finetune_nli | — | 172.5 | — |" in timings and "| mtl | 31.4 | — | — |" in timings
+    assert "| embed | 5.2 | — | — |" in timings  # 0 pairs/s: all cached, nothing timed
+    assert stale_docs(**docs) == []
+    (metrics / "finetune_nli.json").write_text(json.dumps({**nli, "train_seconds": 186.8}))
+    (metrics / "mtl_seconds.json").write_text(json.dumps({"total": 40.0}))
+    assert stale_docs(**docs) == []  # only the seconds moved
+    assert update_docs(**docs) == [results] and "| finetune_nli | — | 186.8 | — |" in results.read_text()
+    (metrics / "finetune_nli.json").write_text(json.dumps({**nli, "n_train_pairs": 11}))
+    assert stale_docs(**docs) == [results]  # a result moved: drift
+    results.write_text("<!-- results:start -->\n<!-- results:end -->\n")
+    with pytest.raises(MedrankError, match="needs exactly one <!-- timings:start -->"):
+        stale_docs(**docs)
 
 
 LOSO = {
