@@ -100,8 +100,10 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
 
 def _report(args: argparse.Namespace) -> None:
     from medrank.reporting import render_headline, render_results, stale_docs, update_docs
+    from medrank.reporting.formatting import check_metrics_dir
 
     if args.print:
+        check_metrics_dir(args.metrics_dir)
         emit(render_headline(args.metrics_dir) + "\n" + render_results(args.metrics_dir), end="")
     elif args.check:
         stale = stale_docs(args.readme, args.results, args.metrics_dir, args.cards)

@@ -21,7 +21,8 @@ MAX_LIST_BYTES = 64 * 2**20  # a user-supplied word list larger than this is a m
 
 def user_file(value: str | None, text: bool = True) -> str | None:
     """A user-supplied input file, checked when params are read (check_params, and each stage's start: before DVC has
-    deleted anything): it exists and is a regular file; a text list is also under MAX_LIST_BYTES and UTF-8."""
+    deleted anything): it exists and is a regular file; a text file (plain, or gzip-compressed when its name ends in
+    .gz) is also under MAX_LIST_BYTES, uncompressed, and UTF-8. Every path param goes through this one rule."""
     if value is None:
         return value
     path = Path(value).expanduser()
@@ -30,14 +31,33 @@ def user_file(value: str | None, text: bool = True) -> str | None:
     if not path.is_file():
         raise ValueError(f"{value}: not a regular file")
     if text:
-        size = path.stat().st_size
-        if size > MAX_LIST_BYTES:
-            raise ValueError(f"{value}: {size} bytes, a word list is expected under {MAX_LIST_BYTES // 2**20} MiB")
-        try:
-            path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{value}: not UTF-8 text (byte offset {e.start})") from None
+        _utf8_under_cap(value, path)
     return value
+
+
+def _utf8_under_cap(value: str, path: Path) -> None:
+    """Read the file (through gzip for *.gz) in chunks: under MAX_LIST_BYTES and valid UTF-8, else a ValueError."""
+    import codecs
+    import gzip
+    import zlib
+
+    cap = f"a text file is expected under {MAX_LIST_BYTES // 2**20} MiB"
+    if not path.name.endswith(".gz") and path.stat().st_size > MAX_LIST_BYTES:
+        raise ValueError(f"{value}: {path.stat().st_size} bytes, {cap}")
+    decoder, seen, start = codecs.getincrementaldecoder("utf-8")(), 0, 0
+    try:
+        with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as f:
+            while chunk := f.read(2**20):
+                start, seen = seen - len(decoder.getstate()[0]), seen + len(chunk)  # the decoder's held-back bytes
+                if seen > MAX_LIST_BYTES:
+                    raise ValueError(f"{value}: more than {MAX_LIST_BYTES} bytes uncompressed, {cap}")
+                decoder.decode(chunk)
+            start = seen - len(decoder.getstate()[0])
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{value}: not UTF-8 text (byte offset {start + e.start})") from None
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{value}: not a readable gzip file ({type(e).__name__}: {e})") from None
 
 
 def user_folder(value: str | None) -> str | None:

@@ -63,6 +63,13 @@ class NormalizeParams(_Section):
     def _word_lists(cls, v: str | None) -> str | None:
         return user_file(v)
 
+    @field_validator("disease_ontology")
+    @classmethod
+    def _ontology(cls, v: str) -> str:
+        if Path(v) == DISEASE_ONTOLOGY and not DISEASE_ONTOLOGY.exists():
+            return v  # the default: stage acquire writes it (normalize names it if it is still missing)
+        return user_file(v)  # OBO text, plain or .gz
+
     @field_validator("umls_mrconso")
     @classmethod
     def _mrconso(cls, v: str | None) -> str | None:

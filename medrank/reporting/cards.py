@@ -16,7 +16,9 @@ from pathlib import Path
 from string import Template
 from typing import Callable
 
+from medrank.errors import MedrankError
 from medrank.reporting.card_base import (
+    CARDS_DIR,
     Card,
     HEADER,
     INDEX,
@@ -145,6 +147,12 @@ def pending_cards(
     """(card file, its new text) for each card that is stale or missing; (file, None) for a generated card whose artifact is gone."""
     cards_dir = Path(cards_dir)
     wanted = {cards_dir / name: text for name, text in render_cards(repo_root, metrics_dir).items()}
+    for p in wanted:  # `--cards .` would overwrite the README with the card index: only our own files are rewritten
+        if p.exists() and (not p.is_file() or MARK not in p.read_text(encoding="utf-8", errors="replace")):
+            raise MedrankError(
+                f"{p}: not a generated model card (no `{MARK}` line): {cards_dir} is not a model-cards folder "
+                f"(default {CARDS_DIR} beside the README); nothing written"
+            )
     out: list[tuple[Path, str | None]] = [
         (p, t) for p, t in wanted.items() if not p.is_file() or p.read_text(encoding="utf-8") != t
     ]

@@ -15,6 +15,7 @@ from medrank.errors import MedrankError
 from medrank.io import write_text
 from medrank.reporting.card_base import CARDS_DIR
 from medrank.reporting.cards import pending_cards
+from medrank.reporting.formatting import check_metrics_dir
 from medrank.reporting.headline import render_headline
 from medrank.reporting.results import render_results
 from medrank.reporting.timings import render_timings
@@ -76,6 +77,7 @@ def _pending(
     generated card whose artifact left dvc.yaml. Cards: `cards`, else docs/model_cards/ beside the README. `check`:
     the drift check, blind to the UNCHECKED_BLOCKS."""
 
+    check_metrics_dir(metrics_dir)
     out: list[tuple[Path, str | None]] = []
     for doc, blocks in ((Path(readme), README_BLOCKS), (Path(results), RESULTS_BLOCKS)):
         compared = tuple(b for b in blocks if not (check and b in UNCHECKED_BLOCKS))

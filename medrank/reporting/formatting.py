@@ -74,5 +74,17 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     )
 
 
+def check_metrics_dir(metrics_dir: str | Path) -> None:
+    """A metrics folder to render from: it exists and holds metrics JSON files. A typo (`--metrics-dir metric`) or an
+    empty folder would render every table empty and wipe the tracked documents, so it is refused before any write."""
+    d = Path(metrics_dir)
+    if not d.is_dir():
+        raise MedrankError(f"{d}: no such metrics folder (expected the folder of metrics/*.json files, e.g. metrics)")
+    if not any(d.glob("*.json")):
+        raise MedrankError(
+            f"{d}: holds no metrics *.json file (run `dvc repro`, or `dvc pull`, first); nothing written"
+        )
+
+
 def read_metrics(metrics_dir: str | Path) -> dict[str, dict]:
     return {f.stem: load_metrics_file(f) for f in sorted(Path(metrics_dir).glob("*.json"))}

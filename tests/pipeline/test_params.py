@@ -249,20 +249,29 @@ def _path_kinds(tmp_path: Path) -> dict[str, tuple[str, str]]:
     (tmp_path / "huge.tsv").write_bytes(b"")
     os.truncate(tmp_path / "huge.tsv", 65 * 2**20)  # sparse: no disk used
     (tmp_path / "folder").mkdir()
+    import gzip
+
+    (tmp_path / "latin1.obo.gz").write_bytes(gzip.compress("name: caf\xe9\n".encode("latin-1")))
+    (tmp_path / "plain.obo.gz").write_bytes(b"[Term]\nname: not compressed\n")
     return {
         "missing": (str(tmp_path / "nope.tsv"), "no such file"),
         "folder": (str(tmp_path / "folder"), "not a regular file"),
         "device": ("/dev/zero", "not a regular file"),
         "latin-1": (str(tmp_path / "latin1.tsv"), "not UTF-8 text (byte offset 3)"),
-        "huge": (str(tmp_path / "huge.tsv"), "a word list is expected under"),
+        "huge": (str(tmp_path / "huge.tsv"), "a text file is expected under"),
+        "gzip latin-1": (str(tmp_path / "latin1.obo.gz"), "not UTF-8 text (byte offset 9)"),
+        "not gzip": (str(tmp_path / "plain.obo.gz"), "not a readable gzip file"),
     }
 
 
-@pytest.mark.parametrize("key", ["normalize.abbreviation_list", "normalize.concept_stoplist"])
-@pytest.mark.parametrize("kind", ["missing", "folder", "device", "latin-1", "huge"])
+@pytest.mark.parametrize(
+    "key", ["normalize.abbreviation_list", "normalize.concept_stoplist", "normalize.disease_ontology"]
+)
+@pytest.mark.parametrize("kind", ["missing", "folder", "device", "latin-1", "huge", "gzip latin-1", "not gzip"])
 def test_user_word_lists_are_checked_before_any_stage_runs(tmp_path, key, kind):
-    """A missing, latin-1, /dev/zero or folder abbreviation list failed only inside normalize, after DVC had deleted
-    data/interim/normalized (traceback, or MemoryError)."""
+    """A missing, latin-1, /dev/zero or folder abbreviation list (or Disease Ontology: it was not gated at all) failed
+    only inside normalize, after DVC had deleted data/interim/normalized (traceback, or MemoryError). One rule for
+    every text path param, gzip-compressed ones read through gzip."""
     path, message = _path_kinds(tmp_path)[kind]
     with pytest.raises(MedrankError) as e:
         load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, key, path))))
@@ -272,6 +281,19 @@ def test_user_word_lists_are_checked_before_any_stage_runs(tmp_path, key, kind):
         and path in str(e.value)
         and "\n" not in str(e.value)
     )
+
+
+def test_the_disease_ontology_default_and_a_real_copy_pass(tmp_path, monkeypatch, shared_data):
+    """The default path is acquire's output (absent on a fresh clone until acquire runs): accepted as it is; the
+    mirror's real OBO.gz passes the gate."""
+    monkeypatch.chdir(tmp_path)  # no data/raw here
+    assert (
+        load_params(write(tmp_path, yaml.safe_dump(REPO_PARAMS))).normalize.disease_ontology
+        == REPO_PARAMS["normalize"]["disease_ontology"]
+    )
+    real = str(shared_data / "disease_ontology/doid-ebd679f.obo.gz")
+    p = load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, "normalize.disease_ontology", real))))
+    assert p.normalize.disease_ontology == real
 
 
 def test_a_good_word_list_passes(tmp_path):

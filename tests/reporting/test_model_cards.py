@@ -190,3 +190,36 @@ def test_an_artifact_added_to_dvc_yaml_gets_a_card(tmp_path, monkeypatch, capsys
     assert cards / "foo-model.md" in stale_docs(readme, results, repo / "metrics")
     update_docs(readme, results, repo / "metrics")
     assert sorted(p.name for p in cards.iterdir()) == [INDEX, "mtl-reranker.md", "notes.md"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--metrics-dir", "{repo}/metric"], "{repo}/metric: no such metrics folder"),
+        (["--metrics-dir", "{repo}/empty"], "{repo}/empty: holds no metrics *.json file"),
+        (["--cards", "{repo}"], "{repo}/README.md: not a generated model card"),
+    ],
+)
+def test_report_refuses_a_wrong_folder_before_writing_anything(tmp_path, monkeypatch, capsys, extra, message):
+    """A typo in --metrics-dir, an empty metrics folder, or `--cards .` (the README's own folder) used to exit 0 after
+    wiping hundreds of generated lines or overwriting README.md with the card index: one line, exit 2, no file touched."""
+    monkeypatch.setattr(documents, "render_dag", lambda repo: "graph\n")
+    repo = _repo(tmp_path, artifacts={"mtl-reranker": ARTIFACTS["mtl-reranker"]}, stages=STAGES, metrics={"mtl": {}})
+    (repo / "empty").mkdir()
+    readme, results = repo / "README.md", repo / "RESULTS.md"
+    readme.write_text("# r\n<!-- headline:start -->\n<!-- headline:end -->\n<!-- dag:start -->\n<!-- dag:end -->\n")
+    results.write_text(
+        "# results\n<!-- results:start -->\n<!-- results:end -->\n<!-- timings:start -->\n<!-- timings:end -->\n"
+    )
+    args = ["report", "--readme", str(readme), "--results", str(results), "--metrics-dir", str(repo / "metrics")]
+    assert cli.main(args) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()}
+    for mode in ([], ["--check"], ["--print"]):
+        if mode == ["--print"] and "--cards" in extra:
+            continue  # --print writes nothing and reads no cards folder
+        with pytest.raises(SystemExit) as e:
+            cli.main(args + [x.format(repo=repo) for x in extra] + mode)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: {message.format(repo=repo)}"), err
+        assert {p: p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()} == before
