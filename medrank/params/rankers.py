@@ -152,6 +152,8 @@ KeepRule = Literal[
     "em",
     "em_fraction",
     "bbse_fraction",
+    "minimax",
+    "minimax_min_keep_1",
     "relative",
     "top_k",
 ]
@@ -190,6 +192,9 @@ class ScoreParams(_Section):
     select_on: list[Literal["accuracy", "precision", "mrr", "spearman"]] = Field(
         default_factory=lambda: ["accuracy"], min_length=1
     )
+    # which CV / LOSO figure of each select_on metric: "shift_worst" = the held-out folds re-weighted to every
+    # positive rate of experiment.SHIFT_PRIORS, the worst rate's (a new set's prior is unknown); "mean" = as they are
+    select_under: Literal["shift_worst", "mean"] = "shift_worst"
     cv_folds: int = Field(
         default=5, ge=2
     )  # the CV folds the CHiQA row is scored on (the models' own: baseline/mtl cv_folds)

@@ -61,6 +61,17 @@ def loso_text(d: dict | None, metric: str = "accuracy") -> str:
     return "—" if not m else f"{m['mean']:.3f} ({m['worst']:.3f} {m['worst_source']})"
 
 
+def shift_text(d: dict | None, metric: str = "accuracy") -> str:
+    """A prior-shift cell (experiment.PriorShift summary): the band over the positive rates, worst first, each with its
+    rate, e.g. "0.712 at 20% – 0.851 at 65%"."""
+    m = (d or {}).get(metric)
+    if not m:
+        return "—"
+    by = {float(k): v for k, v in m["by_prior"].items()}
+    best = max(by, key=by.get)
+    return f"{m['worst']:.3f} at {m['worst_prior']:.0%} – {m['best']:.3f} at {best:.0%}"
+
+
 def acc_text(d: dict | None) -> str:
     """An RQE CV cell: accuracy mean ± sd over folds."""
     return "—" if not d or d.get("accuracy") is None else f"{d['accuracy']:.3f} ± {d.get('accuracy_sd') or 0:.3f}"
