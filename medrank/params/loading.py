@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from medrank.errors import MedrankError
 from medrank.io import decode_utf8
-from medrank.params.base import _Section
+from medrank.params.base import MAX_COUNT, _Section
 from medrank.params.pipeline import (
     AcquireParams,
     ChiqaParams,
@@ -44,7 +44,7 @@ class Params(_Section):
     n_candidates: int = Field(default=3, ge=1, le=50)
     rqe_threshold: float | None = Field(default=0.5, ge=0.0, le=1.0)
     # the first questions of each split by (split, qid), the same for every stage (tiny profiles cap it); None = all
-    max_questions_per_split: int | None = Field(default=None, ge=1)
+    max_questions_per_split: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     # one section per stage, in DAG order (params.yaml spells out every key: see load_params)
     acquire: AcquireParams = AcquireParams()
     clean: CleanParams = CleanParams()
