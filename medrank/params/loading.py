@@ -3,6 +3,7 @@ inference recipe `medrank rank` reads back from models/system.json."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -10,7 +11,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from medrank.errors import MedrankError
-from medrank.io import decode_utf8
+from medrank.io import read_text_capped
 from medrank.params.base import MAX_COUNT, _Section
 from medrank.params.pipeline import (
     AcquireParams,
@@ -36,6 +37,9 @@ from medrank.params.rankers import (
     Task2Params,
     mtl_rows,
 )
+
+
+MAX_PARAMS_BYTES = 2**20  # the repository's params.yaml is ~25 KB
 
 
 class Params(_Section):
@@ -138,6 +142,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2 (DVC's reader) reads `1e-4`, `1E5` and `2.5e3` as floats; PyYAML's YAML 1.1 resolver wants a dot and a signed
+# exponent, and reads them as strings (`mtl.lr: 1e-4` was refused as "not a valid number"). Quoted, they stay strings.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
 def _missing_keys(model: type[BaseModel], raw: dict, prefix: str = "") -> list[str]:
     """Dotted keys of `model` (sections recursed) that `raw` does not spell out."""
     out = []
@@ -159,7 +172,10 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     if not path.exists():
         raise MedrankError(f"{path}: params file not found")
-    text = decode_utf8(path.read_bytes(), path)
+    try:  # size-checked before it is read (a link to /dev/zero, a dump): one line, never an unbounded read
+        text = read_text_capped(path, MAX_PARAMS_BYTES, "a params file")
+    except OSError as e:  # a folder, no permission
+        raise MedrankError(f"{path}: cannot be read as a params file ({e.strerror or e})") from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as e:

@@ -399,3 +399,57 @@ def test_the_tiny_profile_is_within_the_bounds(tmp_path):
 
     tiny = yaml.safe_load((REPO / "tests/smoke/params_tiny.yaml").read_text())
     assert load_params(write(tmp_path, yaml.safe_dump(deep_merge(REPO_PARAMS, tiny)))).retrieve.bm25_top_k == 5
+
+
+# ---------------------------------------------------------------- floats as DVC (YAML 1.2) reads them (issue 46 #7)
+
+
+def _yaml12_spelling(v: float) -> str:
+    """`v` written without a dot, with an unsigned exponent where it can be: `15e-2`, `6e1`, `1e-5` (YAML 1.2 floats)."""
+    from decimal import Decimal
+
+    sign, digits, exp = Decimal(repr(v)).as_tuple()
+    return f"{'-' if sign else ''}{''.join(map(str, digits))}e{exp}"
+
+
+@pytest.mark.parametrize("key", FLOATS)
+def test_every_float_param_accepts_a_yaml_1_2_float(tmp_path, key):
+    """`mtl.lr: 1e-4` (DVC reads a float) was refused as "not a valid number": PyYAML's YAML 1.1 reads it as a string."""
+    text = yaml.safe_dump(_with(REPO_PARAMS, key, "@FLOAT@")).replace("'@FLOAT@'", _yaml12_spelling(LEAVES[key]))
+    got = load_params(write(tmp_path, text))
+    for k in key.split("."):
+        got = getattr(got, k)
+    assert got == LEAVES[key] and type(got) is float
+
+
+@pytest.mark.parametrize(
+    "spelled, expected", [("1e-4", 1e-4), ("1E-3", 1e-3), (".5e-3", 5e-4), ("2.5e-4", 2.5e-4), ("1.0e-3", 1e-3)]
+)
+def test_mtl_lr_in_exponent_notation_is_a_float(tmp_path, spelled, expected):
+    p = write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, "mtl.lr", "@LR@")).replace("'@LR@'", spelled))
+    assert load_params(p).mtl.lr == expected
+
+
+def test_a_quoted_exponent_is_still_a_string(tmp_path):
+    """Quoted, DVC reads a string too: refused as before."""
+    p = write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, "mtl.lr", "@LR@")).replace("'@LR@'", '"1e-4"'))
+    with pytest.raises(MedrankError, match=re.escape("mtl.lr: Input should be a valid number")):
+        load_params(p)
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "huge", "folder"])
+def test_the_params_file_is_size_checked_before_it_is_read(tmp_path, kind):
+    """params.yaml linked to /dev/zero was read without end (memory blow-up); a huge file whole."""
+    p = tmp_path / "params.yaml"
+    if kind == "/dev/zero":
+        p.symlink_to("/dev/zero")
+    elif kind == "huge":
+        p.write_bytes(b"")
+        os.truncate(p, 2**30)  # sparse: no disk used
+    else:
+        p.mkdir()
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: ") and "\n" not in msg
+    assert ("at most 1 MiB" in msg) if kind != "folder" else ("cannot be read as a params file" in msg)
