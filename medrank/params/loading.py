@@ -176,6 +176,11 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         text = read_text_capped(path, MAX_PARAMS_BYTES, "a params file")
     except OSError as e:  # a folder, no permission
         raise MedrankError(f"{path}: cannot be read as a params file ({e.strerror or e})") from None
+    for n, line in enumerate(text.splitlines(), start=1):  # an unresolved merge: named, not "not valid YAML"
+        if re.match(r"(?:<{7}|={7}|>{7})(?: |$)", line):
+            raise MedrankError(
+                f"{path}: line {n}: a merge conflict marker ({line.split()[0]}); resolve the conflict first"
+            )
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as e:

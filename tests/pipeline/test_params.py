@@ -160,6 +160,10 @@ LEAVES = _leaves(REPO_PARAMS)
         (b"mtl:\n  max_epochs: 2.0\n", "mtl.max_epochs: Input should be a valid integer"),
         (b"seed: -1\n", "seed: Input should be greater than or equal to 0"),
         (b"seed: 13\n", "missing key 'device'"),
+        (
+            b"seed: 13\n<<<<<<< HEAD\nn_candidates: 3\n=======\nn_candidates: 5\n>>>>>>> exp\n",
+            "line 2: a merge conflict marker (<<<<<<<)",
+        ),
     ],
 )
 def test_params_file_is_read_as_strictly_as_dvc(tmp_path, data, expected):
