@@ -208,7 +208,8 @@ def test_params_refuse_a_model_that_is_not_pinned(tmp_path):
 
 
 def test_stage_cli_error_exit_2(tmp_path):
-    write_params(tmp_path, {"acquire": {"mirrors": ["nowhere"], "download": False}})
+    # the model named here, not taken from the checkout's params.yaml (the tiny profile acquires none)
+    write_params(tmp_path, {"acquire": {"mirrors": ["nowhere"], "download": False, "models": ["all-mpnet-base-v2"]}})
     r = run_module("stages.acquire_models", cwd=tmp_path)
     assert r.returncode == 2
     errs = error_lines(r.stderr)

@@ -91,7 +91,8 @@ def project(tmp_path, monkeypatch):
     ):
         path.parent.mkdir(parents=True, exist_ok=True)
         df.to_parquet(path)
-    write_params(tmp_path, {"qa_graded": {"folds": 3}})
+    # every question of the fixture (the checkout's params.yaml may cap them: the tiny profile keeps 2 per split)
+    write_params(tmp_path, {"max_questions_per_split": None, "qa_graded": {"folds": 3}})
     RememberingEncoder.fits = []
     monkeypatch.setattr(graded, "CrossEncoder", RememberingEncoder)
     return tmp_path

@@ -21,11 +21,14 @@ def test_readme_and_results_blocks_match_metrics():
 def test_readme_holds_only_the_headline_table():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "<!-- results:start -->" not in readme and "<!-- headline:start -->" in readme
-    # the limit is on what is written by hand: the DAG block is `dvc dag --md` and grows with the pipelines
-    dag = readme[readme.index("<!-- dag:start -->") : readme.index("<!-- dag:end -->")]
-    assert len(readme.encode()) - len(dag.encode()) < 10_000, (
-        "README grew: detail tables and notes belong in RESULTS.md"
-    )
+    # the limit is on what is written by hand: the DAG block is `dvc dag --md` and grows with the pipelines, the
+    # headline block is rendered from metrics/ (after a tiny-profile repro it lists more systems): bounded apart
+    block = {
+        b: readme[readme.index(f"<!-- {b}:start -->") : readme.index(f"<!-- {b}:end -->")] for b in ("dag", "headline")
+    }
+    by_hand = len(readme.encode()) - sum(len(v.encode()) for v in block.values())
+    assert by_hand < 8_500, "README grew: detail tables and notes belong in RESULTS.md"
+    assert len(block["headline"].encode()) < 4_000, "the headline block grew: detail belongs in RESULTS.md's tables"
 
 
 @pytest.mark.parametrize(
