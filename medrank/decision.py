@@ -34,7 +34,25 @@ def accuracy_at(y: np.ndarray, p: np.ndarray, t: float) -> float:
 
 def select_threshold(y: np.ndarray, p: np.ndarray, grid: np.ndarray = THRESHOLD_GRID) -> float:
     """Threshold with the best accuracy on (y, p); ties -> the middle of the best run of grid points."""
-    acc = np.array([accuracy_at(y, p, t) for t in grid])
+    return _middle_of_best(np.array([accuracy_at(y, p, t) for t in grid]), grid)
+
+
+def minimax_threshold(
+    y: np.ndarray, p: np.ndarray, priors: Sequence[float], grid: np.ndarray = THRESHOLD_GRID
+) -> float:
+    """The threshold whose worst accuracy over positive rates `priors` (pi TPR + (1 - pi) TNR: the rows re-weighted to
+    each rate) is best; ties -> the middle of the best run. Linear in pi, so the worst is at an end of the range."""
+    y, p = np.asarray(y, dtype=int), np.asarray(p, dtype=float)
+    if not (y == 1).any() or not (y == 0).any():
+        return select_threshold(y, p, grid)  # one class: no rate to shift
+    tpr = np.array([np.mean(p[y == 1] >= t) for t in grid])
+    tnr = np.array([np.mean(p[y == 0] < t) for t in grid])
+    lo, hi = min(priors), max(priors)
+    worst = np.minimum(lo * tpr + (1 - lo) * tnr, hi * tpr + (1 - hi) * tnr)
+    return _middle_of_best(worst, grid)
+
+
+def _middle_of_best(acc: np.ndarray, grid: np.ndarray) -> float:
     best = np.flatnonzero(np.isclose(acc, acc.max()))
     # the middle of the longest stretch of consecutive best points is the most stable choice
     runs = np.split(best, np.flatnonzero(np.diff(best) != 1) + 1)
@@ -188,6 +206,9 @@ KEEP_RULES = {
     "em_fraction": "the target's positive rate by EM on Platt-calibrated P; keep that fraction of target rows",
     "bbse_fraction": "the target's positive rate by black-box shift estimation (the threshold rule's confusion "
     "matrix on the calibration rows); keep that fraction of target rows",
+    "minimax": "the threshold whose worst accuracy over the plausible positive rates (experiment.SHIFT_PRIORS) of the "
+    "calibration rows re-weighted is best",
+    "minimax_min_keep_1": "the minimax threshold, and each question's most probable answer",
     "relative": "keep answers within delta of their question's most probable one (delta: accuracy-best)",
     "top_k": "keep each question's k most probable answers (k: accuracy-best)",
 }
@@ -293,6 +314,10 @@ def fit_keep(rule: str, y: np.ndarray, p: np.ndarray, gid: np.ndarray, target_p:
         return Keep("threshold", 0.5)
     if rule in ("threshold", "min_keep_1"):
         return Keep("threshold", select_threshold(y, p), 1 if rule == "min_keep_1" else 0)
+    if rule in ("minimax", "minimax_min_keep_1"):
+        from medrank.experiment import SHIFT_PRIORS
+
+        return Keep("threshold", minimax_threshold(y, p, SHIFT_PRIORS), 1 if rule.endswith("min_keep_1") else 0)
     if rule == "relative":
         return Keep("relative", _best_on_grid(y, RELATIVE_GRID, lambda d: Keep("relative", d).labels(p, gid)))
     if rule == "top_k":

@@ -249,9 +249,11 @@ def noise_band(spreads: Sequence[dict], keys: Sequence[str]) -> dict[str, float]
     return {k: max(float(s[k]) for s in spreads) for k in dict.fromkeys(keys)}
 
 
-def selection_score(cv: dict, loso: dict, metric: str) -> float:
-    """The written selection rule's number: the mean of the CV mean and the LOSO mean of `metric`."""
-    return 0.5 * (float(cv[metric]["mean"]) + float(loso[metric]["mean"]))
+def selection_score(cv: dict, loso: dict, metric: str, under: str = "mean") -> float:
+    """The written selection rule's number: the mean of the CV and LOSO figures of `metric`: their means over folds
+    (`under` "mean"), or, given experiment.PriorShift summaries, each one's worst over the positive rates ("shift_worst")."""
+    key = "worst" if under == "shift_worst" else "mean"
+    return 0.5 * (float(cv[metric][key]) + float(loso[metric][key]))
 
 
 def order_score(cv: dict, loso: dict) -> float:
@@ -314,17 +316,23 @@ def candidate_systems(
     sources: Sequence[str],
     band: dict,
     select_on: Sequence[str] = ("accuracy",),
+    select_under: str = "mean",
 ) -> dict:
     """Every (MTL weight, keep rule) candidate decided under CV and LOSO (MTL weight 0 = the baseline alone, 1 = the
     MTL alone; both systems' rows come from the same folds), the chosen one by the written rule (`pick` on the
     selection score of `select_on` (the mean over those metrics; band: the largest of theirs), candidates ordered simplest
     first: keep rules as listed, single systems before ensembles), then its order rule (`pick` on the order score,
-    `orders` simplest first).
+    `orders` simplest first). `select_under` "shift_worst": the weight x keep rule score reads each protocol's held-out
+    folds re-weighted over the plausible positive rates (experiment.PriorShift), at the worst rate; "mean": as they are.
 
-    -> {"table": {weight: {rule: {"cv", "loso", "score"}}}, "orders": {order: {"cv", "loso", "score"}}, "weight",
-    "rule", "order", "fits" (Keep per target set), "decided" (the chosen candidate's rows), "cv", "loso"}.
+    -> {"table": {weight: {rule: {"cv", "loso", "cv_shift", "loso_shift", "score"}}}, "orders": {order: {"cv", "loso",
+    "score"}}, "weight", "rule", "order", "fits" (Keep per target set), "decided" (the chosen candidate's rows), "cv",
+    "loso", "cv_shift", "loso_shift"}.
     """
     from medrank.decision import combine_systems, decide_system
+    from medrank.experiment import PriorShift
+
+    shift = PriorShift()
 
     mine = mtl_pred[["part", "gid", "aid", "fold", "prob_mean", "rank_key"]].rename(columns={"prob_mean": "prob"})
     theirs = base_pred[["part", "gid", "aid", "prob", "rank_score"]].rename(columns={"rank_score": "rank_key"})
@@ -335,10 +343,14 @@ def candidate_systems(
     for w, rule in tqdm([(w, r) for w in weights for r in rules], desc="score: weight x keep rule", unit="candidate"):
         _, decided = decide_system(combined[w], cand, train, rule)
         cv, loso = cv_summary_of(decided, cand), loso_summary_of(decided, cand, sources)
+        cv_s, loso_s = shift.summary_of(decided, cand, "oof"), shift.summary_of(decided, cand, "loso")
+        on = (cv_s, loso_s) if select_under == "shift_worst" else (cv, loso)
         table[w][rule] = {
             "cv": cv,
             "loso": loso,
-            "score": float(np.mean([selection_score(cv, loso, m) for m in select_on])),
+            "cv_shift": cv_s,
+            "loso_shift": loso_s,
+            "score": float(np.mean([selection_score(*on, m, select_under) for m in select_on])),
         }
     simplest_first = sorted(
         ((w, r) for w in weights for r in rules), key=lambda c: (list(rules).index(c[1]), 0 < c[0] < 1, c[0])
@@ -362,4 +374,6 @@ def candidate_systems(
         "decided": decided,
         "cv": chosen["cv"],
         "loso": chosen["loso"],
+        "cv_shift": table[weight][rule]["cv_shift"],
+        "loso_shift": table[weight][rule]["loso_shift"],
     }

@@ -13,7 +13,8 @@ from medrank import layout as L
 from medrank.experiment import held_out_scores
 
 SELECTION_RULE = (
-    "MTL weight and keep rule: the highest mean, over the metrics of score.select_on, of CV and LOSO mean; candidates "
+    "MTL weight and keep rule: the highest mean, over the metrics of score.select_on, of CV and LOSO mean (with "
+    "score.select_under shift_worst: each at its worst positive rate, the held-out rows re-weighted to 0.2-0.65); candidates "
     "within the noise band (the larger seed spread of the two systems' defaults) of the best count as tied and the simplest wins "
     "(keep rules in the listed order, a single system before an ensemble). Order of the kept answers: the same rule "
     "on the mean of MRR and official Spearman."
@@ -85,6 +86,7 @@ def select(inp: Inputs, sp, weights: list[float], band: dict) -> dict:
         L.LABELLED_SPLITS,
         band,
         sp.select_on,
+        sp.select_under,
     )
 
 

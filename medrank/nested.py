@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from medrank.evaluation import METRICS, candidate_systems, evaluate_decided, loso_summary, rounded_scores
+from medrank.experiment import PriorShift
 
 # one system's held-out rows for a held-out source: (inner questions, inner sources, the held-out questions) ->
 # rows with part oof (inner CV), loso (fold = index in the inner sources), test (the held-out questions)
@@ -34,6 +35,7 @@ class Selection:
     select_on: tuple[str, ...] = (
         "accuracy",
     )  # the metrics whose selection scores the rule averages (weight x keep rule)
+    select_under: str = "mean"  # score.select_under: "shift_worst" reads each figure at its worst positive rate
 
 
 def held_out_source(
@@ -59,8 +61,7 @@ def held_out_source(
     out = _select_and_score(mine, theirs, cand, inner_gids, inner, sel)
     # each keep rule alone (weight and order still chosen inside): how it transfers to a source it never saw
     out["by_keep_rule"] = {
-        r: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, keep_rules=(r,)))["scores"]
-        for r in per_rule
+        r: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, keep_rules=(r,))) for r in per_rule
     }
     return out
 
@@ -74,14 +75,26 @@ def _select_and_score(
     sel: Selection,
 ) -> dict:
     got = candidate_systems(
-        mine, theirs, cand, inner_gids, sel.weights, sel.keep_rules, sel.orders, inner, sel.band, sel.select_on
+        mine,
+        theirs,
+        cand,
+        inner_gids,
+        sel.weights,
+        sel.keep_rules,
+        sel.orders,
+        inner,
+        sel.band,
+        sel.select_on,
+        sel.select_under,
     )
     decided = got["decided"]
-    scores = evaluate_decided(decided[decided["part"] == "test"], cand)
+    test = decided[decided["part"] == "test"]
     return {
         "chosen": {"mtl_weight": got["weight"], "keep_rule": got["rule"], "order": got["order"]},
         "selection_score": round(0.5 * (got["cv"]["accuracy"]["mean"] + got["loso"]["accuracy"]["mean"]), 4),
-        "scores": rounded_scores(scores),
+        "scores": rounded_scores(evaluate_decided(test, cand)),
+        # the held-out source re-weighted to each plausible positive rate (its labels only score, never select)
+        "shift": PriorShift().fold_scores(test, cand),
     }
 
 
@@ -104,12 +117,18 @@ def nested_loso(
     the same per keep rule of `per_rule` alone."""
     per = {s: held_out_source(s, sources, cand, mtl_rows, base_rows, sel, per_rule) for s in sources}
     summary = loso_summary({s: r["scores"] for s, r in per.items()})
-    rules = {r: loso_summary({s: per[s]["by_keep_rule"][r] for s in sources}) for r in per_rule}
-    by_rule = {r: {m: v[m] for m in METRICS} for r, v in rules.items()}
+    shift = PriorShift()
+    by_rule = {}
+    for r in per_rule:
+        rule_summary = loso_summary({s: per[s]["by_keep_rule"][r]["scores"] for s in sources})
+        by_rule[r] = {m: rule_summary[m] for m in METRICS}
+        by_rule[r]["shift"] = shift.summary({s: per[s]["by_keep_rule"][r]["shift"] for s in sources})
     return {
-        "by_source": {s: {k: v for k, v in r.items() if k != "by_keep_rule"} for s, r in per.items()},
+        "by_source": {s: {k: v for k, v in r.items() if k not in ("by_keep_rule", "shift")} for s, r in per.items()},
         "by_keep_rule": by_rule,
         **{m: summary[m] for m in METRICS},
+        # the held-out sources re-weighted to each plausible positive rate: the estimate as a band over priors
+        "shift": shift.summary({s: r["shift"] for s, r in per.items()}),
     }
 
 

@@ -76,6 +76,18 @@ def _int(where: str):
     return parse
 
 
+def _unicode(value: str, what: str) -> str:
+    """`value` as text every later step can write: JSON's `\\ud800` escapes decode to a lone surrogate, which no UTF-8
+    writer (pyarrow, the output) accepts (was a pyarrow traceback)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise MedrankError(
+            f"{what} holds a lone surrogate (\\u{ord(value[e.start]):04x} at character {e.start}): not Unicode text"
+        ) from None
+    return value
+
+
 def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
     """Validate `{"question": str, "answers": [{"id"?, "text", "url"?}, ...]}`; MedrankError names the problem."""
     if isinstance(raw, bytes):
@@ -98,6 +110,7 @@ def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
         raise MedrankError(f"{where}: 'question' must be a non-empty string")
     if len(q) > MAX_QUESTION_CHARS:
         raise MedrankError(f"{where}: 'question' has {len(q)} characters; at most {MAX_QUESTION_CHARS}")
+    _unicode(q, f"{where}: 'question'")
     answers = obj.get("answers")
     if not isinstance(answers, list):
         raise MedrankError(f"{where}: 'answers' must be a list of objects with 'text' (got {type(answers).__name__})")
@@ -117,10 +130,11 @@ def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
             raise MedrankError(f"{what}: 'text' must be a non-empty string")
         if len(text) > MAX_ANSWER_CHARS:
             raise MedrankError(f"{what}: 'text' has {len(text)} characters; at most {MAX_ANSWER_CHARS}")
+        _unicode(text, f"{what}: 'text'")
         aid = a.get("id", str(i))
         if isinstance(aid, bool) or not isinstance(aid, (str, int)) or str(aid).strip() == "":
             raise MedrankError(f"{what}: 'id' must be a non-empty string or an integer")
-        aid = str(aid)
+        aid = _unicode(str(aid), f"{what}: 'id'")
         if aid in seen:
             raise MedrankError(f"{what}: duplicate id {aid!r} (first at answers[{seen[aid] - 1}])")
         seen[aid] = i
@@ -129,6 +143,7 @@ def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
             url = ""
         if not isinstance(url, str):
             raise MedrankError(f"{what}: 'url' must be a string")
+        _unicode(url, f"{what}: 'url'")
         out.append(Candidate(aid, text, url))
     total = len(q) + sum(len(c.text) for c in out)
     if total > MAX_TOTAL_CHARS:
@@ -146,8 +161,11 @@ def read_rank_input(path: str) -> RankInput:
             )
         return parse_rank_input(data, "<stdin>")
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise MedrankError(f"{path}: input file not found")
+    if p.is_dir():
+        raise MedrankError(f"{path}: a folder, not an input file")
+    # a pipe (`<(cat in.json)`, /dev/stdin) is read as `medrank score` reads one: at most the cap is held
     return parse_rank_input(read_text_capped(p, MAX_INPUT_BYTES, "one question's answers"), path)
 
 

@@ -28,6 +28,7 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank.models import mtl
     from medrank.models.mtl.setup import prepare
     from medrank.params import load_params
+    from medrank.submission import write_task3_submission
 
     p = load_params(params_path)
     mp = p.mtl
@@ -52,6 +53,10 @@ def main(params_path: str = "params.yaml") -> None:
     report.final_model.save(L.MTL_MODEL, extra_meta={"decision": report.decisions["final"], **meta})
     report.val_model.save(L.MTL_MODEL / "val", extra_meta={"decision": report.decisions["val"], **meta})
     write_parquet(report.predictions, L.MTL_PREDICTIONS, mtl.PREDICTIONS_SCHEMA)
+    # the paper's system as it decides on its own (its keep rule and order), beside the baseline's and the final files
+    for part in ("val", "test"):
+        rows = report.predictions[report.predictions["part"] == part]
+        write_task3_submission(L.task3_submission(part, "mtl"), rows[["qid", "aid", "label", "score"]])
     # timings apart: metrics/mtl.json is an input of score, which a re-run with the same results must not change
     seconds = {**report.metrics.pop("seconds"), "total": round(time.perf_counter() - t_start, 1)}
     metrics = {**report.metrics, "device": str(s.device), "threads": torch.get_num_threads()}

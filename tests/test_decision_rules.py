@@ -167,3 +167,69 @@ def test_confirmed_row_wins_only_beyond_the_default_seed_spread():
     )
     assert not rows["noise"]["win"] and rows["noise"]["diff_mean"] == pytest.approx(0.005)  # paired +0.005 < band
     assert not rows["default"]["win"] and rows["default"]["diff_mean"] == 0.0
+
+
+def _two_questions() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Question a: 3 answers (a1 correct, a2 correct, a3 not), question b: 2 answers (b1 not, b2 correct).
+    Kept: a1, a3, b1, b2 (listed in submission order within each question) -> pi0 = 3/5."""
+    cand = pd.DataFrame(
+        {
+            "gid": ["a", "a", "a", "b", "b"],
+            "aid": ["a1", "a2", "a3", "b1", "b2"],
+            "label": [1, 1, 0, 0, 1],
+            "reference_rank": [1, 2, 3, 2, 1],
+            "reference_score": [4, 3, 1, 1, 4],
+            "split": "s",
+            "qid": ["a", "a", "a", "b", "b"],
+        }
+    )
+    rows = pd.DataFrame(
+        {
+            "gid": ["a", "a", "a", "b", "b"],
+            "aid": ["a1", "a3", "a2", "b1", "b2"],
+            "label": [1, 1, 0, 1, 1],
+            "score": [2.0, 1.5, 0.1, 2.0, 1.0],
+            "fold": 0,
+        }
+    )
+    return rows, cand
+
+
+def test_prior_shift_reproduces_a_hand_computed_case():
+    rows, cand = _two_questions()
+    got = X.PriorShift(priors=(0.6, 0.2)).fold_scores(rows, cand)
+    # at its own rate (0.6) every weight is 1: the official scores
+    official = E.evaluate_decided(rows, cand)
+    for m in E.METRICS:
+        assert got[0.6][m] == pytest.approx(official[m]), m
+    # by hand at pi = 0.2: TPR = 2/3 (a1, b2 kept; a2 dropped), TNR = 0 (a3, b1 kept), FPR = 1
+    assert got[0.2]["accuracy"] == pytest.approx(0.2 * 2 / 3 + 0.8 * 0)
+    assert got[0.2]["precision"] == pytest.approx(0.2 * 2 / 3 / (0.2 * 2 / 3 + 0.8 * 1))
+    # correct rows weigh 0.2/0.6 = 1/3, incorrect 0.8/0.4 = 2: question a's mean weight (1/3+1/3+2)/3 = 8/9,
+    # b's (2+1/3)/2 = 7/6; reciprocal ranks: a 1 (a1 first), b 1/2 (b1 kept first, b2 second)
+    wa, wb = 8 / 9, 7 / 6
+    assert got[0.2]["mrr"] == pytest.approx((wa * 1 + wb * 0.5) / (wa + wb))
+    # Spearman: a keeps one correct answer (a1), b one (b2): no question has 2 kept correct -> 0
+    assert got[0.2]["spearman"] == 0.0
+    s = X.PriorShift(priors=(0.6, 0.2)).summary({0: got, 1: got})
+    assert s["accuracy"]["worst_prior"] == 0.2 and s["accuracy"]["worst"] == pytest.approx(round(0.2 * 2 / 3, 4))
+    assert s["accuracy"]["best"] == pytest.approx(round(official["accuracy"], 4))
+
+
+def test_minimax_threshold_is_best_in_the_worst_case():
+    y, p, gid = _synthetic(200, 0.3, 5)
+    t = D.minimax_threshold(y, p, (0.2, 0.65))
+
+    def worst(th: float) -> float:
+        tpr, tnr = np.mean(p[y == 1] >= th), np.mean(p[y == 0] < th)
+        return min(pi * tpr + (1 - pi) * tnr for pi in np.arange(0.2, 0.651, 0.05))
+
+    assert all(worst(t) >= worst(g) - 1e-12 for g in D.THRESHOLD_GRID)
+    # the accuracy-best threshold of rows with 30% positives sits higher: it trades the rich-prior end away
+    assert t < D.select_threshold(y, p) and worst(t) > worst(D.select_threshold(y, p))
+    k = D.fit_keep("minimax_min_keep_1", y, p, gid)
+    assert (
+        k.kind == "threshold"
+        and k.min_keep == 1
+        and k.value == pytest.approx(D.minimax_threshold(y, p, X.SHIFT_PRIORS))
+    )

@@ -143,3 +143,39 @@ def test_without_per_rule_tables_the_summary_still_holds_every_metric():
     mtl_rows, base_rows = _fake_models(cand, [])
     got = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, SEL)
     assert got["by_keep_rule"] == {} and all(m in got for m in nested.METRICS)
+
+
+def test_under_the_prior_shift_the_held_out_source_still_reaches_no_selection_step():
+    """select_under shift_worst: the inner figures are re-weighted over the positive rates, the held-out source is
+    only scored (its band over the rates moves with its labels, the pick does not)."""
+    from dataclasses import replace
+
+    cand = _cand()
+    mtl_rows, base_rows = _fake_models(cand, [])
+    sel = replace(SEL, keep_rules=("min_keep_1", "minimax", "threshold"), select_under="shift_worst")
+    got = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, sel, per_rule=sel.keep_rules)
+    band = got["shift"]["accuracy"]
+    assert band["worst"] <= band["mean"] <= band["best"] and band["worst_prior"] in (0.2, 0.65)
+    assert set(band["by_prior"]) == {f"{p:g}" for p in (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65)}
+    assert all("shift" in got["by_keep_rule"][r] for r in sel.keep_rules)
+    source = "train_alexa"
+    flipped = cand.copy()
+    mask = flipped["split"] == source
+    flipped.loc[mask, "label"] = 1 - flipped.loc[mask, "label"]
+    again = nested.held_out_source(source, SOURCES, flipped, mtl_rows, base_rows, sel)
+    assert again["chosen"] == got["by_source"][source]["chosen"]
+    mine = nested.held_out_source(source, SOURCES, cand, mtl_rows, base_rows, sel)
+    assert again["shift"][0.2]["accuracy"] != mine["shift"][0.2]["accuracy"]
+
+
+def test_the_keep_rule_pick_reads_the_worst_prior_and_prefers_the_rule_listed_first():
+    from medrank.nested_refits import keep_rule_pick
+
+    def rule(acc_worst: float, mrr_worst: float) -> dict:
+        return {"shift": {"accuracy": {"worst": acc_worst}, "mrr": {"worst": mrr_worst}}}
+
+    by_rule = {"min_keep_1": rule(0.70, 0.80), "minimax": rule(0.76, 0.80), "em": rule(0.77, 0.80)}
+    band = {"accuracy": 0.01, "mrr": 0.005}
+    # mean of the two worst-rate figures: 0.75, 0.78, 0.785; within 0.01 of the best: minimax, listed first
+    assert keep_rule_pick(by_rule, band, ["accuracy", "mrr"]) == "minimax"
+    assert keep_rule_pick(by_rule, {"accuracy": 0.0}, ["accuracy"]) == "em"

@@ -59,6 +59,20 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
         ('{"question": "q", "answers": [{"text": "a", "url": 3}]}', "'url' must be a string"),
         ('{"question": "q", "answers": [{"text": "a", "score": 1}]}', "unknown key"),
         ('{"question": "q", "answers": [], "extra": 1}', "unknown key"),
+        # a lone surrogate escape decodes to a str no UTF-8 writer takes (was a pyarrow traceback; issue 46 #7)
+        (
+            '{"question": "q\\ud800", "answers": []}',
+            r"in.json: 'question' holds a lone surrogate \(\\ud800 at character 1\)",
+        ),
+        ('{"question": "q", "answers": [{"text": "a\\udfff"}]}', r"answers\[0\]: 'text' holds a lone surrogate"),
+        (
+            '{"question": "q", "answers": [{"id": "\\ud800", "text": "a"}]}',
+            r"answers\[0\]: 'id' holds a lone surrogate",
+        ),
+        (
+            '{"question": "q", "answers": [{"text": "a", "url": "\\ud800"}]}',
+            r"answers\[0\]: 'url' holds a lone surrogate",
+        ),
     ],
 )
 def test_malformed_input_is_one_clear_error(raw, message):
@@ -100,6 +114,46 @@ def test_cli_malformed_input_exits_2_with_one_line(tmp_path):
     assert error_lines(r.stderr) == [f"error: {bad}: answers[0]: 'text' must be a non-empty string"]
     r = run_module("medrank.cli", "rank", str(tmp_path / "missing.json"), cwd=tmp_path)
     assert r.returncode == 2 and error_lines(r.stderr) == [f"error: {tmp_path / 'missing.json'}: input file not found"]
+
+
+def test_a_paired_surrogate_is_text():
+    assert (
+        parse_rank_input('{"question": "q", "answers": [{"id": "\\ud83d\\ude00", "text": "a"}]}').answers[0].id
+        == "\U0001f600"
+    )
+
+
+def test_cli_lone_surrogate_id_is_one_error_line(tmp_path, monkeypatch, capsys):
+    from medrank.cli import main
+
+    (tmp_path / "in.json").write_text('{"question": "q", "answers": [{"id": "\\ud800", "text": "a"}]}')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["rank", "in.json"])
+    assert e.value.code == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "error: in.json: answers[0]: 'id' holds a lone surrogate (\\ud800 at character 0): not Unicode text"
+    ]
+
+
+def test_rank_reads_a_pipe_as_score_does(tmp_path, monkeypatch, capsys):
+    """`medrank rank <(cat in.json)` said "input file not found" (`medrank score` reads pipes); a folder is named."""
+    import os
+
+    from medrank.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no params, no models here
+    r, w = os.pipe()
+    os.write(w, b'{"question": "Is it inherited?", "answers": []}')
+    os.close(w)
+    try:
+        assert main(["rank", f"/dev/fd/{r}"]) == 0
+    finally:
+        os.close(r)
+    assert json.loads(capsys.readouterr().out)["question"] == "Is it inherited?"
+    with pytest.raises(SystemExit):
+        main(["rank", str(tmp_path)])
+    assert error_lines(capsys.readouterr().err) == [f"error: {tmp_path}: a folder, not an input file"]
 
 
 def test_empty_answer_list_needs_no_model(tmp_path, monkeypatch, capsys):

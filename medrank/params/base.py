@@ -14,8 +14,28 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
+# Upper bounds (issue 46 #2): every number has one, far above what a real run uses and far below what exhausts the
+# machine, so a typo (1e300 for a learning rate, 1e9 channels, 1e12 resamples) stops at the gate in one line naming the
+# key, not minutes into a stage (after DVC has deleted its outputs) as a traceback or an out-of-memory kill.
+MAX_COUNT = 10**7  # items of data: pairs, triplets, questions, articles, answers, vocabulary words, shard sizes, steps
+MAX_EPOCHS = 1000  # epochs and patience
+MAX_STEPS = 1000  # folds, seeds, negatives per question, windows, sentences / terms per text, answers kept
+MAX_LR = 10.0  # learning rates (Adadelta's default is 1.0)
+MAX_DECAY = 10.0  # weight decay, L2
+MAX_WEIGHT = 1000.0  # loss weights
+MAX_C = 1e6  # inverse regularisation strengths (LR, SVM)
+MAX_WIDTH = 4096  # layer widths: channels, filters, hidden units, embedding dimensions
+MAX_TOKENS = 8192  # tokens per text
+MAX_TRAIN_BATCH = 4096  # training batch sizes
+MAX_BATCH = 65536  # inference batch sizes (no gradients held)
+MAX_THREADS = 1024  # threads, CPUs, Ray actors
+MAX_WORKERS = 256  # forked local processes (each holds a model)
+MAX_TIMEOUT_S = 86400.0  # a day
+MAX_RESAMPLES = 10**6  # bootstrap resamples
+
 PositiveInt = Annotated[int, Field(ge=1)]
-Workers = Annotated[int, Field(ge=1)] | Literal["auto"]  # processes side by side; "auto" = every core
+Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]  # a layer's width
+Workers = Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"]  # processes side by side; "auto" = every core
 MAX_LIST_BYTES = 64 * 2**20  # a user-supplied word list larger than this is a mistake (a wrong path, /dev/zero, a dump)
 
 

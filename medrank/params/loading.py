@@ -3,6 +3,7 @@ inference recipe `medrank rank` reads back from models/system.json."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -10,8 +11,8 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from medrank.errors import MedrankError
-from medrank.io import decode_utf8
-from medrank.params.base import _Section
+from medrank.io import read_text_capped
+from medrank.params.base import MAX_COUNT, _Section
 from medrank.params.pipeline import (
     AcquireParams,
     ChiqaParams,
@@ -38,13 +39,16 @@ from medrank.params.rankers import (
 )
 
 
+MAX_PARAMS_BYTES = 2**20  # the repository's params.yaml is ~25 KB
+
+
 class Params(_Section):
     seed: int = Field(default=13, ge=0, le=2**32 - 1)  # numpy's seed range
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     n_candidates: int = Field(default=3, ge=1, le=50)
     rqe_threshold: float | None = Field(default=0.5, ge=0.0, le=1.0)
     # the first questions of each split by (split, qid), the same for every stage (tiny profiles cap it); None = all
-    max_questions_per_split: int | None = Field(default=None, ge=1)
+    max_questions_per_split: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     # one section per stage, in DAG order (params.yaml spells out every key: see load_params)
     acquire: AcquireParams = AcquireParams()
     clean: CleanParams = CleanParams()
@@ -138,6 +142,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+# YAML 1.2 (DVC's reader) reads `1e-4`, `1E5` and `2.5e3` as floats; PyYAML's YAML 1.1 resolver wants a dot and a signed
+# exponent, and reads them as strings (`mtl.lr: 1e-4` was refused as "not a valid number"). Quoted, they stay strings.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
 def _missing_keys(model: type[BaseModel], raw: dict, prefix: str = "") -> list[str]:
     """Dotted keys of `model` (sections recursed) that `raw` does not spell out."""
     out = []
@@ -159,7 +172,15 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     if not path.exists():
         raise MedrankError(f"{path}: params file not found")
-    text = decode_utf8(path.read_bytes(), path)
+    try:  # size-checked before it is read (a link to /dev/zero, a dump): one line, never an unbounded read
+        text = read_text_capped(path, MAX_PARAMS_BYTES, "a params file")
+    except OSError as e:  # a folder, no permission
+        raise MedrankError(f"{path}: cannot be read as a params file ({e.strerror or e})") from None
+    for n, line in enumerate(text.splitlines(), start=1):  # an unresolved merge: named, not "not valid YAML"
+        if re.match(r"(?:<{7}|={7}|>{7})(?: |$)", line):
+            raise MedrankError(
+                f"{path}: line {n}: a merge conflict marker ({line.split()[0]}); resolve the conflict first"
+            )
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as e:

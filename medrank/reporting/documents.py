@@ -15,7 +15,7 @@ from medrank.errors import MedrankError
 from medrank.io import write_text
 from medrank.reporting.card_base import CARDS_DIR
 from medrank.reporting.cards import pending_cards
-from medrank.reporting.formatting import check_metrics_dir
+from medrank.reporting.formatting import check_metrics_dir, load_repo_yaml, read_repo_text
 from medrank.reporting.headline import render_headline
 from medrank.reporting.results import render_results
 from medrank.reporting.timings import render_timings
@@ -26,11 +26,15 @@ def render_dag(repo: str | Path = ".") -> str:
     import subprocess
     import sys
 
+    for name in REPO_YAML:  # what DVC reads to draw the graph: a conflict-marked file is named, not DVC's last line
+        load_repo_yaml(Path(repo) / name)
     r = subprocess.run([sys.executable, "-m", "dvc", "dag", "--md"], cwd=repo, capture_output=True, text=True)
     if r.returncode != 0:
         raise MedrankError(f"dvc dag --md failed in {repo}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
     return r.stdout.rstrip() + "\n"
 
+
+REPO_YAML = ("dvc.yaml", "dvc.lock", "params.yaml", "analysis/dvc.yaml", "analysis/dvc.lock")
 
 # Which generated blocks each document must hold (the DAG is rendered in the README's own repository).
 README_BLOCKS = ("headline", "dag")
@@ -58,7 +62,7 @@ def _split(doc: Path, text: str, block: str) -> tuple[str, str]:
 def _read(doc: Path) -> str:
     if not doc.is_file():
         raise MedrankError(f"{doc}: not found (run from the repository root, or pass its path)")
-    return doc.read_text(encoding="utf-8")
+    return read_repo_text(doc, "a document")  # a latin-1 byte is one line naming the file and the byte's offset
 
 
 def _refreshed(doc: Path, blocks: tuple[str, ...], metrics_dir: str | Path) -> tuple[str, str]:

@@ -160,6 +160,10 @@ LEAVES = _leaves(REPO_PARAMS)
         (b"mtl:\n  max_epochs: 2.0\n", "mtl.max_epochs: Input should be a valid integer"),
         (b"seed: -1\n", "seed: Input should be greater than or equal to 0"),
         (b"seed: 13\n", "missing key 'device'"),
+        (
+            b"seed: 13\n<<<<<<< HEAD\nn_candidates: 3\n=======\nn_candidates: 5\n>>>>>>> exp\n",
+            "line 2: a merge conflict marker (<<<<<<<)",
+        ),
     ],
 )
 def test_params_file_is_read_as_strictly_as_dvc(tmp_path, data, expected):
@@ -312,3 +316,144 @@ def test_backend_ray_needs_ray_installed(tmp_path, monkeypatch, key):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(MedrankError, match=re.escape(f"{key}: Value error, backend ray needs the package ray")):
         load_params(write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, key, "ray"))))
+
+
+# ---------------------------------------------------------------- every number has an upper bound (issue 46 #2)
+
+
+def _numbers(node: dict, defs: dict, path: str = "") -> list[tuple[str, dict, dict | None]]:
+    """(dotted key, schema, the list schema holding it or None) of every integer / number in a JSON schema."""
+    if "$ref" in node:
+        return _numbers(defs[node["$ref"].split("/")[-1]], defs, path)
+    out = []
+    if node.get("type") in ("integer", "number"):
+        out.append((path, node, None))
+    for name, sub in node.get("properties", {}).items():
+        out += _numbers(sub, defs, f"{path}.{name}" if path else name)
+    for sub in node.get("anyOf", []) + node.get("allOf", []):
+        out += _numbers(sub, defs, path)
+    if isinstance(node.get("items"), dict):
+        out += [
+            (p, n, node if p == f"{path}.0" and lst is None else lst)
+            for p, n, lst in _numbers(node["items"], defs, f"{path}.0")
+        ]
+    return out
+
+
+PARAM_NUMBERS = _numbers(Params.model_json_schema(), Params.model_json_schema()["$defs"])
+
+
+def test_every_numeric_param_has_an_upper_bound():
+    """`mtl.lr: 1e300`, `mtl.conv_channels: [1e9, 4, 4, 4]`, `retrieve.bm25_top_k: 1e9`, `score.bootstrap_resamples:
+    1e12` passed the gate; the stage then crashed or ran into out-of-memory after DVC had deleted its outputs. Every
+    number of every section (list elements, union members, nested sections) has a maximum, every list of numbers a
+    maximum length."""
+    assert len(PARAM_NUMBERS) > 100  # the walk reaches every section
+    unbounded = [key for key, s, _ in PARAM_NUMBERS if "maximum" not in s and "exclusiveMaximum" not in s]
+    assert not unbounded, f"numeric params without an upper bound: {unbounded}"
+    unbounded_lists = sorted({key for key, _, lst in PARAM_NUMBERS if lst is not None and "maxItems" not in lst})
+    assert not unbounded_lists, f"lists of numbers without a maximum length: {unbounded_lists}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(at=st.sampled_from(sorted({key for key, _, _ in PARAM_NUMBERS})))
+def test_a_huge_value_of_any_numeric_param_is_refused_naming_it(tmp_path_factory, at):
+    kinds = {s["type"] for key, s, _ in PARAM_NUMBERS if key == at}
+    huge = 10**15 if "integer" in kinds else 1e300
+    key, value = at.removesuffix(".0"), huge
+    if key != at:  # a list's elements: each one huge, the list as long as the repository's
+        value = [huge] * len(LEAVES[key])
+    p = tmp_path_factory.mktemp("params") / "params.yaml"
+    p.write_text(yaml.safe_dump(_with(REPO_PARAMS, key, value)))
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    assert f"params.yaml: {at}: " in str(e.value) and "less than" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("mtl:\n  lr: 1.0e+300\n", "mtl.lr: Input should be less than or equal to 10 (got 1e+300)"),
+        (
+            "mtl:\n  conv_channels: [1000000000, 4, 4, 4]\n",
+            "mtl.conv_channels.0: Input should be less than or equal to 4096",
+        ),
+        ("retrieve:\n  bm25_top_k: 1000000000\n", "retrieve.bm25_top_k: Input should be less than or equal to 100000"),
+        (
+            "score:\n  bootstrap_resamples: 1000000000000\n",
+            "score.bootstrap_resamples: Input should be less than or equal to 1000000",
+        ),
+        (
+            "analysis:\n  mtl:\n    rows: [{name: x, lr: 1.0e+300}]\n",
+            "analysis.mtl.rows[0] (x).lr: Input should be less",
+        ),
+    ],
+)
+def test_the_issue_46_huge_values_are_refused(tmp_path, text, expected):
+    from tests.conftest import deep_merge
+
+    p = write(tmp_path, yaml.safe_dump(deep_merge(REPO_PARAMS, yaml.safe_load(text))))
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_tiny_profile_is_within_the_bounds(tmp_path):
+    from tests.conftest import deep_merge
+
+    tiny = yaml.safe_load((REPO / "tests/smoke/params_tiny.yaml").read_text())
+    assert load_params(write(tmp_path, yaml.safe_dump(deep_merge(REPO_PARAMS, tiny)))).retrieve.bm25_top_k == 5
+
+
+# ---------------------------------------------------------------- floats as DVC (YAML 1.2) reads them (issue 46 #7)
+
+
+def _yaml12_spelling(v: float) -> str:
+    """`v` written without a dot, with an unsigned exponent where it can be: `15e-2`, `6e1`, `1e-5` (YAML 1.2 floats)."""
+    from decimal import Decimal
+
+    sign, digits, exp = Decimal(repr(v)).as_tuple()
+    return f"{'-' if sign else ''}{''.join(map(str, digits))}e{exp}"
+
+
+@pytest.mark.parametrize("key", FLOATS)
+def test_every_float_param_accepts_a_yaml_1_2_float(tmp_path, key):
+    """`mtl.lr: 1e-4` (DVC reads a float) was refused as "not a valid number": PyYAML's YAML 1.1 reads it as a string."""
+    text = yaml.safe_dump(_with(REPO_PARAMS, key, "@FLOAT@")).replace("'@FLOAT@'", _yaml12_spelling(LEAVES[key]))
+    got = load_params(write(tmp_path, text))
+    for k in key.split("."):
+        got = getattr(got, k)
+    assert got == LEAVES[key] and type(got) is float
+
+
+@pytest.mark.parametrize(
+    "spelled, expected", [("1e-4", 1e-4), ("1E-3", 1e-3), (".5e-3", 5e-4), ("2.5e-4", 2.5e-4), ("1.0e-3", 1e-3)]
+)
+def test_mtl_lr_in_exponent_notation_is_a_float(tmp_path, spelled, expected):
+    p = write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, "mtl.lr", "@LR@")).replace("'@LR@'", spelled))
+    assert load_params(p).mtl.lr == expected
+
+
+def test_a_quoted_exponent_is_still_a_string(tmp_path):
+    """Quoted, DVC reads a string too: refused as before."""
+    p = write(tmp_path, yaml.safe_dump(_with(REPO_PARAMS, "mtl.lr", "@LR@")).replace("'@LR@'", '"1e-4"'))
+    with pytest.raises(MedrankError, match=re.escape("mtl.lr: Input should be a valid number")):
+        load_params(p)
+
+
+@pytest.mark.parametrize("kind", ["/dev/zero", "huge", "folder"])
+def test_the_params_file_is_size_checked_before_it_is_read(tmp_path, kind):
+    """params.yaml linked to /dev/zero was read without end (memory blow-up); a huge file whole."""
+    p = tmp_path / "params.yaml"
+    if kind == "/dev/zero":
+        p.symlink_to("/dev/zero")
+    elif kind == "huge":
+        p.write_bytes(b"")
+        os.truncate(p, 2**30)  # sparse: no disk used
+    else:
+        p.mkdir()
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: ") and "\n" not in msg
+    assert ("at most 1 MiB" in msg) if kind != "folder" else ("cannot be read as a params file" in msg)

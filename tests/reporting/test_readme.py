@@ -542,3 +542,97 @@ def test_render_judged_rows(tmp_path):
         "| `ranker` | 2921 | 0.800 / 0.800 | 0.700 / 0.700 | 0.750 / 0.750 | 0.300 / 0.300 | 0.8000 (+0.0100 ± 0.0010 **win**) | 0.8000 (+0.0200 ± 0.0010) |"
         in out
     )
+
+
+# ---------------------------------------------------------------- what a bad edit or merge leaves (issue 46 #7)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b'{"accuracy": "0.8", "system": "mtl"}', "accuracy: the number '0.8' is written as a string"),
+        (b'{"systems": {"mtl": {"spearman": [0.1, " -1e-3"]}}}', "systems.mtl.spearman.1: the number ' -1e-3' is"),
+        (b'{"accuracy": "NaN"}', "accuracy: the number 'NaN' is written as a string"),
+    ],
+)
+def test_report_names_a_number_written_as_a_string(tmp_path, capsys, data, message):
+    """A metrics number written as a string (`"accuracy": "0.8"`) was a traceback in the tables' `{v:.3f}`."""
+    (tmp_path / "task3_val.json").write_bytes(data)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--print", "--metrics-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {tmp_path / 'task3_val.json'}: {message}") and "git checkout" in err
+
+
+def test_report_reads_a_metrics_file_linked_to_dev_zero_capped(tmp_path, capsys):
+    """metrics/x.json -> /dev/zero was read without end."""
+    (tmp_path / "task3_val.json").symlink_to("/dev/zero")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--print", "--metrics-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: {tmp_path / 'task3_val.json'}: more than a metrics file can be (at most 16 MiB)")
+
+
+def _docs(tmp_path):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    (metrics / "task3_val.json").write_text(json.dumps({"accuracy": 0.5, "system": "baseline", "systems": {}}))
+    readme, results = tmp_path / "README.md", tmp_path / "RESULTS.md"
+    readme.write_text("# r\n<!-- headline:start -->\n<!-- headline:end -->\n<!-- dag:start -->\n<!-- dag:end -->\n")
+    results.write_text("<!-- results:start -->\n<!-- results:end -->\n<!-- timings:start -->\n<!-- timings:end -->\n")
+    return ["report", "--readme", str(readme), "--results", str(results), "--metrics-dir", str(metrics)]
+
+
+def test_report_names_a_latin1_byte_in_readme(tmp_path, monkeypatch, capsys):
+    """A latin-1 byte in README.md was a UnicodeDecodeError traceback."""
+    monkeypatch.setattr(documents, "render_dag", lambda repo: "graph\n")
+    args = _docs(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_bytes(readme.read_bytes().replace(b"# r", b"# caf\xe9"))
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    for mode in ([], ["--check"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(args + mode)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1
+        assert err.startswith(f"error: {readme}: not UTF-8 text (byte 0xe9 at offset 5"), err
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+
+
+CONFLICTED = "stages:\n<<<<<<< HEAD\n  acquire:\n    cmd: a\n=======\n  acquire:\n    cmd: b\n>>>>>>> other\n"
+
+
+@pytest.mark.parametrize("name", ["dvc.lock", "params.yaml", "dvc.yaml", "analysis/dvc.lock"])
+def test_report_names_a_conflict_marked_file(tmp_path, monkeypatch, capsys, name):
+    """`dvc dag --md` on a conflict-marked dvc.lock or params.yaml said only `failed: ['  4   acquire:']`."""
+    import subprocess
+
+    def dvc(*a, **k):  # what DVC prints for such a file (no dvc command runs in the tests)
+        return subprocess.CompletedProcess(a, 1, "", "ERROR: unexpected error\n  4   acquire:\n")
+
+    monkeypatch.setattr(subprocess, "run", dvc)
+    args = _docs(tmp_path)
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / name).write_text(CONFLICTED)
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: {tmp_path / name}: line 2: a merge conflict marker (<<<<<<<)"), err
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+
+
+def test_the_cards_reader_names_a_broken_dvc_lock(tmp_path):
+    from medrank.reporting.card_base import Repo
+
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "dvc.lock").write_text("stages:\n  acquire: [\n")
+    with pytest.raises(MedrankError, match=r"dvc.lock: line \d+: not valid YAML"):
+        Repo.load(tmp_path, tmp_path / "metrics")
+    (tmp_path / "dvc.lock").write_text(CONFLICTED)
+    with pytest.raises(MedrankError, match="dvc.lock: line 2: a merge conflict marker"):
+        Repo.load(tmp_path, tmp_path / "metrics")
