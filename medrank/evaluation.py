@@ -374,6 +374,7 @@ def candidate_systems(
         "decided": decided,
         "cv": chosen["cv"],
         "loso": chosen["loso"],
-        "cv_shift": table[weight][rule]["cv_shift"],
-        "loso_shift": table[weight][rule]["loso_shift"],
+        # the chosen candidate in its chosen order (MRR and Spearman depend on it)
+        "cv_shift": shift.summary_of(chosen["decided"], cand, "oof"),
+        "loso_shift": shift.summary_of(chosen["decided"], cand, "loso"),
     }

@@ -105,7 +105,14 @@ def write_submissions(chosen: pd.DataFrame, cand: pd.DataFrame) -> None:
 
 
 def _row(c: dict) -> dict:
-    return {"cv": E.rounded_summary(c["cv"]), "loso": c["loso"], "score": round(c["score"], 4)}
+    out = {"cv": E.rounded_summary(c["cv"]), "loso": c["loso"], "score": round(c["score"], 4)}
+    if "cv_shift" in c:  # each figure at its worst positive rate (the band's ends; the rates' table: the final row)
+        out["shift"] = {p: _band(c[f"{p}_shift"]) for p in ("cv", "loso")}
+    return out
+
+
+def _band(shift: dict) -> dict:
+    return {m: {k: v for k, v in s.items() if k != "by_prior"} for m, s in shift.items()}
 
 
 def task3_val_metrics(inp: Inputs, sel: dict, sp, seed: int, weights: list[float], band: dict) -> dict:
@@ -152,6 +159,7 @@ def task3_val_metrics(inp: Inputs, sel: dict, sp, seed: int, weights: list[float
             "mtl_weight": sel["weight"],
             "keep_rule": sel["rule"],
             "order": sel["order"],
+            "shift": {"cv": sel["cv_shift"], "loso": sel["loso_shift"]},
         },
     }
     return {
@@ -167,6 +175,7 @@ def task3_val_metrics(inp: Inputs, sel: dict, sp, seed: int, weights: list[float
             "keep_rules": list(sp.keep_rules),
             "orders": list(sp.orders),
             "select_on": list(sp.select_on),
+            "select_under": sp.select_under,
         },
         "n_predicted_positive": final_val["n_predicted_positive"],
         "systems": systems,

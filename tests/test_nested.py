@@ -179,3 +179,38 @@ def test_the_keep_rule_pick_reads_the_worst_prior_and_prefers_the_rule_listed_fi
     # mean of the two worst-rate figures: 0.75, 0.78, 0.785; within 0.01 of the best: minimax, listed first
     assert keep_rule_pick(by_rule, band, ["accuracy", "mrr"]) == "minimax"
     assert keep_rule_pick(by_rule, {"accuracy": 0.0}, ["accuracy"]) == "em"
+
+
+def test_the_written_rule_reads_each_figure_at_its_worst_positive_rate():
+    """score.select_under shift_worst: a candidate's score is the mean of its CV and LOSO figures at their worst rate;
+    "mean" keeps the figures as they are; the chosen candidate's band is that of its rows in the chosen order."""
+    from medrank.evaluation import candidate_systems, selection_score
+
+    cand = _cand()
+    mtl_rows, base_rows = _fake_models(cand, [])
+    gids = list(pd.unique(cand["gid"]))
+    args = (mtl_rows(gids, SOURCES, []), base_rows(gids, SOURCES, []), cand, gids, (0.0, 1.0))
+    rules, band = ("min_keep_1", "minimax"), {"accuracy": 0.0, "mrr": 0.0, "order": 0.0}
+    worst = candidate_systems(*args, rules, ("rank",), SOURCES, band, ("accuracy", "mrr"), "shift_worst")
+    plain = candidate_systems(*args, rules, ("rank",), SOURCES, band, ("accuracy", "mrr"), "mean")
+    for w in (0.0, 1.0):
+        for r in rules:
+            c = worst["table"][w][r]
+            assert c["score"] == pytest.approx(
+                np.mean(
+                    [selection_score(c["cv_shift"], c["loso_shift"], m, "shift_worst") for m in ("accuracy", "mrr")]
+                )
+            )
+            assert c["score"] == pytest.approx(
+                np.mean([0.5 * (c["cv_shift"][m]["worst"] + c["loso_shift"][m]["worst"]) for m in ("accuracy", "mrr")])
+            )
+            p = plain["table"][w][r]
+            assert p["score"] == pytest.approx(
+                np.mean([selection_score(p["cv"], p["loso"], m) for m in ("accuracy", "mrr")])
+            )
+    best = max(worst["table"][w][r]["score"] for w in (0.0, 1.0) for r in rules)
+    assert worst["table"][worst["weight"]][worst["rule"]]["score"] == best
+    assert set(worst["cv_shift"]["mrr"]["by_prior"]) == {f"{p:g}" for p in SHIFT}
+
+
+SHIFT = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65)
