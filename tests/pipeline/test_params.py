@@ -185,7 +185,8 @@ def test_every_missing_key_is_named(tmp_path_factory, key):
 
 WRONG = {
     bool: st.one_of(st.integers(0, 1), st.sampled_from(["yes", "no", "true", "on"])),
-    int: st.one_of(st.booleans(), st.sampled_from(["3", "1e3"])),
+    # "1e3" is no longer here: PyYAML writes it unquoted, and YAML 1.2 (DVC's reader, and ours) reads that as 1000.0
+    int: st.one_of(st.booleans(), st.sampled_from(["3", "1,000"])),
 }
 
 
