@@ -37,6 +37,13 @@ def evaluate(pred: pd.DataFrame, table: pd.DataFrame) -> dict:
     return score_task3(gold_of(table), sub)
 
 
+def fold_by_question(rows: pd.DataFrame, cand: pd.DataFrame) -> pd.DataFrame:
+    """task3_by_question rows of decided rows (gid, aid, label, score) against the candidate table's truth: summed
+    (task3_scores_of), the official scores of `evaluate_decided`."""
+    truth = cand[cand["gid"].isin(set(rows["gid"]))]
+    return task3_by_question(gold_of(truth), ranked_rows(rows)[["gid", "aid", "label"]].rename(columns={"gid": "qid"}))
+
+
 def evaluate_decided(rows: pd.DataFrame, cand: pd.DataFrame) -> dict:
     """Official Task 3 metrics of decided rows (gid, aid, label, score) against the candidate table's truth."""
     truth = cand[cand["gid"].isin(set(rows["gid"]))]
@@ -236,12 +243,20 @@ def loso_summary(per_source: dict[str, dict]) -> dict:
     return out
 
 
-def loso_summary_of(decided: pd.DataFrame, cand: pd.DataFrame, sources: Sequence[str]) -> dict:
-    """`loso_summary` of already-decided loso rows (fold = the held-out source's index in `sources`)."""
-    rows = decided[decided["part"] == "loso"]
-    return loso_summary(
-        {sources[f]: evaluate_decided(rows[rows["fold"] == f], cand) for f in sorted(rows["fold"].unique())}
-    )
+def held_out_figures(decided: pd.DataFrame, cand: pd.DataFrame, part: str, shift, sources=None) -> tuple[dict, dict]:
+    """One part's decided held-out rows, each fold scored from one per-question table: (the protocol's summary - oof:
+    CV mean ± sd (`summarize`); loso: `loso_summary`, fold f = sources[f] -, the experiment.PriorShift summary)."""
+    rows = decided[decided["part"] == part]
+    official, shifted = {}, {}
+    for f in sorted(rows["fold"].unique()):
+        fold = rows[rows["fold"] == f]
+        per_q = fold_by_question(fold, cand)
+        official[f], shifted[f] = task3_scores_of(per_q), shift.fold_scores(fold, cand, per_q)
+    if sources is None:
+        summary = summarize(list(official.values()))
+    else:
+        summary = loso_summary({sources[f]: m for f, m in official.items()})
+    return summary, shift.summary(shifted)
 
 
 def noise_band(spreads: Sequence[dict], keys: Sequence[str]) -> dict[str, float]:
@@ -342,8 +357,10 @@ def candidate_systems(
     table: dict = {w: {} for w in weights}
     for w, rule in tqdm([(w, r) for w in weights for r in rules], desc="score: weight x keep rule", unit="candidate"):
         _, decided = decide_system(combined[w], cand, train, rule)
-        cv, loso = cv_summary_of(decided, cand), loso_summary_of(decided, cand, sources)
-        cv_s, loso_s = shift.summary_of(decided, cand, "oof"), shift.summary_of(decided, cand, "loso")
+        (cv, cv_s), (loso, loso_s) = (
+            held_out_figures(decided, cand, "oof", shift),
+            held_out_figures(decided, cand, "loso", shift, sources),
+        )
         on = (cv_s, loso_s) if select_under == "shift_worst" else (cv, loso)
         table[w][rule] = {
             "cv": cv,
@@ -359,14 +376,26 @@ def candidate_systems(
     by_order = {}
     for order in orders:
         fits, decided = decide_system(combined[weight], cand, train, rule, order)
-        cv, loso = cv_summary_of(decided, cand), loso_summary_of(decided, cand, sources)
-        by_order[order] = {"cv": cv, "loso": loso, "score": order_score(cv, loso), "fits": fits, "decided": decided}
+        (cv, cv_s), (loso, loso_s) = (
+            held_out_figures(decided, cand, "oof", shift),
+            held_out_figures(decided, cand, "loso", shift, sources),
+        )
+        by_order[order] = {
+            "cv": cv,
+            "loso": loso,
+            "shift": (cv_s, loso_s),
+            "score": order_score(cv, loso),
+            "fits": fits,
+            "decided": decided,
+        }
     order = pick({o: by_order[o]["score"] for o in orders}, band["order"])
     chosen = by_order[order]
     decided = chosen["decided"].merge(cand[["gid", "split", "qid"]].drop_duplicates(), on="gid", how="left")
     return {
         "table": table,
-        "orders": {o: {k: v for k, v in r.items() if k not in ("decided", "fits")} for o, r in by_order.items()},
+        "orders": {
+            o: {k: v for k, v in r.items() if k not in ("decided", "fits", "shift")} for o, r in by_order.items()
+        },
         "weight": weight,
         "rule": rule,
         "order": order,
@@ -375,6 +404,6 @@ def candidate_systems(
         "cv": chosen["cv"],
         "loso": chosen["loso"],
         # the chosen candidate in its chosen order (MRR and Spearman depend on it)
-        "cv_shift": shift.summary_of(chosen["decided"], cand, "oof"),
-        "loso_shift": shift.summary_of(chosen["decided"], cand, "loso"),
+        "cv_shift": chosen["shift"][0],
+        "loso_shift": chosen["shift"][1],
     }

@@ -157,12 +157,13 @@ class PriorShift:
     scores. `summary` gives per metric the mean over the range, the worst prior and its value, and the band."""
 
     priors: tuple[float, ...] = SHIFT_PRIORS
-    name: str = "shift"
 
-    def fold_scores(self, rows: pd.DataFrame, cand: pd.DataFrame) -> dict[float, dict]:
-        """{prior: {metric: value}} of one held-out fold's decided rows (gid, aid, label, score)."""
-        from medrank.evaluation import METRICS, gold_of, ranked_rows
-        from medrank.metrics import task3_by_question
+    def fold_scores(
+        self, rows: pd.DataFrame, cand: pd.DataFrame, per_q: pd.DataFrame | None = None
+    ) -> dict[float, dict]:
+        """{prior: {metric: value}} of one held-out fold's decided rows (gid, aid, label, score); `per_q`: their
+        metrics.task3_by_question rows, when the caller has them (evaluation.held_out_figures)."""
+        from medrank.evaluation import METRICS, fold_by_question
 
         truth = cand[cand["gid"].isin(set(rows["gid"]))][["gid", "aid", "label"]].rename(columns={"label": "y"})
         d = rows[["gid", "aid", "label"]].merge(truth, on=["gid", "aid"], validate="one_to_one")
@@ -170,8 +171,7 @@ class PriorShift:
             raise MedrankError(f"prior shift: {len(rows) - len(d)} decided rows are not in the candidate table")
         y, kept = d["y"].to_numpy(dtype=int), d["label"].to_numpy(dtype=int)
         pi0 = float(y.mean()) if len(y) else 0.0
-        sub = ranked_rows(rows)[["gid", "aid", "label"]].rename(columns={"gid": "qid"})
-        per_q = task3_by_question(gold_of(cand[cand["gid"].isin(set(rows["gid"]))]), sub).set_index("qid")
+        per_q = (fold_by_question(rows, cand) if per_q is None else per_q).set_index("qid")
         q_of = d["gid"].to_numpy()
         out = {}
         for pi in self.priors:
@@ -211,12 +211,6 @@ class PriorShift:
                 "by_prior": {f"{pi:g}": round(v, 4) for pi, v in by_prior.items()},
             }
         return out
-
-    def summary_of(self, decided: pd.DataFrame, cand: pd.DataFrame, part: str) -> dict:
-        """`summary` of one part's already-decided held-out rows (oof: CV folds, loso: sources, test: one fold)."""
-        rows = decided[decided["part"] == part]
-        fold = rows["fold"].fillna(-1).to_numpy() if "fold" in rows else np.zeros(len(rows))  # test: one fold
-        return self.summary({f: self.fold_scores(rows[fold == f], cand) for f in sorted(set(fold.tolist()))})
 
 
 def reseeded(protocols: Sequence[Protocol], seeds: Sequence[int]) -> list[Protocol]:
