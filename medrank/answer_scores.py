@@ -8,10 +8,11 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from medrank.errors import MedrankError
 
@@ -99,6 +100,62 @@ def answer_bienc_scores(
         read_only=read_only,
         precision=precision,
     )
+
+
+# ---------------------------------------------------------------- passages (group passage)
+
+
+def answer_passages(
+    sentences: Sequence[str], count_tokens: Callable[[str], int], window_tokens: int, max_passages: int
+) -> list[str]:
+    """The answer's first `max_passages` windows: whole sentences packed in order while they fit `window_tokens`
+    (a longer sentence is a window alone, cut by the encoder); [""] for an answer without text."""
+    windows: list[str] = []
+    current: list[str] = []
+    used = 0
+    for sentence in sentences:
+        n = count_tokens(sentence)
+        if current and used + n > window_tokens:
+            windows.append(" ".join(current))
+            current, used = [], 0
+            if len(windows) == max_passages:
+                return windows
+        current.append(sentence)
+        used += n
+    if current:
+        windows.append(" ".join(current))
+    return windows or [""]
+
+
+def passage_scores(
+    answers: pd.DataFrame, bi: SentenceEncoder, *, cache_root: str | Path, pp, bp, read_only: bool = False
+) -> tuple[pd.DataFrame, dict]:
+    """(split, qid, aid, passage_max_cos, n_passages; the encoding stats): the best cosine between the question and a
+    window of the answer (`answer_passages` over answer_sentences, else answer_norm), vectors at `bp.precision` through
+    the content-addressed cache. `pp`: the passages section, `bp`: bienc (batch size, precision)."""
+    from medrank.encoders.extract import cached_sentence_embeddings
+    from medrank.encoders.hardware import hardware_precision
+
+    def count(text: str) -> int:
+        return len(bi.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    texts = [
+        [str(s) for s in sents] if sents is not None and len(sents) else [text or ""]
+        for sents, text in zip(answers["answer_sentences"], answers["answer_norm"].fillna("").astype(str))
+    ]
+    windows = [answer_passages(t, count, pp.window_tokens, pp.max_passages) for t in tqdm(texts, desc="passages")]
+    precision = hardware_precision(bi.device, bp.precision)
+    flat = answers["question_norm"].fillna("").tolist() + [w for ws in windows for w in ws]
+    emb, stats = cached_sentence_embeddings(bi, flat, cache_root, precision, bp.batch_size, read_only=read_only)
+    q, at = emb[: len(answers)], len(answers)
+    best = np.empty(len(answers))
+    for i, ws in enumerate(windows):
+        best[i] = float((emb[at : at + len(ws)] @ q[i]).max())
+        at += len(ws)
+    table = answers[["split", "qid", "aid"]].assign(
+        passage_max_cos=best, n_passages=np.array([len(ws) for ws in windows], dtype=np.int64)
+    )
+    return table, {**stats.as_dict(), "windows": int(sum(map(len, windows)))}
 
 
 # ---------------------------------------------------------------- question type (group qtype)

@@ -32,6 +32,7 @@ REGISTRY: dict[str, Group] = {
     "cnn": Group(("cnn_score",), "cnn_score", L.CNN_SCORES),
     "qa": Group(("qa_score",), "qa_score", L.QA_SCORES, analysis=True),
     "qa_graded": Group(("qa_graded_score",), "qa_graded_score", L.QA_GRADED_SCORES, analysis=True),
+    "passage": Group(("passage_max_cos",), "passage_max_cos", L.PASSAGE_SCORES, analysis=True),
     "qa_bienc": Group(("qa_bienc_cos",), "qa_bienc_cos", L.QA_BIENC_SCORES, analysis=True),
 }
 
@@ -43,3 +44,5 @@ JUDGED_GROUPS = tuple(g for g, s in REGISTRY.items() if s.judged)
 BIENC_GROUPS = tuple(g for g, s in REGISTRY.items() if s.file == L.BIENC)  # the groups stage bienc writes
 # per-answer scores of other stages, by group: (its score column, file)
 SCORE_FILES = {g: (s.score, s.file) for g, s in REGISTRY.items() if s.score is not None}
+# the answer-table columns those stages write (medrank.features.answer_table's per-answer scores)
+SCORE_COLUMNS = tuple(c for g, s in REGISTRY.items() if s.file is not None for c in s.columns)

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from medrank.bow import tfidf_rows
 from medrank.errors import MedrankError
-from medrank.feature_groups import GROUPS, REGISTRY, SCORE_FILES
+from medrank.feature_groups import GROUPS, REGISTRY, SCORE_COLUMNS, SCORE_FILES
 
 if TYPE_CHECKING:
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -59,15 +59,8 @@ def answer_table(
     *,
     entailed: pd.DataFrame | None = None,
     anli: pd.DataFrame | None = None,
-    bienc_cos: np.ndarray | None = None,
-    heading_cos: np.ndarray | None = None,
-    qtype_agree: np.ndarray | None = None,
-    qtype_match: np.ndarray | None = None,
-    cnn_score: np.ndarray | None = None,
-    qa_score: np.ndarray | None = None,
-    qa_graded_score: np.ndarray | None = None,
-    qa_bienc_cos: np.ndarray | None = None,
     n_candidates: int = 3,
+    **scores: np.ndarray,
 ) -> pd.DataFrame:
     """One row per candidate answer (input order kept) with the raw inputs of every available group.
 
@@ -75,7 +68,8 @@ def answer_table(
     rank 1 = best, rqe_score, passes_threshold, entailed_answer, rqe_cls). anli: the embed stage's NLI grid rows
     (split, qid, aid, entailed_kind, entailed_rank, anli); only `rqe` rows are used. As in the paper, an
     entailed candidate that did not pass the threshold T (the retrieve stage's top-1 fallback) or is missing
-    (fewer than N passed) contributes 0 to rqe_i / anli_i / rqe_emb_i and no text to entailed_text.
+    (fewer than N passed) contributes 0 to rqe_i / anli_i / rqe_emb_i and no text to entailed_text. `scores`: per-answer
+    columns of the groups other stages score (SCORE_COLUMNS: bienc_cos, qa_score, ...; `read_answer_scores`).
     """
     qkey = question_key(answers)
     judged = (
@@ -143,17 +137,10 @@ def answer_table(
             )
         for i in ranks:
             t[f"anli_{i}"] = [value.get((g, x, i), 0.0) for g, x in zip(t["qkey"], t["aid"])]
-    per_answer = {
-        "bienc_cos": bienc_cos,
-        "heading_cos": heading_cos,
-        "qtype_agree": qtype_agree,
-        "qtype_match": qtype_match,
-        "cnn_score": cnn_score,
-        "qa_score": qa_score,
-        "qa_graded_score": qa_graded_score,
-        "qa_bienc_cos": qa_bienc_cos,
-    }
-    for col, values in per_answer.items():
+    unknown = sorted(set(scores) - set(SCORE_COLUMNS))
+    if unknown:
+        raise MedrankError(f"unknown per-answer score {unknown[0]!r} (expected one of {', '.join(SCORE_COLUMNS)})")
+    for col, values in scores.items():
         if values is not None:
             if len(values) != len(t):
                 raise MedrankError(f"{col}: {len(values)} values for {len(t)} answers")

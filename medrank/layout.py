@@ -48,6 +48,7 @@ NLI_GRID = EMBEDDINGS / "nli_grid.parquet"
 BIENC = PROCESSED / "bienc.parquet"  # bienc: bienc_cos, heading_cos, qtype_agree, qtype_match per answer
 QA_SCORES = PROCESSED / "qa_scores.parquet"  # qa (analysis/dvc.yaml): qa_score per answer
 QA_GRADED_SCORES = PROCESSED / "qa_graded_scores.parquet"  # qa_graded (analysis/dvc.yaml): qa_graded_score per answer
+PASSAGE_SCORES = PROCESSED / "passage_scores.parquet"  # passages (analysis/dvc.yaml): passage_max_cos per answer
 QA_BIENC_SCORES = (
     PROCESSED / "qa_bienc_scores.parquet"
 )  # qa_bienc (analysis/dvc.yaml): qa_bienc_cos per answer, cross-fitted
@@ -60,6 +61,7 @@ TASK2_PROBS = PROCESSED / "task2_probs.parquet"  # finetune_rqe: P(entailed) of 
 CACHE_RQE = Path("data/cache/rqe")
 CACHE_EMBED = Path("data/cache/embed")
 CACHE_BIENC = Path("data/cache/bienc")
+CACHE_PASSAGES = Path("data/cache/passages")
 
 CNN_INTERIM = Path("data/interim/cnn")
 SQUAD_SENTENCES = CNN_INTERIM / "squad_sentences.parquet"

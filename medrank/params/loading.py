@@ -29,6 +29,7 @@ from medrank.params.rankers import (
     BaselineParams,
     BiencParams,
     MtlParams,
+    PassagesParams,
     NoiseBandParams,
     QaBiencParams,
     QaGradedParams,
@@ -59,6 +60,7 @@ class Params(_Section):
     retrieve: RetrieveParams = RetrieveParams()
     embed: EmbedParams = EmbedParams()
     bienc: BiencParams = BiencParams()
+    passages: PassagesParams = PassagesParams()  # analysis/dvc.yaml
     qa: QaParams = QaParams()  # analysis/dvc.yaml
     qa_graded: QaGradedParams = QaGradedParams()  # analysis/dvc.yaml
     qa_bienc: QaBiencParams = QaBiencParams()  # analysis/dvc.yaml

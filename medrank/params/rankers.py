@@ -246,6 +246,14 @@ class BiencParams(_Section):
     judged: bool = False
 
 
+class PassagesParams(_Section):
+    """Group passage (stage passages, analysis/dvc.yaml): the bienc model's best cosine between the question and a
+    window of the answer, so a long answer is read past the `bienc.max_length` tokens the bienc group keeps."""
+
+    window_tokens: int = Field(default=200, ge=16, le=512)  # whole sentences packed up to this many tokens
+    max_passages: int = Field(default=8, ge=1, le=MAX_STEPS)  # windows per answer, from its start
+
+
 class BaselineParams(_Section):
     """Feature-engineered baseline (stage baseline): LR filter + pairwise rank SVM (paper 4.4)."""
 

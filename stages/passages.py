@@ -1,0 +1,58 @@
+"""DVC stage `passages` (analysis/dvc.yaml): group passage, the bienc model's best cosine between the question and a
+window of the answer.
+
+Stage bienc reads an answer's first `bienc.max_length` tokens; half the MEDIQA answers are longer, and for a quarter the
+best-matching window is past the first. Here each answer's sentences are packed into windows of up to
+`passages.window_tokens` tokens (its first `passages.max_passages` windows) and encoded by the bienc model at
+`bienc.precision`, through a content-addressed cache (data/cache/passages, persist: a re-run encodes only unseen
+texts). Writes data/processed/passage_scores.parquet (split, qid, aid, passage_max_cos, n_passages) and
+metrics/passages.json (windows, encoding, the score's AUC per labelled source beside bienc_cos, seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pyarrow as pa
+
+from medrank import layout
+from medrank.answer_scores import auc_by_source, passage_scores
+from medrank.encoders.sentence_encoder import SentenceEncoder
+from medrank.features import cap_questions
+from medrank.io import read_parquet, write_json, write_parquet
+from medrank.params import load_params
+from medrank.runner import run
+
+log = logging.getLogger("stages.passages")
+PASSAGE_SCORES = pa.schema(
+    [("split", pa.string()), ("qid", pa.string()), ("aid", pa.string())]
+    + [("passage_max_cos", pa.float64()), ("n_passages", pa.int64())]
+)
+
+
+def main(params_path: str = "params.yaml") -> None:
+    p = load_params(params_path)
+    t0 = time.perf_counter()
+    answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
+    bi = SentenceEncoder(p.bienc.model, device=p.device, max_length=p.bienc.max_length)
+    layout.CACHE_PASSAGES.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
+    table, stats = passage_scores(answers, bi, cache_root=layout.CACHE_PASSAGES, pp=p.passages, bp=p.bienc)
+    write_parquet(table, layout.PASSAGE_SCORES, PASSAGE_SCORES)
+    bienc = read_parquet(layout.BIENC).merge(table[["split", "qid", "aid"]], on=["split", "qid", "aid"], how="right")
+    columns = {"bienc_cos": bienc["bienc_cos"].to_numpy(), "passage_max_cos": table["passage_max_cos"].to_numpy()}
+    metrics = {
+        "answers": len(table),
+        "model": p.bienc.model,
+        "windows": stats.pop("windows"),
+        "answers_read_past_the_first_window": int((table["n_passages"] > 1).sum()),
+        "encode": stats,
+        "auc": auc_by_source(answers, columns),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    write_json(layout.metrics_file("passages"), metrics)
+    log.info("passages: %d answers, %d windows in %.1fs", len(table), metrics["windows"], metrics["seconds"])
+
+
+if __name__ == "__main__":
+    run(main)
