@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from medrank.errors import MedrankError
+from medrank.forking import hold, let_go
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def _hold(path: Path) -> int:
     sweep_leftovers respects; the kernel drops it when the process dies. Returns the fd (close it to let go)."""
     fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # just created by us: nobody else can hold it
-    return fd
+    return hold(fd)  # forked workers drop their copy: the flock lives exactly as long as this process holds it
 
 
 def _owner_alive(path: Path) -> bool:
@@ -82,6 +83,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held to the rename: a concurrent sweep leaves this file alone
+    hold(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -92,7 +94,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
-        os.close(fd)
+        let_go(fd)
 
 
 # ---------------------------------------------------------------- whole folders
@@ -239,7 +241,7 @@ def atomic_dir(
         for p in (staging, replaced):
             if p is not None and p.exists():
                 shutil.rmtree(p, ignore_errors=True)
-        os.close(held)
+        let_go(held)
 
 
 def sweep_leftovers(outputs: Iterable[str | os.PathLike]) -> list[Path]:
