@@ -293,6 +293,46 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+# A JSON record's checksum of its own other keys: side files (a model's labels, max_length, the sha256 of its
+# vocabularies; a step's params and tables) are verified where they are read, as the weights are. Against damage and
+# hand edits, not against someone who rewrites the whole record.
+RECORD_SHA256 = "record_sha256"
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default).encode()
+
+
+def record_sha256(record: dict) -> str:
+    """sha256 of `record`'s keys but RECORD_SHA256, as they read back from JSON (numpy scalars, tuples normalised)."""
+    body = json.loads(_canonical({k: v for k, v in record.items() if k != RECORD_SHA256}))
+    return hashlib.sha256(_canonical(body)).hexdigest()
+
+
+def write_sealed_json(path: str | os.PathLike, record: dict) -> None:
+    """write_json of `record` with its RECORD_SHA256 (read it back with read_sealed_json)."""
+    write_json(path, {**record, RECORD_SHA256: record_sha256(record)})
+
+
+def read_sealed_json(path: str | os.PathLike, restore: str) -> dict:
+    """A record write_sealed_json wrote, verified; a missing, truncated, unsealed or edited one is one MedrankError
+    line naming the file, then `restore` (the way back)."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # a truncated file, a stray byte (UnicodeDecodeError is a ValueError)
+        raise MedrankError(f"{path}: cannot read ({type(e).__name__}); {restore}") from None
+    if not isinstance(record, dict):
+        raise MedrankError(f"{path}: not a JSON object; {restore}")
+    recorded = record.get(RECORD_SHA256)
+    if recorded is None:
+        raise MedrankError(
+            f"{path}: no {RECORD_SHA256} (saved before side files were checksummed, or edited); {restore}"
+        )
+    if recorded != record_sha256(record):
+        raise MedrankError(f"{path}: edited or damaged since it was saved ({RECORD_SHA256} differs); {restore}")
+    return record
+
+
 def write_parquet(df: pd.DataFrame, path: str | os.PathLike, schema: pa.Schema) -> None:
     """Write `df` with an explicit schema (columns in schema order, extra columns rejected)."""
     extra = set(df.columns) - set(schema.names)
