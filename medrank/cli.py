@@ -99,6 +99,13 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _report(args: argparse.Namespace) -> None:
+    from medrank.reporting.formatting import metrics_value_errors
+
+    with metrics_value_errors():  # a null / true / list where a number belongs: one line naming the file and key
+        _report_from_metrics(args)
+
+
+def _report_from_metrics(args: argparse.Namespace) -> None:
     from medrank.reporting import render_headline, render_results, stale_docs, update_docs
     from medrank.reporting.formatting import check_metrics_dir
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from medrank.errors import MedrankError
+from medrank.forking import hold, let_go
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def _hold(path: Path) -> int:
     sweep_leftovers respects; the kernel drops it when the process dies. Returns the fd (close it to let go)."""
     fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if path.is_dir() else 0))
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # just created by us: nobody else can hold it
-    return fd
+    return hold(fd)  # forked workers drop their copy: the flock lives exactly as long as this process holds it
 
 
 def _owner_alive(path: Path) -> bool:
@@ -82,6 +83,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held to the rename: a concurrent sweep leaves this file alone
+    hold(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -92,7 +94,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
-        os.close(fd)
+        let_go(fd)
 
 
 # ---------------------------------------------------------------- whole folders
@@ -239,7 +241,7 @@ def atomic_dir(
         for p in (staging, replaced):
             if p is not None and p.exists():
                 shutil.rmtree(p, ignore_errors=True)
-        os.close(held)
+        let_go(held)
 
 
 def sweep_leftovers(outputs: Iterable[str | os.PathLike]) -> list[Path]:
@@ -289,6 +291,46 @@ def _json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):
         return o.tolist()
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+# A JSON record's checksum of its own other keys: side files (a model's labels, max_length, the sha256 of its
+# vocabularies; a step's params and tables) are verified where they are read, as the weights are. Against damage and
+# hand edits, not against someone who rewrites the whole record.
+RECORD_SHA256 = "record_sha256"
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default).encode()
+
+
+def record_sha256(record: dict) -> str:
+    """sha256 of `record`'s keys but RECORD_SHA256, as they read back from JSON (numpy scalars, tuples normalised)."""
+    body = json.loads(_canonical({k: v for k, v in record.items() if k != RECORD_SHA256}))
+    return hashlib.sha256(_canonical(body)).hexdigest()
+
+
+def write_sealed_json(path: str | os.PathLike, record: dict) -> None:
+    """write_json of `record` with its RECORD_SHA256 (read it back with read_sealed_json)."""
+    write_json(path, {**record, RECORD_SHA256: record_sha256(record)})
+
+
+def read_sealed_json(path: str | os.PathLike, restore: str) -> dict:
+    """A record write_sealed_json wrote, verified; a missing, truncated, unsealed or edited one is one MedrankError
+    line naming the file, then `restore` (the way back)."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # a truncated file, a stray byte (UnicodeDecodeError is a ValueError)
+        raise MedrankError(f"{path}: cannot read ({type(e).__name__}); {restore}") from None
+    if not isinstance(record, dict):
+        raise MedrankError(f"{path}: not a JSON object; {restore}")
+    recorded = record.get(RECORD_SHA256)
+    if recorded is None:
+        raise MedrankError(
+            f"{path}: no {RECORD_SHA256} (saved before side files were checksummed, or edited); {restore}"
+        )
+    if recorded != record_sha256(record):
+        raise MedrankError(f"{path}: edited or damaged since it was saved ({RECORD_SHA256} differs); {restore}")
+    return record
 
 
 def write_parquet(df: pd.DataFrame, path: str | os.PathLike, schema: pa.Schema) -> None:

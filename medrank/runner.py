@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -75,25 +76,83 @@ def lock_dir() -> Path:
 @contextlib.contextmanager
 def stage_lock(stage: str) -> Iterator[None]:
     """One run of a stage at a time in a project: a second one (by hand beside `dvc repro`, say) refuses with one line
-    before it sweeps or writes anything. The flock goes with the process, so a killed run never leaves it stuck."""
+    before it sweeps or writes anything. The flock goes with the process (its forked workers drop their copies and die
+    with it: medrank.forking), so a killed run never leaves it stuck."""
     from medrank.errors import MedrankError
+    from medrank.forking import hold, let_go
 
     path = lock_dir() / f"{stage}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise MedrankError(
-                f"stage {stage} is already running in this project (process {owner}, lock {path}): wait for it to finish"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = _lock_owner(fd, path)
+        os.close(fd)
+        raise MedrankError(
+            f"stage {stage} is already running in this project ({owner}, lock {path}): wait for it to finish"
+        ) from None
+    hold(fd)
+    try:
+        # one write of a fixed width, never a truncate: the file never reads empty once it has been written
+        os.pwrite(fd, f"{os.getpid():<{_PID_WIDTH}}".encode(), 0)
         yield
     finally:
-        os.close(fd)
+        let_go(fd)
+
+
+_PID_WIDTH = 20
+
+
+def _lock_owner(fd: int, path: Path, wait_s: float = 1.0) -> str:
+    """Who holds `path`'s flock, in words that are true: the pid in the file while that process is alive and has the
+    file open; else a live process found holding it open (/proc); else that it could not be read. The winner of a
+    race writes its pid just after its flock, and the file may still hold a previous (dead) run's pid until then, so a
+    pid that does not check out is read again for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = os.pread(fd, _PID_WIDTH, 0).decode(errors="replace").strip()
+        if text.isdigit() and _has_open(int(text), path, fd) is not False:
+            return f"process {text}"
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    holders = [pid for pid in _pids() if _has_open(pid, path, fd)]
+    if holders:
+        return f"process {', '.join(map(str, holders))}"
+    return "a process whose id could not be read"
+
+
+def _pids() -> list[int]:
+    try:
+        return sorted(int(n) for n in os.listdir("/proc") if n.isdigit())
+    except OSError:
+        return []
+
+
+def _has_open(pid: int, path: Path, own_fd: int) -> bool | None:
+    """True / False: whether live process `pid` has `path` open (this process's `own_fd`, the asker's, aside); None
+    where that cannot be seen (no /proc, another user's process) but the process is alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    try:
+        target = os.stat(path)
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            if pid == os.getpid() and name == str(own_fd):
+                continue
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                return True
+    except OSError:
+        return None
+    return False
 
 
 def gate_params(stage: str) -> None:

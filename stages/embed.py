@@ -34,7 +34,7 @@ def main(params_path: str = "params.yaml") -> None:
     answers = read_parquet(layout.ANSWERS, columns=["split", "qid", "aid", "reference_rank", "answer_sentences"])
     answers = candidate_answers(answers, retrieved, ep.max_answers_per_question)
     backend = extraction_backend(ep.backend, ep.ray, ep.workers)
-    model = CrossEncoder.load(layout.NLI_MODEL, device=p.device, precision=ep.precision)
+    model = CrossEncoder.load(layout.NLI_MODEL, device=p.device, precision=ep.precision, task="nli")
     step = GridStep.fit(p, model, p.device)
     grids = step.transform(answers, retrieved, layout.CACHE_EMBED, shard_size=ep.shard_size, backend=backend)
     write_parquet(grids.rows, layout.NLI_GRID, NLI_GRID)

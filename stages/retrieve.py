@@ -37,7 +37,7 @@ def main(params_path: str = "params.yaml") -> None:
     qcol = rp.question_column
     answers = read_parquet(layout.ANSWERS, columns=["split", "qid", "question", "question_norm"])
     questions = R.questions_table(answers, qcol, p.max_questions_per_split)
-    model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision, lazy=True)
+    model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision, lazy=True, task="rqe")
     step = RetrieveStep.fit(p, read_parquet(layout.MEDQUAD), model)
     docs = step.docs
     log.info("%d MEDIQA questions, %d MedQuAD question-answer pairs", len(questions), len(docs))

@@ -17,6 +17,7 @@ import torch
 
 from tests.conftest import REPO, error_lines, run_module
 from medrank.errors import MedrankError
+from medrank.io import RECORD_SHA256, write_sealed_json
 from medrank.rank import parse_rank_input
 from tests.helpers.models import make_tiny_bert
 from tests.helpers import FIXTURES as FIXTURES_ROOT
@@ -261,10 +262,10 @@ def workdir(tmp_path_factory) -> Path:
     bert = _tiny_bert(root / "bert")
     CrossEncoder.from_base(
         str(bert), 3, 32, device="cpu", seed=1, label_names=["entailment", "neutral", "contradiction"], precision="fp32"
-    ).save(root / "models" / "nli")
+    ).save(root / "models" / "nli", extra_meta={"task": "nli"})
     CrossEncoder.from_base(
         str(bert), 2, 32, device="cpu", seed=2, label_names=["not_entailment", "entailment"], precision="fp32"
-    ).save(root / "models" / "rqe")
+    ).save(root / "models" / "rqe", extra_meta={"task": "rqe"})
     mq = pd.read_json(FIXTURES / "medquad.jsonl", lines=True)
     mq["question_norm"] = mq["question"]
     mq["answer_norm"] = mq["answer"]
@@ -489,7 +490,7 @@ def _project_with_group(
     step = root / "models" / "steps" / "cnn_scores" / "step.json"
     saved = json.loads(step.read_text())
     saved["params"]["cnn"]["mediqa_aggregation"] = aggregation
-    step.write_text(json.dumps(saved))
+    write_sealed_json(step, {k: v for k, v in saved.items() if k != RECORD_SHA256})  # as cnn_mediqa would save it
     return root
 
 
@@ -537,7 +538,7 @@ def test_rank_with_the_qa_group_loads_the_qa_cross_encoder(workdir, tmp_path, mo
     assert e.value.code == 2
     assert error_lines(capsys.readouterr().err) == ["error: models/qa: the qa model is missing (run `dvc repro qa`)"]
 
-    shutil.copytree(root / "models" / "rqe", root / "models" / "qa")  # any 2-label cross-encoder
+    CrossEncoder.load(root / "models" / "rqe").save(root / "models" / "qa", extra_meta={"task": "qa"})  # any 2 labels
     out = json.loads(_rank(root, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
     assert sorted(a["id"] for a in out["answers"]) == ["3", "4", "A1", "A2"]
     assert CrossEncoder.load(root / "models" / "qa").num_labels == 2
@@ -553,4 +554,46 @@ def test_a_damaged_step_table_is_one_error_line(workdir, monkeypatch, capsys, tm
     with pytest.raises(SystemExit) as e:
         main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(models)])
     lines = error_lines(capsys.readouterr().err)
-    assert e.value.code == 2 and len(lines) == 1 and "not a table the retrieve step wrote" in lines[0]
+    assert e.value.code == 2 and len(lines) == 1 and "differs from the sha256 recorded" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "table",
+    ["retrieve/medquad.parquet", "answer_scores/qtype_lr.parquet", "normalize/abbreviations.parquet"],
+)
+def test_a_flipped_bit_in_a_step_table_is_one_error_line(workdir, monkeypatch, capsys, tmp_path, table):
+    """Issue 46 #5: single-bit flips in saved step tables decoded to other valid tables and `medrank rank` exited 0."""
+    from medrank.cli import main
+
+    models = tmp_path / "models"
+    shutil.copytree(workdir / "models", models)
+    path = models / "steps" / table
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(models)])
+    lines = error_lines(capsys.readouterr().err)
+    stage = {"retrieve": "retrieve", "answer_scores": "bienc", "normalize": "normalize"}[table.split("/")[0]]
+    assert e.value.code == 2 and len(lines) == 1, lines
+    assert f"{table}: differs from the sha256 recorded in" in lines[0] and f"dvc repro {stage}" in lines[0]
+
+
+def test_edited_step_params_are_one_error_line(workdir, monkeypatch, capsys, tmp_path):
+    """Issue 46 #5: step.json's params edited by hand (n_candidates 2 -> 1) were used silently."""
+    from medrank.cli import main
+
+    models = tmp_path / "models"
+    shutil.copytree(workdir / "models", models)
+    step = models / "steps" / "retrieve" / "step.json"
+    saved = json.loads(step.read_text())
+    assert saved["params"]["n_candidates"] == 2
+    saved["params"]["n_candidates"] = 1
+    step.write_text(json.dumps(saved, indent=2))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(models)])
+    lines = error_lines(capsys.readouterr().err)
+    assert e.value.code == 2 and len(lines) == 1, lines
+    assert "retrieve/step.json: edited or damaged since it was saved" in lines[0] and "dvc repro retrieve" in lines[0]

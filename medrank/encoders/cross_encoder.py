@@ -159,17 +159,20 @@ class CrossEncoder(PrecisionCopies, CrossEncoderTraining):
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike, device: str = "auto", precision: str = "auto", lazy: bool = False
+        cls,
+        path: str | os.PathLike,
+        device: str = "auto",
+        precision: str = "auto",
+        lazy: bool = False,
+        task: str | None = None,
     ) -> "CrossEncoder":
-        """Load a model saved by `save` (weights verified against the fingerprint in its metadata). `lazy`: the
-        weights (and transformers' model code, ~4 s) are read at the first use of `.model` / `.tokenizer`, so a
-        caller whose pairs are all in a cache never pays for them; the fingerprint is checked here either way."""
+        """Load a model saved by `save` (its metadata and weights verified: `verify_saved`; `task`, e.g. "rqe", the
+        role it must have been trained for). `lazy`: the weights (and transformers' model code, ~4 s) are read at the
+        first use of `.model` / `.tokenizer`, so a caller whose pairs are all in a cache never pays for them; the
+        fingerprint is checked here either way."""
         path = resolve_model_path(path)
-        meta_path = path / META_FILE
-        if not meta_path.exists():
-            raise MedrankError(f"{path}: no {META_FILE} (not saved by medrank CrossEncoder.save)")
-        meta = read_json(meta_path)
-        fp = verify_saved(path)
+        meta = verify_saved(path, task)
+        fp = meta["fingerprint"]
         model, tok = (None, None) if lazy else _load_hf(path, saved=True)
         out = cls(
             model,

@@ -98,13 +98,13 @@ def pool_extract(
         for keys, pairs in shards:
             put(keys, extract_pairs(encoder, pairs, precision, batch_size))
         return
-    import multiprocessing as mp
+    from medrank.forking import fork_pool
 
     # a lazily loaded encoder reads its weights here (and makes its copy for `precision`), once, before the fork shares them
     encoder.inference_model(precision)
     _POOL_STATE.update(encoder=encoder, shards=shards, precision=precision, batch_size=batch_size)
     try:
-        with mp.get_context("fork").Pool(workers) as procs:
+        with fork_pool(workers) as procs:  # workers die with this process
             for i, out in procs.imap(
                 _pool_shard, range(len(shards))
             ):  # in order: the cache's files are written as here

@@ -24,7 +24,7 @@ import torch
 
 from medrank import layout
 from medrank.errors import MedrankError
-from medrank.io import sha256_file, write_json
+from medrank.io import read_sealed_json, sha256_file, write_sealed_json
 
 
 log = logging.getLogger(__name__)
@@ -284,15 +284,17 @@ def model_fingerprint(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def verify_saved(path: Path) -> str:
-    """The fingerprint of a model folder medrank saved, checked against the one recorded in its ENCODER_META (required:
-    flipped weight bytes, or a swapped checkpoint, are refused with one line naming the way back)."""
+def verify_saved(path: Path, task: str | None = None) -> dict[str, Any]:
+    """The ENCODER_META of a model folder medrank saved, verified: the record itself against its own checksum (labels,
+    max_length, task, recipe: what the weights' fingerprint does not cover), then the fingerprint it records against
+    the weights and config/tokenizer files; `task` given, the model must be that one (models/rqe holding the NLI
+    model is refused). Each failure is one line naming the file and the way back. Returns the record."""
     meta_path = path / ENCODER_META
     restore = "restore the folder with `dvc checkout` (or `dvc pull`), or re-run the stage that trained it"
-    try:
-        recorded = json.loads(meta_path.read_text(encoding="utf-8")).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
-        recorded = None
+    if not meta_path.exists():
+        raise MedrankError(f"{path}: no {ENCODER_META} (not saved by medrank); {restore}")
+    meta = read_sealed_json(meta_path, restore)
+    recorded = meta.get("fingerprint")
     if not isinstance(recorded, str) or not recorded:
         raise MedrankError(
             f"{meta_path}: no fingerprint recorded (required: the weights are verified against it); {restore}"
@@ -302,7 +304,12 @@ def verify_saved(path: Path) -> str:
         raise MedrankError(
             f"{path}: weights/config changed since save (fingerprint {fp[:12]}… != {recorded[:12]}…); {restore}"
         )
-    return fp
+    if task is not None and meta.get("task") != task:
+        raise MedrankError(
+            f"{path}: holds the {meta.get('task') or 'unnamed'} model, not the {task} one ({meta_path} says "
+            f"task {meta.get('task')!r}); {restore}"
+        )
+    return meta
 
 
 def save_checkpoint(
@@ -326,7 +333,7 @@ def save_checkpoint(
         fp = model_fingerprint(tmp)
         if meta is not None:
             name, content = meta(fp)
-            write_json(tmp / name, content)
+            write_sealed_json(tmp / name, content)  # its own checksum: labels, max_length, task are verified too
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
             os.replace(path, old / path.name)

@@ -27,7 +27,7 @@ from torch import nn
 from medrank.data import sentence_selection as ss
 from medrank.data.sentence_selection import FEATURE_NAMES, Idf, overlap_features, tokenize
 from medrank.errors import MedrankError
-from medrank.io import atomic_path, sha256_file, write_json
+from medrank.io import RECORD_SHA256, atomic_path, read_sealed_json, sha256_file, write_json, write_sealed_json
 from medrank.models.word2vec import WordVectors
 
 log = logging.getLogger(__name__)
@@ -323,13 +323,12 @@ class CnnRanker:
         state = {k: v.contiguous() for k, v in self.model.state_dict().items()}
         with atomic_path(out_dir / "model.safetensors") as tmp:
             save_file(state, str(tmp))
-        # the weights' sha256 beside the config, checked at every load: flipped tensor bytes are refused
-        write_json(
-            out_dir / "config.json",
-            {**asdict(self.model.cfg), "weights_sha256": sha256_file(out_dir / "model.safetensors")},
-        )
         write_json(out_dir / "vocab.json", self.encoder.words)
         write_json(out_dir / "idf.json", {"n_docs": self.encoder.idf.n_docs, "doc_freq": self.encoder.idf.doc_freq})
+        # last, and sealed: the sha256 of every file the model reads, checked at every load (flipped weight bytes, or
+        # a vocabulary or IDF table edited into other valid JSON, change the scores otherwise)
+        sums = {name: sha256_file(out_dir / name) for name in CNN_FILES}
+        write_sealed_json(out_dir / "config.json", {**asdict(self.model.cfg), "sha256": sums})
 
     @classmethod
     def load(cls, out_dir: str | Path) -> "CnnRanker":
@@ -338,19 +337,30 @@ class CnnRanker:
         out_dir = Path(out_dir)
         if not (out_dir / "model.safetensors").exists():
             raise MedrankError(f"{out_dir}: no trained CNN (run the cnn_train stage)")
-        raw = json.loads((out_dir / "config.json").read_text())
-        if raw.pop("weights_sha256", None) != sha256_file(out_dir / "model.safetensors"):
-            raise MedrankError(
-                f"{out_dir}/model.safetensors: no sha256 recorded in config.json, or the weights differ from it; "
-                "restore them with `dvc checkout` (or `dvc pull`), or re-run the stage that trained them"
-            )
-        cfg = CnnConfig(**raw)
-        words = json.loads((out_dir / "vocab.json").read_text())
-        idf_raw = json.loads((out_dir / "idf.json").read_text())
+        restore = (
+            f"restore the folder with `dvc checkout {out_dir}` (or `dvc pull`), or re-run the stage that trained it "
+            "(`dvc repro cnn_train`)"
+        )
+        raw = read_sealed_json(out_dir / "config.json", restore)
+        raw.pop(RECORD_SHA256)
+        sums = raw.pop("sha256", None)
+        for name in CNN_FILES:
+            path = out_dir / name
+            if not isinstance(sums, dict) or not path.is_file() or sums.get(name) != sha256_file(path):
+                raise MedrankError(f"{path}: no sha256 recorded in config.json, or the file differs from it; {restore}")
+        try:
+            cfg = CnnConfig(**raw)
+        except TypeError as e:  # a record sealed by another version of this class
+            raise MedrankError(f"{out_dir}/config.json: not a CNN config ({e}); {restore}") from None
+        words = json.loads((out_dir / "vocab.json").read_text(encoding="utf-8"))
+        idf_raw = json.loads((out_dir / "idf.json").read_text(encoding="utf-8"))
         model = SeverynMoschittiCNN(cfg)
         model.load_state_dict(load_file(str(out_dir / "model.safetensors")))
         model.eval()
         return cls(model, Encoder(words, Idf(idf_raw["doc_freq"], idf_raw["n_docs"]), cfg.max_tokens))
+
+
+CNN_FILES = ("model.safetensors", "vocab.json", "idf.json")  # what a saved CNN reads besides its config.json
 
 
 # ---------------------------------------------------------------- MEDIQA Task 3: answers as sentence bags

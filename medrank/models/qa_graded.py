@@ -65,7 +65,7 @@ def cross_fit(answers: pd.DataFrame, judged: pd.DataFrame, p, live) -> dict:
     score = np.full(len(answers), np.nan)
     held_before, held_after = np.full(len(judged), np.nan), np.full(len(judged), np.nan)
     folds = []
-    base = CrossEncoder.load(layout.QA_MODEL, device=p.device, precision=gp.predict_precision)
+    base = CrossEncoder.load(layout.QA_MODEL, device=p.device, precision=gp.predict_precision, task="qa")
     for f in range(gp.folds):
         tf = time.perf_counter()
         train, held = np.flatnonzero(j_fold != f), np.flatnonzero(j_fold == f)
@@ -73,7 +73,7 @@ def cross_fit(answers: pd.DataFrame, judged: pd.DataFrame, p, live) -> dict:
             raise MedrankError(
                 f"qa_graded.folds: fold {f} leaves no judged answer to train on ({len(judged)} judged answers; use fewer folds)"
             )
-        model = CrossEncoder.load(layout.QA_MODEL, device=p.device, precision=gp.predict_precision)
+        model = CrossEncoder.load(layout.QA_MODEL, device=p.device, precision=gp.predict_precision, task="qa")
         eval_pairs = [j_pairs[i] for i in held] if len(held) else None
         eval_labels = (grade[held] >= 3).astype(int) if len(held) else None
         model.fit(

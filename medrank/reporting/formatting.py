@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections import deque
 from pathlib import Path
+from typing import Iterator
 
 from medrank.errors import MedrankError
 
@@ -44,7 +47,96 @@ def load_metrics_file(path: Path) -> dict:
         raise MedrankError(
             f"{path}: {found[0]}: the number {found[1]!r} is written as a string (a JSON number is expected); {fix}"
         )
+    return _tracked(obj, path, "")
+
+
+# The report reads metrics files without a schema: a null, true or list where a number is formatted (`{v:.3f}`) was a
+# traceback. The files' dicts and lists record each value read (file, key, value); when rendering fails, the last
+# values read that are not numbers name the culprit (metrics_value_errors).
+_RECENT: deque = deque(maxlen=256)
+
+
+class _TrackedDict(dict):
+    def __init__(self, items, path: Path, key: str) -> None:
+        super().__init__(items)
+        self._where = (path, key)
+
+    def __getitem__(self, k):
+        v = super().__getitem__(k)
+        _RECENT.append((self._where[0], _join(self._where[1], k), v))
+        return v
+
+    def get(self, k, default=None):
+        return self[k] if k in self else default
+
+    def items(self):  # a list, not a view: each value read is recorded as the loop reaches it
+        return list(_recorded_items(self))
+
+    def values(self):
+        return [v for _, v in _recorded_items(self)]
+
+
+def _recorded_items(d: "_TrackedDict") -> Iterator[tuple]:
+    for k in d:
+        yield k, d[k]
+
+
+class _TrackedList(list):
+    def __init__(self, items, path: Path, key: str) -> None:
+        super().__init__(items)
+        self._where = (path, key)
+
+    def __getitem__(self, i):
+        v = super().__getitem__(i)
+        if isinstance(i, int):
+            _RECENT.append((self._where[0], _join(self._where[1], i % len(self)), v))
+        return v
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+def _join(key: str, k) -> str:
+    return f"{key}.{k}" if key else str(k)
+
+
+def _tracked(obj, path: Path, key: str):
+    if isinstance(obj, dict):
+        return _TrackedDict({k: _tracked(v, path, _join(key, k)) for k, v in obj.items()}, path, key)
+    if isinstance(obj, list):
+        return _TrackedList([_tracked(v, path, _join(key, i)) for i, v in enumerate(obj)], path, key)
     return obj
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@contextlib.contextmanager
+def metrics_value_errors() -> Iterator[None]:
+    """Rendering from metrics files: a value of the wrong kind where a number is expected is one MedrankError line
+    naming the file and the key, not a traceback."""
+    _RECENT.clear()
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        # the culprit: the last value read of the kind the error names (NoneType.__format__, "got bool", ...), else of
+        # any kind a number is never written as; strings are not suspects (a number as a string is refused at load)
+        kinds = {"NoneType": type(None), "bool": bool, "list": list, "List": list, "dict": dict, "Dict": dict}
+        named = tuple(t for name, t in kinds.items() if name in str(e)) or (type(None), bool, list)
+        recent = [r for r in reversed(_RECENT) if isinstance(r[2], named) and (bool in named or r[2] is not True)]
+        culprit = recent[0] if recent else None
+        if culprit is None:
+            raise MedrankError(
+                f"cannot render the report from the metrics files ({type(e).__name__}: {e}); restore them with "
+                "`git checkout -- metrics` or re-run their stages (`dvc repro`)"
+            ) from None
+        path, key, value = culprit
+        raise MedrankError(
+            f"{path}: {key}: expected a number, got {json.dumps(value)}; restore it with `git checkout -- {path}` "
+            "or re-run its stage (`dvc repro`)"
+        ) from None
 
 
 def _number_as_string(obj, key: str = "") -> tuple[str, str] | None:
@@ -99,7 +191,16 @@ def load_repo_yaml(path: Path) -> dict:
 def fmt_num(v) -> str:
     if isinstance(v, float):
         return f"{v:.3f}"
+    if isinstance(v, bool):  # `true` where a number belongs (a list is shown as one): metrics_value_errors names it
+        raise TypeError("a number expected, got bool")
     return "—" if v is None else str(v)
+
+
+def fmt_metric(v) -> str:
+    """A metric's cell (a number, or — when not measured): anything else is an error metrics_value_errors names."""
+    if v is not None and not isinstance(v, (int, float)):
+        raise TypeError(f"a number expected, got {type(v).__name__}")
+    return fmt_num(v)
 
 
 def flat_keys(d: dict, prefix: str = "") -> dict:

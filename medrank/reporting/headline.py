@@ -6,6 +6,7 @@ from pathlib import Path
 
 from medrank.reporting.formatting import (
     TASK3_COLUMNS,
+    fmt_metric,
     acc_text,
     fmt_num,
     loso_text,
@@ -54,7 +55,7 @@ def _headline(metrics: dict[str, dict]) -> list[str]:
     sys_rows = final.get("systems", {})
     nested = ((metrics.get("nested_loso") or {}).get("final_system") or {}).get("nested_loso")
     cells = lambda m, r, n=None: (
-        [fmt_num(m.get(k)) for k, _ in TASK3_COLUMNS]
+        [fmt_metric(m.get(k)) for k, _ in TASK3_COLUMNS]
         + [loso_text(n)]
         + [pm_text((r.get("cv") or {}).get("accuracy")), loso_text(r.get("loso"))]
     )

@@ -6,6 +6,7 @@ import json
 
 from medrank.reporting.formatting import (
     TASK3_COLUMNS,
+    fmt_metric,
     acc_text,
     fmt_num,
     loso_text,
@@ -40,7 +41,7 @@ def task3_section(metrics: dict[str, dict]) -> list[str]:
         )
         rows.append(
             [label]
-            + [fmt_num(m.get(k)) for k, _ in TASK3_COLUMNS]
+            + [fmt_metric(m.get(k)) for k, _ in TASK3_COLUMNS]
             + [pm_text((r.get("cv") or {}).get(k)) for k in ("accuracy", "mrr", "spearman")]
             + [loso_text(r.get("loso"), k) for k in ("accuracy", "mrr", "spearman")]
         )

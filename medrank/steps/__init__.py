@@ -20,7 +20,6 @@ question-type classifier). The fitted models (models/nli, rqe, baseline, mtl, cn
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ import pyarrow as pa
 
 from medrank import layout
 from medrank.errors import MedrankError
-from medrank.io import write_json, write_parquet
+from medrank.io import read_sealed_json, sha256_file, write_parquet, write_sealed_json
 
 STEP_FILE = "step.json"
 
@@ -54,8 +53,17 @@ def save_step(
     out = step_dir(step, models_dir)
     for name, df in (tables or {}).items():
         write_parquet(df, out / f"{name}.parquet", pa.Schema.from_pandas(df, preserve_index=False))
-    meta = {"step": step, "stage": STEP_PARAMS[step][0], "params": params, "tables": sorted(tables or {})}
-    write_json(out / STEP_FILE, meta)  # last: it names the tables of this save
+    names = sorted(tables or {})
+    meta = {
+        "step": step,
+        "stage": STEP_PARAMS[step][0],
+        "params": params,
+        "tables": names,
+        # checked at every load: a flipped bit in a table decodes to another valid table; the record's own checksum
+        # covers the params (an edited n_candidates was used silently)
+        "sha256": {n: sha256_file(out / f"{n}.parquet") for n in names},
+    }
+    write_sealed_json(out / STEP_FILE, meta)  # last: it names the tables of this save
     for stale in set(out.glob("*.parquet")) - {out / f"{n}.parquet" for n in tables or {}}:
         stale.unlink()  # an earlier save's table (e.g. concepts, before a switch to UMLS) never outlives it
     return out
@@ -79,18 +87,18 @@ def load_step(step: str, models_dir: str | os.PathLike = layout.MODELS) -> Saved
     path = d / STEP_FILE
     if not path.is_file():
         raise MedrankError(f"{path}: the {step} step is missing (run `dvc repro {stage}`)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        params, names = meta["params"], meta["tables"]
-        if not isinstance(params, dict) or not isinstance(names, list):
-            raise TypeError("params must be an object, tables a list")
-    except (ValueError, KeyError, TypeError) as e:
-        raise MedrankError(f"{path}: not a step file stage {stage} writes ({type(e).__name__}: {e})") from None
+    restore = f"re-run `dvc repro {stage}` (or restore the folder with `dvc checkout {d}`)"
+    meta = read_sealed_json(path, restore)
+    params, names, sums = meta.get("params"), meta.get("tables"), meta.get("sha256")
+    if meta.get("step") != step or not isinstance(params, dict) or not isinstance(names, list):
+        raise MedrankError(f"{path}: not the {step} step's file (step {meta.get('step')!r}); {restore}")
     tables = {}
     for name in names:
         t = d / f"{name}.parquet"
         if not t.is_file():
             raise MedrankError(f"{t}: table of the {step} step missing (run `dvc repro {stage}`)")
+        if not isinstance(sums, dict) or sums.get(name) != sha256_file(t):
+            raise MedrankError(f"{t}: differs from the sha256 recorded in {path} (damaged or replaced); {restore}")
         try:
             tables[name] = pd.read_parquet(t)
         except (OSError, ValueError) as e:  # pyarrow's errors are both

@@ -42,7 +42,7 @@ class GridStep:
 
         p = load_recipe({"grids": load_step("grids", models_dir)}, str(models_dir))
         path = model_dir(Path(models_dir) / layout.NLI_MODEL.name, "nli", "finetune_nli")
-        return cls.fit(p, CrossEncoder.load(path, device=device, precision=p.embed.precision), device)
+        return cls.fit(p, CrossEncoder.load(path, device=device, precision=p.embed.precision, task="nli"), device)
 
     def transform(self, answers: pd.DataFrame, retrieved: pd.DataFrame, cache_root: str | os.PathLike, **kw: Any):
         """medrank.grids.Grids of `answers` (normalized answers: split, qid, aid, reference_rank, answer_sentences)

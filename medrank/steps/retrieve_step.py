@@ -47,7 +47,11 @@ class RetrieveStep:
         saved = load_step("retrieve", models_dir)
         p = load_recipe({"retrieve": saved}, str(models_dir))
         path = model_dir(Path(models_dir) / layout.RQE_MODEL.name, "rqe", "finetune_rqe")
-        return cls(p, saved.tables["medquad"], CrossEncoder.load(path, device=device, precision=p.retrieve.precision))
+        return cls(
+            p,
+            saved.tables["medquad"],
+            CrossEncoder.load(path, device=device, precision=p.retrieve.precision, task="rqe"),
+        )
 
     def score(self, questions: pd.DataFrame, cache_root: str | os.PathLike, **kw: Any):
         """ScoredCandidates of `questions` (retrieval.questions_table); `kw`: read_only, shard_size, backend, ..."""

@@ -55,7 +55,7 @@ class AnswerScores:
             out.cnn = CnnRanker.load(model_dir(models_dir / layout.CNN_MODEL.name, "cnn", "cnn_train"))
         if "qa" in groups:
             path = model_dir(models_dir / layout.QA_MODEL.name, "qa", "qa")
-            out.qa = CrossEncoder.load(path, device=device, precision=p.qa.predict_precision)
+            out.qa = CrossEncoder.load(path, device=device, precision=p.qa.predict_precision, task="qa")
         return out
 
     def transform(

@@ -91,7 +91,7 @@ def tiny_models(tmp_path_factory, fixture_tables) -> dict[str, Path]:
         ce = CrossEncoder.from_base(
             str(base), len(labels), 48, device="cpu", seed=1, label_names=labels, precision="fp32"
         )
-        ce.save(root / task)
+        ce.save(root / task, extra_meta={"task": task})
         out[task] = root / task
     return out
 

@@ -15,6 +15,7 @@ from medrank.encoders.models import DEFAULT_MODEL, DEFAULT_MODEL_SHA256, model_f
 from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches, padded_width
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.errors import MedrankError
+from medrank.io import RECORD_SHA256, write_sealed_json
 from tests.helpers.models import FIXTURES
 
 
@@ -222,15 +223,57 @@ def test_a_saved_model_without_fingerprint_or_head_is_refused(tiny_base, tmp_pat
     ce.save(tmp_path / "model")
     meta_path = tmp_path / "model" / META_FILE
     meta = json.loads(meta_path.read_text())
-    meta_path.write_text(json.dumps({k: v for k, v in meta.items() if k != "fingerprint"}))
+    without = {k: v for k, v in meta.items() if k not in ("fingerprint", RECORD_SHA256)}
+    meta_path.write_text(json.dumps(without))  # by hand: its own checksum no longer matches
+    with pytest.raises(MedrankError, match=r"medrank_encoder.json: no record_sha256 .*dvc checkout"):
+        CrossEncoder.load(tmp_path / "model", device="cpu")
+    write_sealed_json(meta_path, without)  # resealed: the missing fingerprint itself is refused
     with pytest.raises(MedrankError, match=r"no fingerprint recorded .*dvc checkout"):
         CrossEncoder.load(tmp_path / "model", device="cpu")
     # a headless checkpoint whose metadata was made to match it
     w = tmp_path / "model" / "model.safetensors"
     save_file({k: v for k, v in load_file(w).items() if "classifier" not in k}, w)
-    meta_path.write_text(json.dumps({**meta, "fingerprint": model_fingerprint(tmp_path / "model")}))
+    write_sealed_json(meta_path, {**without, "fingerprint": model_fingerprint(tmp_path / "model")})
     with pytest.raises(MedrankError, match=r"weights missing from the checkpoint \(e\.g\. classifier"):
         CrossEncoder.load(tmp_path / "model", device="cpu")
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda m: {**m, "label_names": m["label_names"][::-1]}, "edited or damaged since it was saved"),
+        (lambda m: {**m, "max_length": 8}, "edited or damaged since it was saved"),
+        (None, r"cannot read \(JSONDecodeError\)"),  # truncated
+    ],
+    ids=["labels_reordered", "max_length_8", "truncated"],
+)
+def test_an_edited_or_damaged_encoder_side_file_is_one_error_line(tiny_base, tmp_path, damage, message):
+    """Issue 46 #4: medrank_encoder.json (labels, max_length: outside the weights' fingerprint) edited into other valid
+    JSON was used silently (other scores); a truncated one was a traceback."""
+    import json
+
+    ce = CrossEncoder.from_base(
+        str(tiny_base), 3, 32, device="cpu", seed=5, precision="fp32", label_names=["e", "n", "c"]
+    )
+    ce.save(tmp_path / "nli", extra_meta={"task": "nli"})
+    meta_path = tmp_path / "nli" / META_FILE
+    text = meta_path.read_text()
+    if damage is None:
+        meta_path.write_text(text[: len(text) // 2])
+    else:
+        meta_path.write_text(json.dumps(damage(json.loads(text)), indent=2))
+    with pytest.raises(MedrankError, match=rf"{META_FILE}: {message}.*dvc checkout") as e:
+        CrossEncoder.load(tmp_path / "nli", device="cpu", lazy=True)
+    assert "\n" not in str(e.value)
+
+
+def test_a_model_folder_holding_another_tasks_model_is_refused(tiny_base, tmp_path):
+    """Issue 46 #4: models/rqe replaced by a copy of models/nli was loaded by retrieve with exit 0."""
+    ce = CrossEncoder.from_base(str(tiny_base), 3, 32, device="cpu", seed=5, precision="fp32")
+    ce.save(tmp_path / "rqe", extra_meta={"task": "nli"})  # the NLI model where the RQE one belongs
+    with pytest.raises(MedrankError, match=r"rqe: holds the nli model, not the rqe one .*dvc checkout"):
+        CrossEncoder.load(tmp_path / "rqe", device="cpu", lazy=True, task="rqe")
+    assert CrossEncoder.load(tmp_path / "rqe", device="cpu", lazy=True, task="nli").num_labels == 3
 
 
 def test_a_saved_sentence_encoder_is_verified(tiny_base, tmp_path):
@@ -247,7 +290,7 @@ def test_a_saved_sentence_encoder_is_verified(tiny_base, tmp_path):
     with pytest.raises(MedrankError, match="weights/config changed since save .*dvc checkout"):
         SentenceEncoder(str(tmp_path / "bi"), device="cpu", saved=True)
     (tmp_path / "bi" / META_FILE).unlink()
-    with pytest.raises(MedrankError, match="no fingerprint recorded"):
+    with pytest.raises(MedrankError, match="no medrank_encoder.json .*dvc checkout"):
         SentenceEncoder(str(tmp_path / "bi"), device="cpu", saved=True)
 
 

@@ -353,9 +353,62 @@ def test_train_save_load_roundtrip_and_beats_chance(pairs: pd.DataFrame, tmp_pat
     data[-3] ^= 0x01
     w.write_bytes(bytes(data))
     with pytest.raises(
-        MedrankError, match="model.safetensors: no sha256 recorded in config.json, or the weights differ from it"
+        MedrankError, match="model.safetensors: no sha256 recorded in config.json, or the file differs from it"
     ):
         CnnRanker.load(tmp_path / "cnn")
+
+
+def _edit_json(edit):
+    return lambda path: path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.mark.parametrize(
+    "name, damage, message",
+    [
+        ("config.json", _truncate, r"config.json: cannot read \(JSONDecodeError\)"),
+        (
+            "config.json",
+            _edit_json(lambda c: {**c, "max_tokens": 3}),
+            "config.json: edited or damaged since it was saved",
+        ),
+        ("vocab.json", _truncate, "vocab.json: no sha256 recorded in config.json, or the file differs from it"),
+        (
+            "vocab.json",
+            _edit_json(lambda w: w[1:] + w[:1]),
+            "vocab.json: no sha256 recorded in config.json, or the file",
+        ),
+        ("idf.json", _truncate, "idf.json: no sha256 recorded in config.json, or the file differs from it"),
+        ("idf.json", _edit_json(lambda d: {**d, "n_docs": d["n_docs"] + 1}), "idf.json: no sha256 recorded in config"),
+        ("idf.json", lambda path: path.unlink(), "idf.json: no sha256 recorded in config.json, or the file differs"),
+    ],
+    ids=[
+        "config_truncated",
+        "config_edited",
+        "vocab_truncated",
+        "vocab_edited",
+        "idf_truncated",
+        "idf_edited",
+        "idf_gone",
+    ],
+)
+def test_a_damaged_or_edited_cnn_side_file_is_one_error_line(tmp_path: Path, name, damage, message):
+    """Issue 46 #4: a truncated models/cnn/config.json, vocab.json or idf.json was a traceback; a vocabulary or IDF table
+    edited into other valid JSON was used silently (other scores). Each is one line naming the file and the way back."""
+    vectors = WordVectors(
+        ["what", "is", "flu", "a", "virus"], np.random.default_rng(0).normal(size=(5, 4)).astype("f4")
+    )
+    idf = ss.Idf({"flu": 2, "virus": 1, "what": 3}, 4)
+    ranker = CnnRanker.create(vectors, idf, {"n_filters": 4, "hidden_size": 4, "conv_width": 3, "dropout": 0.0}, seed=0)
+    ranker.save(tmp_path / "cnn")
+    assert CnnRanker.load(tmp_path / "cnn").encoder.words == ranker.encoder.words
+    damage(tmp_path / "cnn" / name)
+    with pytest.raises(MedrankError, match=message) as e:
+        CnnRanker.load(tmp_path / "cnn")
+    assert "dvc checkout" in str(e.value) and "dvc repro cnn_train" in str(e.value)
 
 
 # ---------------------------------------------------------------- MEDIQA use

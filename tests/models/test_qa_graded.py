@@ -25,7 +25,7 @@ class RememberingEncoder:
         self.train_precision = "fp32"
 
     @classmethod
-    def load(cls, path, device="auto", precision="auto") -> "RememberingEncoder":
+    def load(cls, path, device="auto", precision="auto", task=None) -> "RememberingEncoder":
         return cls()
 
     def fit(self, pairs, targets, **kw):

@@ -3,6 +3,7 @@ unit tests, then acquire and clean killed (SIGKILL, SIGINT) at several instants 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -224,6 +225,101 @@ def test_a_second_run_of_a_stage_refuses_with_one_line(tmp_path, monkeypatch):
     with stage_lock("acquire"):  # released with its run (a killed run's flock goes with its process)
         pass
     assert lock_dir() == Path(".dvc/tmp/medrank-locks")
+
+
+# A stage (lock + a temp file held) fanning shards out to 2 forked workers that never finish (the encoder sleeps).
+_KILLED_POOL = """
+import os, sys, time, types
+from medrank.encoders.distributed import LocalPool, pool_extract
+from medrank.io import atomic_path
+from medrank.runner import stage_lock
+
+class Sleeper:
+    device = types.SimpleNamespace(type="cpu")
+    def inference_model(self, precision):
+        pass
+    def predict(self, pairs, **kw):
+        open(f"worker.{os.getpid()}", "w").close()
+        time.sleep(120)
+
+with stage_lock("retrieve"), atomic_path("out.txt"):
+    pool_extract(Sleeper(), [([b"a"], [("q", "a")]), ([b"b"], [("q", "b")])], "fp32", 8, LocalPool(2), print)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie is dead, only not yet reaped
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_killed_stages_workers_die_with_it_and_free_its_lock(tmp_path, monkeypatch):
+    """Issue 46: `kill -9` of a retrieve run left its forked workers computing on, holding the stage lock (the flock
+    is the open file's, and they inherited it): the next run said "already running (process <the dead pid>)"."""
+    from medrank.runner import stage_lock
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".dvc").mkdir()
+    stage = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_POOL], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline and stage.poll() is None:
+            time.sleep(0.05)
+            workers = [int(p.suffix[1:]) for p in tmp_path.glob("worker.*")]
+        assert len(workers) == 2, "the workers did not start"
+        with pytest.raises(MedrankError, match=rf"already running in this project \(process {stage.pid}, lock "):
+            with stage_lock("retrieve"):
+                pass
+        stage.kill()
+        stage.wait(10)
+        deadline = time.monotonic() + 5
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [w for w in workers if _alive(w)], "workers outlived their killed stage"
+        with stage_lock("retrieve"):  # nobody holds it any more
+            pass
+        assert [p.name for p in mio.sweep_leftovers(["out.txt"])][0].startswith(".out.txt.")  # nor the temp file
+    finally:
+        stage.kill()
+        for w in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(w, signal.SIGKILL)
+
+
+def test_a_refusal_names_the_live_holder_never_a_dead_or_missing_pid(tmp_path, monkeypatch):
+    """3 of 6 concurrent runs said "process ?": the winner had its flock but had not yet written its pid. A refusal
+    waits for the pid (or finds the holder), and never names a dead process left in the file by an earlier run."""
+    import fcntl
+    import threading
+
+    from medrank.runner import lock_dir, stage_lock
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".dvc").mkdir()
+    path = lock_dir() / "embed.lock"
+    path.parent.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path.write_text(str(dead.pid))  # an earlier, finished run's pid
+    fd = os.open(path, os.O_RDWR)  # a winner between its flock and its pid write
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        threading.Timer(0.3, lambda: os.pwrite(fd, f"{os.getpid():<20}".encode(), 0)).start()
+        with pytest.raises(MedrankError, match=rf"\(process {os.getpid()}, lock "):
+            with stage_lock("embed"):
+                pass
+        os.pwrite(fd, f"{dead.pid:<20}".encode(), 0)  # a pid never written: the holder is found all the same
+        with pytest.raises(MedrankError, match=rf"\(process {os.getpid()}, lock "):
+            with stage_lock("embed"):
+                pass
+    finally:
+        os.close(fd)
 
 
 def test_stage_start_gates_params_before_sweeping_or_running(tmp_path, monkeypatch, capsys):

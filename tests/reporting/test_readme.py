@@ -58,6 +58,38 @@ def test_report_names_a_broken_metrics_file_in_one_line(tmp_path, capsys, data, 
     )
 
 
+@pytest.mark.parametrize(
+    "stem, key, value",
+    [
+        ("task3_val", "accuracy", True),  # was shown as "True" in the headline table, exit 0
+        ("task3_val", "mrr", [0.92]),  # was shown as "[0.92]"
+        ("nested_loso", "final_system.nested_loso.by_keep_rule.isotonic.mrr.mean", None),  # was a traceback
+        ("mtl_confirm", "rows.narrow.scores.0", None),  # read in a loop over a list: a traceback
+    ],
+)
+def test_report_names_a_metrics_value_of_the_wrong_kind(tmp_path, capsys, stem, key, value):
+    """Issue 46 #7: null / true / a list where the report formats a number: one line naming the file and the key."""
+    import shutil
+
+    metrics = tmp_path / "metrics"
+    shutil.copytree(REPO / "metrics", metrics)
+    path = metrics / f"{stem}.json"
+    data = json.loads(path.read_text())
+    *parents, last = key.split(".")
+    node = data
+    for k in parents:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    node[int(last) if isinstance(node, list) else last] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--print", "--metrics-dir", str(metrics)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(
+        f"error: {path}: {key}: expected a number, got {json.dumps(value)}; restore it with `git checkout"
+    )
+
+
 def test_report_cli_checks_and_refreshes_both_files(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(documents, "render_dag", lambda repo: "graph\n")
     (tmp_path / "task3_val.json").write_text(json.dumps({"accuracy": 0.5, "system": "baseline", "systems": {}}))

@@ -99,11 +99,11 @@ def fit_many(
                 out[i] = _run_job(i)[1]
                 bar.update()
         else:
-            import multiprocessing as mp
+            from medrank.forking import fork_pool
 
             cost = [len(j.train) * j.cfg.n_seeds for j in jobs]
             order = sorted(range(len(jobs)), key=lambda i: -cost[i])
-            with mp.get_context("fork").Pool(workers) as pool:
+            with fork_pool(workers) as pool:  # workers die with this process
                 for i, r in pool.imap_unordered(_run_job, order):
                     out[i] = r
                     bar.update()
