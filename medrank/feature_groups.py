@@ -32,7 +32,7 @@ REGISTRY: dict[str, Group] = {
     "cnn": Group(("cnn_score",), "cnn_score", L.CNN_SCORES),
     "qa": Group(("qa_score",), "qa_score", L.QA_SCORES, analysis=True),
     "qa_graded": Group(("qa_graded_score",), "qa_graded_score", L.QA_GRADED_SCORES, analysis=True),
-    "passage": Group(("passage_max_cos",), "passage_max_cos", L.PASSAGE_SCORES, analysis=True),
+    "passage": Group(("passage_max_cos",), "passage_max_cos", L.PASSAGE_SCORES),
     "qa_bienc": Group(("qa_bienc_cos",), "qa_bienc_cos", L.QA_BIENC_SCORES, analysis=True),
 }
 

@@ -48,7 +48,7 @@ NLI_GRID = EMBEDDINGS / "nli_grid.parquet"
 BIENC = PROCESSED / "bienc.parquet"  # bienc: bienc_cos, heading_cos, qtype_agree, qtype_match per answer
 QA_SCORES = PROCESSED / "qa_scores.parquet"  # qa (analysis/dvc.yaml): qa_score per answer
 QA_GRADED_SCORES = PROCESSED / "qa_graded_scores.parquet"  # qa_graded (analysis/dvc.yaml): qa_graded_score per answer
-PASSAGE_SCORES = PROCESSED / "passage_scores.parquet"  # passages (analysis/dvc.yaml): passage_max_cos per answer
+PASSAGE_SCORES = PROCESSED / "passage_scores.parquet"  # passages: passage_max_cos per answer
 QA_BIENC_SCORES = (
     PROCESSED / "qa_bienc_scores.parquet"
 )  # qa_bienc (analysis/dvc.yaml): qa_bienc_cos per answer, cross-fitted
@@ -84,8 +84,8 @@ MTL_MODEL = MODELS / "mtl"  # mtl: the final (train + val) bag; val/ = the train
 SYSTEM = MODELS / "system.json"  # score: which system (and weight, thresholds) makes the submissions
 STEPS = MODELS / "steps"  # each step of `medrank rank` as the stage that runs it saved it (medrank.steps)
 STEP_DIRS = {
-    step: STEPS / step for step in ("normalize", "retrieve", "grids", "answer_scores", "cnn_scores")
-}  # stages normalize, retrieve, embed, bienc, cnn_mediqa (params.STEP_PARAMS: which stage, which params keys)
+    step: STEPS / step for step in ("normalize", "retrieve", "grids", "answer_scores", "passages", "cnn_scores")
+}  # stages normalize, retrieve, embed, bienc, passages, cnn_mediqa (params.STEP_PARAMS: which stage, which params keys)
 
 
 def finetuned_model(task: str) -> Path:

@@ -1,11 +1,12 @@
-"""DVC stage `passages` (analysis/dvc.yaml): group passage, the bienc model's best cosine between the question and a
+"""DVC stage `passages`: group passage, the bienc model's best cosine between the question and a
 window of the answer.
 
 Stage bienc reads an answer's first `bienc.max_length` tokens; half the MEDIQA answers are longer, and for a quarter the
 best-matching window is past the first. Here each answer's sentences are packed into windows of up to
 `passages.window_tokens` tokens (its first `passages.max_passages` windows) and encoded by the bienc model at
 `bienc.precision`, through a content-addressed cache (data/cache/passages, persist: a re-run encodes only unseen
-texts). Writes data/processed/passage_scores.parquet (split, qid, aid, passage_max_cos, n_passages) and
+texts). Writes data/processed/passage_scores.parquet (split, qid, aid, passage_max_cos, n_passages), read by the
+baseline's filter (`baseline.filter_only`), medrank rank's passage step (the params it ran with) and
 metrics/passages.json (windows, encoding, the score's AUC per labelled source beside bienc_cos, seconds).
 """
 
@@ -21,8 +22,9 @@ from medrank.answer_scores import auc_by_source, passage_scores
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.features import cap_questions
 from medrank.io import read_parquet, write_json, write_parquet
-from medrank.params import load_params
+from medrank.params import load_params, step_params
 from medrank.runner import run
+from medrank.steps import save_step
 
 log = logging.getLogger("stages.passages")
 PASSAGE_SCORES = pa.schema(
@@ -39,6 +41,7 @@ def main(params_path: str = "params.yaml") -> None:
     layout.CACHE_PASSAGES.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
     table, stats = passage_scores(answers, bi, cache_root=layout.CACHE_PASSAGES, pp=p.passages, bp=p.bienc)
     write_parquet(table, layout.PASSAGE_SCORES, PASSAGE_SCORES)
+    save_step("passages", step_params(p, "passages"), {})
     bienc = read_parquet(layout.BIENC).merge(table[["split", "qid", "aid"]], on=["split", "qid", "aid"], how="right")
     columns = {"bienc_cos": bienc["bienc_cos"].to_numpy(), "passage_max_cos": table["passage_max_cos"].to_numpy()}
     metrics = {

@@ -57,6 +57,11 @@ class BaselineConfig:
     def inner_folds(self) -> int:
         return self.params.cv_folds
 
+    @property
+    def ranker_groups(self) -> tuple[str, ...]:
+        """The groups the rank SVM reads: `groups` less `params.filter_only` (all of them where that leaves none)."""
+        return tuple(g for g in self.groups if g not in self.params.filter_only) or self.groups
+
 
 # ---------------------------------------------------------------- pieces
 
@@ -172,6 +177,7 @@ class FittedBaseline:
     threshold: float
     train_prior: float
     info: dict = field(default_factory=dict)
+    ranker_builder: FeatureBuilder | None = None  # the rank SVM's own, where it reads fewer groups (filter_only)
 
     def predict(self, table: pd.DataFrame) -> pd.DataFrame:
         """gid, qid, aid, prob, label, rank_score, score (submission order key) for `table`'s rows."""
@@ -182,7 +188,10 @@ class FittedBaseline:
             target_prior, prob = em_prior_shift(prob, self.train_prior)
         gid = table["gid"].to_numpy()
         labels = keep_labels(prob, self.threshold, gid, self.config.params.min_keep)
-        rank_score = self.ranker.decision_function(X) if self.ranker is not None else prob
+        rank_score = prob
+        if self.ranker is not None:
+            X_rank = X if self.ranker_builder is None else self.ranker_builder.transform(table)
+            rank_score = self.ranker.decision_function(X_rank)
         self.info["target_prior"] = target_prior
         return pd.DataFrame(
             {
@@ -213,6 +222,7 @@ class FittedBaseline:
                     "ranker": cfg.ranker,
                 },
                 "builder": builder_to_json(self.builder),
+                "ranker_builder": None if self.ranker_builder is None else builder_to_json(self.ranker_builder),
                 "filter": {
                     "coef": self.filter.coef_.tolist(),
                     "intercept": self.filter.intercept_.tolist(),
@@ -260,6 +270,7 @@ class FittedBaseline:
                 float(d["threshold"]),
                 float(d["train_prior"]),
                 dict(d.get("info", {})),
+                None if d["ranker_builder"] is None else builder_from_json(d["ranker_builder"]),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise MedrankError(
@@ -269,17 +280,22 @@ class FittedBaseline:
 
 def _fit_core(
     table: pd.DataFrame, cfg: BaselineConfig, tfidf
-) -> tuple[FeatureBuilder, LogisticRegression, RankSVM | None]:
+) -> tuple[FeatureBuilder, LogisticRegression, RankSVM | None, FeatureBuilder | None]:
+    """(the filter's builder, the filter, the rank SVM, the rank SVM's own builder where it reads fewer groups)."""
     builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
     X = builder.fit_transform(table)
     rows = _filter_rows(table, cfg)
     clf = fit_filter(X[rows], _labels(table)[rows], cfg.params.lr_c, cfg.seed)
-    ranker = None
+    ranker, ranker_builder = None, None
     if cfg.ranker == "svm":
+        X_rank = X
+        if cfg.ranker_groups != cfg.groups:
+            ranker_builder = FeatureBuilder(cfg.ranker_groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
+            X_rank = ranker_builder.fit_transform(table)
         ranker = RankSVM(cfg.params.svm_c, cfg.seed).fit(
-            X, _relevance(table, cfg.params.rank_target), table["gid"].to_numpy()
+            X_rank, _relevance(table, cfg.params.rank_target), table["gid"].to_numpy()
         )
-    return builder, clf, ranker
+    return builder, clf, ranker, ranker_builder
 
 
 def oof_probabilities(table: pd.DataFrame, cfg: BaselineConfig, tfidf, k: int, seed: int) -> np.ndarray:
@@ -311,5 +327,5 @@ def fit_baseline(table: pd.DataFrame, cfg: BaselineConfig, tfidf=None) -> Fitted
         p = oof_probabilities(table, cfg, tfidf, cfg.inner_folds, cfg.seed + 1)
         threshold = select_threshold(y[scored], p[scored])
         info["oof_accuracy"] = accuracy_at(y[scored], p[scored], threshold)
-    builder, clf, ranker = _fit_core(table, cfg, tfidf)
-    return FittedBaseline(cfg, builder, clf, ranker, float(threshold), float(y[scored].mean()), info)
+    builder, clf, ranker, ranker_builder = _fit_core(table, cfg, tfidf)
+    return FittedBaseline(cfg, builder, clf, ranker, float(threshold), float(y[scored].mean()), info, ranker_builder)

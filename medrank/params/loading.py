@@ -60,7 +60,7 @@ class Params(_Section):
     retrieve: RetrieveParams = RetrieveParams()
     embed: EmbedParams = EmbedParams()
     bienc: BiencParams = BiencParams()
-    passages: PassagesParams = PassagesParams()  # analysis/dvc.yaml
+    passages: PassagesParams = PassagesParams()
     qa: QaParams = QaParams()  # analysis/dvc.yaml
     qa_graded: QaGradedParams = QaGradedParams()  # analysis/dvc.yaml
     qa_bienc: QaBiencParams = QaBiencParams()  # analysis/dvc.yaml
@@ -215,6 +215,7 @@ STEP_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {  # step: (the stage that
     "retrieve": ("retrieve", ("n_candidates", "rqe_threshold", "retrieve")),
     "grids": ("embed", ("embed",)),
     "answer_scores": ("bienc", ("seed", "bienc")),  # seed: the question-type classifier of group qtype
+    "passages": ("passages", ("bienc", "passages")),  # group passage: the bienc encoder over the answer's windows
     "cnn_scores": ("cnn_mediqa", ("cnn.mediqa_aggregation",)),
 }
 

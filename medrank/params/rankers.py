@@ -247,7 +247,7 @@ class BiencParams(_Section):
 
 
 class PassagesParams(_Section):
-    """Group passage (stage passages, analysis/dvc.yaml): the bienc model's best cosine between the question and a
+    """Group passage (stage passages): the bienc model's best cosine between the question and a
     window of the answer, so a long answer is read past the `bienc.max_length` tokens the bienc group keeps."""
 
     window_tokens: int = Field(default=200, ge=16, le=512)  # whole sentences packed up to this many tokens
@@ -265,6 +265,9 @@ class BaselineParams(_Section):
     threshold: float | None = Field(default=None, gt=0, lt=1)  # None = chosen by question-grouped CV
     prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target
     min_keep: int = Field(default=0, ge=0, le=MAX_STEPS)  # keep at least this many answers per question
+    # groups of `features` (or of an ablation row) that the filter reads and the rank SVM does not: the passage score
+    # sharpens which answers are correct but blurred their order under nested LOSO (RESULTS)
+    filter_only: list[FeatureGroup] = Field(default_factory=list)
     cv_folds: int = Field(default=5, ge=2, le=MAX_STEPS)
     # the judged LiveQA answers of the train_liveqa questions (medrank.data.judged) train: none | ranker (the rank SVM's
     # pairs, from their grades) | all (the filter too)

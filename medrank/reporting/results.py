@@ -20,6 +20,7 @@ from medrank.reporting.signals import (
     judged_rows_section,
     nt_grid_section,
     options_section,
+    passages_section,
     qa_bienc_section,
     qa_graded_section,
     retrieve_section,
@@ -43,6 +44,7 @@ def render_results(metrics_dir: str | Path = "metrics") -> str:
     lines += mtl_confirm_section(metrics.get("mtl_confirm", {}))
     lines += judged_rows_section(metrics.get("judged_rows", {}))
     lines += qa_graded_section(metrics.get("qa_graded", {}))
+    lines += passages_section(metrics.get("passages", {}))
     lines += qa_bienc_section(metrics.get("qa_bienc", {}), metrics.get("bienc"))
     lines += gpu_bi_encoders_section(metrics.get("gpu_bi_encoders", {}))
     lines += retrieve_section(metrics.get("retrieve", {}))

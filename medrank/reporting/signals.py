@@ -365,6 +365,23 @@ def qa_bienc_section(m: dict, bienc: dict | None = None) -> list[str]:
     return out + md_table(["score"] + splits, rows)
 
 
+def passages_section(m: dict) -> list[str]:
+    """Group passage (metrics/passages.json): the best window's cosine beside stage bienc's, AUC per labelled source."""
+    auc = (m or {}).get("auc")
+    if not auc:
+        return []
+    splits = [s for s in next(iter(auc.values())) if s != "pooled"] + ["pooled"]
+    rows = [[name] + [fmt_num(r.get(s)) for s in splits] for name, r in auc.items()]
+    out = [
+        f"**Group passage** (stage `passages`, `metrics/passages.json`, {m.get('model')}): each answer's sentences packed "
+        f"into windows, {m.get('windows')} in all over {m.get('answers')} answers ({m.get('answers_read_past_the_first_window')} "
+        "read past the first window); `passage_max_cos` = the best window's cosine with the question, beside the cosine of "
+        "the answer's first `bienc.max_length` tokens. AUC against the label per labelled source.",
+        "",
+    ]
+    return out + md_table(["score"] + splits, rows)
+
+
 def gpu_bi_encoders_section(m: dict) -> list[str]:
     """mpnet against MiniLM-L6 in the fine-tuned bi-encoder roles, measured on a lent GPU (metrics/gpu_bi_encoders.json,
     written from benchmarks/gpu/run.sh's outputs): RQE rows and Task 2 rules, the QA bi-encoder under nested LOSO."""

@@ -3,7 +3,7 @@
     normalize_step  NormalizeStep   answers table -> normalized texts + sentences            stage normalize
     retrieve_step   RetrieveStep    questions -> scored BM25 candidates -> the N entailed    stage retrieve
     grid_step       GridStep        answers + entailed answers -> NLI grid rows              stage embed
-    score_step      AnswerScores    answers -> per-answer scores (bienc, qtype, cnn, qa)     stages bienc, cnn_mediqa (+ models)
+    score_step      AnswerScores    answers -> per-answer scores (bienc, passage, qtype, cnn, qa)  stages bienc, passages, cnn_mediqa (+ models)
     system_step     SystemStep      grids + scores -> filter probability, keep, order        stages baseline / mtl / score
     pipeline        InferencePipeline: the five, loaded from models/ (medrank rank)
 

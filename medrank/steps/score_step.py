@@ -1,4 +1,4 @@
-"""The per-answer scores the final system's feature groups read (stages bienc, cnn_mediqa; models/cnn, qa)."""
+"""The per-answer scores the final system's feature groups read (stages bienc, passages, cnn_mediqa; models/cnn, qa)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ if TYPE_CHECKING:
 @dataclass
 class AnswerScores:
     """The per-answer scores the final system's feature groups read: bienc / heading cosines and question-type
-    agreement (stage bienc's step), the CNN's answer score (cnn_mediqa's step + models/cnn), the QA cross-encoder's
+    agreement (stage bienc's step), the best answer window's cosine (stage passages' step), the CNN's answer score (cnn_mediqa's step + models/cnn), the QA cross-encoder's
     (models/qa: analysis stage qa, whose knobs are not saved: the qa section's defaults apply)."""
 
     p: Params
     groups: set[str]
-    bienc: Any | None = None  # SentenceEncoder of groups bienc / heading
+    bienc: Any | None = None  # SentenceEncoder of groups bienc / heading / passage
     qtypes: Any | None = None  # QuestionTypes of group qtype
     cnn: Any | None = None  # CnnRanker of group cnn
     qa: Any | None = None  # CrossEncoder of group qa
@@ -39,11 +39,13 @@ class AnswerScores:
         steps = {}
         if groups & {"bienc", "heading", "qtype"}:
             steps["answer_scores"] = load_step("answer_scores", models_dir)
+        if "passage" in groups:
+            steps["passages"] = load_step("passages", models_dir)
         if "cnn" in groups:
             steps["cnn_scores"] = load_step("cnn_scores", models_dir)
         p = load_recipe(steps, str(models_dir))
         out = cls(p, set(groups))
-        if groups & {"bienc", "heading"}:
+        if groups & {"bienc", "heading", "passage"}:
             out.bienc = SentenceEncoder(p.bienc.model, device=device, max_length=p.bienc.max_length)
         if "qtype" in groups:
             from medrank.models.qtype import QuestionTypes
@@ -59,9 +61,12 @@ class AnswerScores:
         return out
 
     def transform(
-        self, answers: pd.DataFrame, cache_root: str | os.PathLike = layout.CACHE_BIENC
+        self,
+        answers: pd.DataFrame,
+        cache_root: str | os.PathLike = layout.CACHE_BIENC,
+        passage_cache: str | os.PathLike = layout.CACHE_PASSAGES,
     ) -> dict[str, np.ndarray]:
-        """Per-answer score columns aligned with `answers`, for the groups the system reads."""
+        """Per-answer score columns aligned with `answers`, for the groups the system reads (the caches: read only)."""
         from medrank.answer_scores import answer_bienc_scores
 
         p, groups, out = self.p, self.groups, {}
@@ -76,6 +81,13 @@ class AnswerScores:
                 precision=bp.precision,
             )  # as stage bienc resolves it
             out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
+        if "passage" in groups:
+            from medrank.answer_scores import passage_scores
+
+            table, _ = passage_scores(
+                answers, self.bienc, cache_root=passage_cache, pp=p.passages, bp=p.bienc, read_only=True
+            )
+            out["passage_max_cos"] = table["passage_max_cos"].to_numpy()
         if "qtype" in groups:
             from medrank.answer_scores import answer_qtype_scores
 

@@ -170,6 +170,25 @@ def test_saved_model_predicts_bit_for_bit(tmp_path):
         FittedBaseline.load(tmp_path / "bad.json")
 
 
+def test_filter_only_groups_reach_the_filter_and_not_the_rank_svm(tmp_path):
+    train, test = synthetic_table(40, seed=1), synthetic_table(10, seed=2, split="val")
+    # a second score whose order disagrees with the labels' within a question
+    for t, s in ((train, 3), (test, 4)):
+        t["passage_max_cos"] = np.random.default_rng(s).normal(size=len(t))
+    both = fit_baseline(train, config(("metadata", "bienc", "passage"), seed=5))
+    split = fit_baseline(train, config(("metadata", "bienc", "passage"), seed=5, filter_only=["passage"]))
+    alone = fit_baseline(train, config(("metadata", "bienc"), seed=5))
+    assert split.config.ranker_groups == ("metadata", "bienc") and both.ranker_builder is None
+    got, with_both, without = split.predict(test), both.predict(test), alone.predict(test)
+    np.testing.assert_array_equal(got["prob"], with_both["prob"])  # the filter reads the group
+    np.testing.assert_array_equal(got["rank_score"], without["rank_score"])  # the rank SVM does not
+    assert not np.array_equal(got["rank_score"], with_both["rank_score"])
+    split.save(tmp_path / "m.json")
+    pd.testing.assert_frame_equal(FittedBaseline.load(tmp_path / "m.json").predict(test), got, check_exact=True)
+    # a row of only filter_only groups: the rank SVM reads them all
+    assert config(("passage",), filter_only=["passage"]).ranker_groups == ("passage",)
+
+
 def test_fixed_threshold_and_lr_ranker():
     train = synthetic_table(30, seed=1)
     model = fit_baseline(train, config(threshold=0.5, ranker="lr"))

@@ -109,3 +109,32 @@ def test_stage_passages_writes_group_passage(tmp_path, monkeypatch, tiny_base):
         "passage_rank_frac",
     ]
     assert feats.transform(rows).shape == (3, 4)
+
+
+def test_medrank_rank_scores_passages_as_the_stage_did(tmp_path, tiny_base):
+    from medrank.params import Params, step_params
+    from medrank.steps import save_step
+    from medrank.steps.score_step import AnswerScores
+
+    p = Params.model_validate(
+        {
+            "bienc": {"model": str(tiny_base), "max_length": 32, "precision": "fp32", "batch_size": 4},
+            "passages": {"window_tokens": 16, "max_passages": 2},
+        }
+    )
+    stage_cache = tmp_path / "cache"
+    stage, _ = passage_scores(
+        ANSWERS,
+        SentenceEncoder(str(tiny_base), device="cpu", max_length=32),
+        cache_root=stage_cache,
+        pp=p.passages,
+        bp=p.bienc,
+    )
+    save_step("passages", step_params(p, "passages"), {}, models_dir=tmp_path / "models")
+    scores = AnswerScores.load({"passage"}, tmp_path / "models", device="cpu")
+    assert scores.p.passages == p.passages  # the saved step's params, not params.yaml's
+    # with the stage's cache (read only) and without any (a machine holding only models/): the stage's values
+    for cache in (stage_cache, tmp_path / "absent"):
+        got = scores.transform(ANSWERS, passage_cache=cache)
+        np.testing.assert_allclose(got["passage_max_cos"], stage["passage_max_cos"], atol=2e-3)
+    assert not (tmp_path / "absent").exists()
