@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from medrank.errors import MedrankError
 
@@ -136,14 +135,15 @@ def passage_scores(
     from medrank.encoders.extract import cached_sentence_embeddings
     from medrank.encoders.hardware import hardware_precision
 
-    def count(text: str) -> int:
-        return len(bi.tokenizer(text, add_special_tokens=False)["input_ids"])
-
     texts = [
         [str(s) for s in sents] if sents is not None and len(sents) else [text or ""]
         for sents, text in zip(answers["answer_sentences"], answers["answer_norm"].fillna("").astype(str))
     ]
-    windows = [answer_passages(t, count, pp.window_tokens, pp.max_passages) for t in tqdm(texts, desc="passages")]
+    # every sentence's token count in one batched tokenizer call (one call per sentence was most of the packing time)
+    unique = list(dict.fromkeys(s for t in texts for s in t))
+    ids = bi.tokenizer(unique, add_special_tokens=False)["input_ids"] if unique else []
+    tokens = dict(zip(unique, map(len, ids)))
+    windows = [answer_passages(t, tokens.__getitem__, pp.window_tokens, pp.max_passages) for t in texts]
     precision = hardware_precision(bi.device, bp.precision)
     flat = answers["question_norm"].fillna("").tolist() + [w for ws in windows for w in ws]
     emb, stats = cached_sentence_embeddings(bi, flat, cache_root, precision, bp.batch_size, read_only=read_only)

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 @dataclass
 class AnswerScores:
     """The per-answer scores the final system's feature groups read: bienc / heading cosines and question-type
-    agreement (stage bienc's step), the best answer window's cosine (stage passages' step), the CNN's answer score (cnn_mediqa's step + models/cnn), the QA cross-encoder's
-    (models/qa: analysis stage qa, whose knobs are not saved: the qa section's defaults apply)."""
+    agreement (stage bienc's step), the best answer window's cosine (stage passages' step), the CNN's answer score
+    (cnn_mediqa's step + models/cnn), the QA cross-encoder's (models/qa: analysis stage qa, whose knobs are not saved:
+    the qa section's defaults apply)."""
 
     p: Params
     groups: set[str]
