@@ -46,9 +46,11 @@ def held_out_source(
     base_rows: RowsFn,
     sel: Selection,
     per_rule: Sequence[str] = (),
+    per_weight: Sequence[float] = (),
 ) -> dict:
     """Select on the sources other than `source`, score `source`: {"chosen", "selection_score", "scores" (official
-    metrics), "by_keep_rule" (each keep rule of `per_rule`: its scores when it is the only one the rule may pick)}."""
+    metrics), "by_keep_rule" (each keep rule of `per_rule`: its scores when it is the only one the rule may pick),
+    "by_weight" (each MTL weight of `per_weight` alone: 0 the baseline, 1 the MTL, on the same folds)}."""
     split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
     inner = [s for s in sources if s != source]
     inner_gids = [g for g in pd.unique(cand["gid"]) if split_of[g] in inner]
@@ -62,6 +64,9 @@ def held_out_source(
     # each keep rule alone (weight and order still chosen inside): how it transfers to a source it never saw
     out["by_keep_rule"] = {
         r: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, keep_rules=(r,))) for r in per_rule
+    }
+    out["by_weight"] = {
+        w: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, weights=(w,))) for w in per_weight
     }
     return out
 
@@ -112,20 +117,27 @@ def nested_loso(
     base_rows: RowsFn,
     sel: Selection,
     per_rule: Sequence[str] = (),
+    per_weight: Sequence[float] = (),
 ) -> dict:
     """held_out_source for every source -> per source (chosen, scores) and loso_summary (mean, worst) per metric, and
-    the same per keep rule of `per_rule` alone."""
-    per = {s: held_out_source(s, sources, cand, mtl_rows, base_rows, sel, per_rule) for s in sources}
+    the same per keep rule of `per_rule` alone and per MTL weight of `per_weight` alone."""
+    per = {s: held_out_source(s, sources, cand, mtl_rows, base_rows, sel, per_rule, per_weight) for s in sources}
     summary = loso_summary({s: r["scores"] for s, r in per.items()})
     shift = PriorShift()
-    by_rule = {}
-    for r in per_rule:
-        rule_summary = loso_summary({s: per[s]["by_keep_rule"][r]["scores"] for s in sources})
-        by_rule[r] = {m: rule_summary[m] for m in METRICS}
-        by_rule[r]["shift"] = shift.summary({s: per[s]["by_keep_rule"][r]["shift"] for s in sources})
+
+    def alone(key: str, choice) -> dict:
+        got = loso_summary({s: per[s][key][choice]["scores"] for s in sources})
+        return {
+            **{m: got[m] for m in METRICS},
+            "shift": shift.summary({s: per[s][key][choice]["shift"] for s in sources}),
+        }
+
     return {
-        "by_source": {s: {k: v for k, v in r.items() if k not in ("by_keep_rule", "shift")} for s, r in per.items()},
-        "by_keep_rule": by_rule,
+        "by_source": {
+            s: {k: v for k, v in r.items() if k not in ("by_keep_rule", "by_weight", "shift")} for s, r in per.items()
+        },
+        "by_keep_rule": {r: alone("by_keep_rule", r) for r in per_rule},
+        "by_weight": {str(w): alone("by_weight", w) for w in per_weight},
         **{m: summary[m] for m in METRICS},
         # the held-out sources re-weighted to each plausible positive rate: the estimate as a band over priors
         "shift": shift.summary({s: r["shift"] for s, r in per.items()}),

@@ -12,19 +12,17 @@ import pandas as pd
 from medrank import layout as L
 from medrank import nested
 
-Recipe = tuple[list[str], list[str], list[str]]  # baseline features, MTL feature groups, select_on
+Recipe = tuple  # (the baseline section, the mtl section, select_on) of one row
 
 
 def recipes(p) -> dict[str, Recipe]:
-    """The default ("default") and each variant of analysis.nested.variants (an unset field: the default's)."""
-    bp, mp, sp = p.baseline, p.mtl, p.score
-    out = {"default": (list(bp.features), list(mp.feature_groups), list(sp.select_on))}
-    for v in p.analysis.nested.variants:
-        out[v.name] = (
-            list(v.baseline_features or bp.features),
-            list(v.mtl_feature_groups or mp.feature_groups),
-            list(v.select_on or sp.select_on),
-        )
+    """The default ("default") and each variant of analysis.nested.variants (its overrides over the defaults)."""
+    from medrank.params import nested_recipes
+
+    variants = p.analysis.nested.variants
+    out = {"default": (p.baseline, p.mtl, list(p.score.select_on))}
+    for v, (bp, mp) in zip(variants, nested_recipes(p.baseline, p.mtl, variants).values()):
+        out[v.name] = (bp, mp, list(v.select_on or p.score.select_on))
     return out
 
 
@@ -41,6 +39,7 @@ class Refits:
 
     p: object
     groups: set[str]
+    judged: bool = False  # a recipe trains on the judged LiveQA answers (baseline.judged_rows)
     fits: dict[tuple, pd.DataFrame] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -58,7 +57,10 @@ class Refits:
         self.device = resolve_device(p.device)
         answers, self.data = mtl.read_mtl_data(p, self.groups)
         self.tfidf_mtl = medquad_tfidf(p.mtl.tfidf_max_features) if "bow" in self.groups else None
-        _, self.labelled, _, _, _, self.tfidf = load_tables(p, self.groups, p.baseline.judged_rows != "none")
+        # with the judged answers their questions' question-relative features differ: a table each
+        tables = {judged: load_tables(p, self.groups, judged) for judged in sorted({False, self.judged})}
+        self.labelled = {judged: t[1] for judged, t in tables.items()}
+        self.tfidf = tables[False][5]
         cand = answer_table(answers)
         self.cand = cand[cand["split"].isin(L.LABELLED_SPLITS)].reset_index(drop=True)
 
@@ -67,17 +69,17 @@ class Refits:
             self.fits[key] = make_rows()
         return self.fits[key]
 
-    def systems(self, base_groups: list[str], mtl_groups: list[str]) -> tuple[nested.RowsFn, nested.RowsFn]:
-        """(MTL rows, baseline rows) functions of one recipe for nested.nested_loso."""
+    def systems(self, bp, mp) -> tuple[nested.RowsFn, nested.RowsFn]:
+        """(MTL rows, baseline rows) functions of one recipe (its baseline and mtl sections) for nested.nested_loso."""
         from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
         from medrank.models import baseline as B
         from medrank.models import baseline_protocols as BP
         from medrank.models import mtl
 
         p = self.p
-        cfg_m = p.mtl.model_copy(update={"feature_groups": mtl_groups})
-        make = mtl.builder_factory(mtl_groups, p.n_candidates, self.tfidf_mtl)
-        cfg_b = B.BaselineConfig(p.baseline, tuple(base_groups), p.n_candidates, p.seed)
+        make = mtl.builder_factory(mp.feature_groups, p.n_candidates, self.tfidf_mtl)
+        cfg_b = B.BaselineConfig(bp, tuple(bp.features), p.n_candidates, p.seed)
+        labelled = self.labelled[bp.judged_rows != "none"]
 
         def mtl_rows(inner, inner_sources, outer):
             def fit() -> pd.DataFrame:
@@ -87,37 +89,40 @@ class Refits:
                         inner,
                         inner_sources,
                         outer,
-                        cfg_m,
+                        mp,
                         make,
                         seed=p.seed,
                         device=self.device,
-                        workers=p.mtl.workers,
+                        workers=mp.workers,
                     )
 
-            return self._memo(("mtl", tuple(mtl_groups), tuple(outer)), fit)
+            return self._memo(("mtl", mp.model_dump_json(), tuple(outer)), fit)
 
         def base_rows(inner, inner_sources, outer):
-            key = ("baseline", tuple(base_groups), tuple(outer))
-            return self._memo(
-                key, lambda: BP.held_out_rows(self.labelled, cfg_b, self.tfidf, inner, inner_sources, outer)
-            )
+            key = ("baseline", bp.model_dump_json(), tuple(outer))
+            return self._memo(key, lambda: BP.held_out_rows(labelled, cfg_b, self.tfidf, inner, inner_sources, outer))
 
         return mtl_rows, base_rows
 
 
 def run_all(p, recipes_: dict[str, Recipe], band: dict, log) -> tuple[dict, dict, Refits]:
     """nested.nested_loso of every recipe (per-rule figures for the default); (results, seconds, the refits)."""
-    refits = Refits(p, set().union(*(set(b) | set(m) for b, m, _ in recipes_.values())))
+    groups = set().union(*(set(bp.features) | set(mp.feature_groups) for bp, mp, _ in recipes_.values()))
+    refits = Refits(p, groups, judged=any(bp.judged_rows != "none" for bp, _, _ in recipes_.values()))
     sp = p.score
     results, seconds = {}, {}
-    for name, (base_groups, mtl_groups, select_on) in recipes_.items():
+    for name, (bp, mp, select_on) in recipes_.items():
         ts = time.perf_counter()
         sel = nested.Selection(
             tuple(sp.mtl_weights), tuple(sp.keep_rules), tuple(sp.orders), band, tuple(select_on), sp.select_under
         )
-        mtl_rows, base_rows = refits.systems(base_groups, mtl_groups)
+        mtl_rows, base_rows = refits.systems(bp, mp)
         per_rule = p.analysis.nested.keep_rules if name == "default" else ()
-        results[name] = nested.nested_loso(L.LABELLED_SPLITS, refits.cand, mtl_rows, base_rows, sel, per_rule=per_rule)
+        # each MTL weight alone, where the MTL differs from the default's (0: the baseline, 1: the MTL, same folds)
+        per_weight = sp.mtl_weights if name == "default" or mp != p.mtl else ()
+        results[name] = nested.nested_loso(
+            L.LABELLED_SPLITS, refits.cand, mtl_rows, base_rows, sel, per_rule=per_rule, per_weight=per_weight
+        )
         seconds[name] = round(time.perf_counter() - ts, 1)
         r = results[name]
         log.info(
@@ -148,6 +153,7 @@ def report(p, recipes_: dict[str, Recipe], results: dict, band: dict, final: dic
     keep-rule pick, the selection grid and the recipes."""
     result = results["default"]
     plain = final["systems"]["final"]["loso"]
+    overrides = {v.name: (dict(v.baseline), dict(v.mtl)) for v in p.analysis.nested.variants}
     sp = p.score
     return {
         "final_system": {
@@ -157,10 +163,10 @@ def report(p, recipes_: dict[str, Recipe], results: dict, band: dict, final: dic
         },
         "variants": {
             n: {
-                "baseline_features": recipes_[n][0],
-                "mtl_feature_groups": recipes_[n][1],
+                "baseline": overrides[n][0],
+                "mtl": overrides[n][1],
                 "select_on": recipes_[n][2],
-                "nested_loso": {m: r[m] for m in (*nested.METRICS, "shift")},
+                "nested_loso": {m: r[m] for m in (*nested.METRICS, "shift", "by_weight")},
                 "picks": {s: v["chosen"] for s, v in r["by_source"].items()},
                 "vs_default": {m: round(float(r[m]["mean"]) - float(result[m]["mean"]), 4) for m in nested.METRICS},
             }
@@ -180,5 +186,9 @@ def report(p, recipes_: dict[str, Recipe], results: dict, band: dict, final: dic
             "noise_band": band,
             "rule": final["selection"]["rule"],
         },
-        "recipes": dict(zip(("baseline_features", "mtl_feature_groups", "select_on"), recipes_["default"])),
+        "recipes": {
+            "baseline_features": list(p.baseline.features),
+            "mtl_feature_groups": list(p.mtl.feature_groups),
+            "select_on": list(sp.select_on),
+        },
     }

@@ -93,6 +93,32 @@ def test_nested_loso_never_lets_the_held_out_source_reach_a_selection_step():
         assert again["scores"]["accuracy"] != got["by_source"][source]["scores"]["accuracy"]
 
 
+def test_each_mtl_weight_alone_is_the_rule_held_to_it_on_the_same_folds():
+    from dataclasses import replace
+
+    cand = _cand()
+    calls: list = []
+    mtl_rows, base_rows = _fake_models(cand, calls)
+    got = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, SEL, per_weight=(0.0, 1.0))
+    # both models are asked for the same inner and held-out questions: the comparison is on identical folds
+    assert calls[0::2] == calls[1::2] and len(calls) == 2 * len(SOURCES)
+    assert set(got["by_weight"]) == {"0.0", "1.0"} and "by_weight" not in got["by_source"]["val"]
+    scores = {}
+    for source in SOURCES:
+        for w in (0.0, 1.0):
+            only = nested.held_out_source(source, SOURCES, cand, mtl_rows, base_rows, replace(SEL, weights=(w,)))
+            assert only["chosen"]["mtl_weight"] == w
+            scores.setdefault(w, []).append(only["scores"]["accuracy"])
+    for w in (0.0, 1.0):
+        alone = got["by_weight"][str(w)]["accuracy"]
+        assert alone["mean"] == pytest.approx(np.mean(scores[w]), abs=1e-4) and alone["worst"] == min(scores[w])
+        assert set(got["by_weight"][str(w)]["shift"]["accuracy"]["by_prior"]) == set(
+            got["shift"]["accuracy"]["by_prior"]
+        )
+    # the fake MTL's probabilities sit 0.1 above the baseline's: the same folds, different systems, different figures
+    assert got["by_weight"]["0.0"]["precision"] != got["by_weight"]["1.0"]["precision"]
+
+
 def test_rows_that_mix_the_held_out_source_into_the_selection_are_refused():
     cand = _cand()
     mtl_rows, base_rows = _fake_models(cand, [])

@@ -74,10 +74,39 @@ def fit_filter(X: sp.spmatrix, y: np.ndarray, c: float, seed: int) -> LogisticRe
     return LogisticRegression(C=c, solver="liblinear", max_iter=1000, random_state=seed).fit(X, y)
 
 
+GRADE_CUTS = (2.0, 3.0, 4.0)  # MEDIQA's ReferenceScore 1-4; correct (the filter's label) = grade >= 3
+
+
+def fit_graded_filter(X: sp.spmatrix, grades: np.ndarray, c: float, seed: int) -> LogisticRegression:
+    """Ordinal (all-threshold) logistic regression on the 1-4 grades: one weight vector shared by the cuts grade >= 2,
+    >= 3, >= 4, a bias per cut, fitted on the rows stacked once per cut (C divided by the cuts, so the penalty weighs
+    as much per answer as the binary filter's). Returned as the binary filter P(grade >= 3), the cut that is the label,
+    so prediction, threshold and saving are the binary filter's."""
+    grades = np.asarray(grades, dtype=float)
+    if np.isnan(grades).any():
+        raise MedrankError("filter_target grade: training rows without a reference_score")
+    n, d = X.shape
+    k = len(GRADE_CUTS)
+    cut_columns = sp.kron(sp.identity(k, format="csr"), sp.csr_matrix(np.ones((n, 1))), format="csr")
+    stacked = sp.hstack([sp.vstack([sp.csr_matrix(X)] * k), cut_columns], format="csr")
+    target = np.concatenate([(grades >= cut).astype(int) for cut in GRADE_CUTS])
+    if len(np.unique(target[n : 2 * n])) < 2:
+        raise MedrankError("filter training rows hold a single class")
+    ordinal = LogisticRegression(C=c / k, solver="liblinear", fit_intercept=False, max_iter=1000, random_state=seed)
+    ordinal.fit(stacked, target)
+    out = LogisticRegression(C=c, solver="liblinear", max_iter=1000, random_state=seed)
+    out.coef_ = ordinal.coef_[:, :d].copy()
+    out.intercept_ = ordinal.coef_[0, d + GRADE_CUTS.index(3.0) : d + GRADE_CUTS.index(3.0) + 1].copy()
+    out.classes_ = np.array([0, 1])
+    out.n_features_in_ = d
+    return out
+
+
 def pairwise_differences(
-    X: sp.spmatrix, relevance: np.ndarray, gid: np.ndarray, seed: int
-) -> tuple[sp.csr_matrix, np.ndarray]:
-    """Rows x_i - x_j for answer pairs of one question with different relevance; target +1 if i is better.
+    X: sp.spmatrix, relevance: np.ndarray, gid: np.ndarray, seed: int, labels: np.ndarray | None = None
+) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+    """Rows x_i - x_j for answer pairs of one question with different relevance; target +1 if i is better; and which
+    pairs cross the label (one answer correct, the other not; all False without `labels`).
 
     Half of the pairs are flipped (x_j - x_i, -1) at random so both classes are present and balanced.
     """
@@ -102,7 +131,8 @@ def pairwise_differences(
     flip = np.random.default_rng(seed).random(len(left_a)) < 0.5
     first = np.where(flip, right_a, left_a)
     second = np.where(flip, left_a, right_a)
-    return X[first] - X[second], np.where(flip, -1, 1)
+    crossing = np.zeros(len(left_a), dtype=bool) if labels is None else labels[left_a] != labels[right_a]
+    return X[first] - X[second], np.where(flip, -1, 1), crossing
 
 
 class RankSVM:
@@ -113,10 +143,19 @@ class RankSVM:
         self.seed = seed
         self.coef_: np.ndarray | None = None
 
-    def fit(self, X: sp.spmatrix, relevance: np.ndarray, gid: np.ndarray) -> "RankSVM":
-        Xd, yd = pairwise_differences(X, relevance, gid, self.seed)
+    def fit(
+        self,
+        X: sp.spmatrix,
+        relevance: np.ndarray,
+        gid: np.ndarray,
+        labels: np.ndarray | None = None,
+        label_pair_weight: float = 1.0,
+    ) -> "RankSVM":
+        """`label_pair_weight`: the weight of a pair that crosses the label (`labels`), every other pair's being 1."""
+        Xd, yd, crossing = pairwise_differences(X, relevance, gid, self.seed, labels)
+        weight = None if label_pair_weight == 1.0 else np.where(crossing, label_pair_weight, 1.0)
         svm = LinearSVC(C=self.c, fit_intercept=False, max_iter=20000, random_state=self.seed, dual=True)
-        svm.fit(Xd, yd)
+        svm.fit(Xd, yd, sample_weight=weight)
         self.coef_ = svm.coef_.ravel()
         return self
 
@@ -148,6 +187,16 @@ def _judged(table: pd.DataFrame) -> np.ndarray:
 def _filter_rows(table: pd.DataFrame, cfg: BaselineConfig) -> np.ndarray:
     """Rows the filter trains on: all, or (judged_rows: ranker) the MEDIQA rows only."""
     return ~_judged(table) if cfg.params.judged_rows == "ranker" else np.ones(len(table), dtype=bool)
+
+
+def _trained_filter(X: sp.spmatrix, table: pd.DataFrame, cfg: BaselineConfig) -> LogisticRegression:
+    """The filter on `table`'s filter rows (`X` their features): on the label, or (filter_target: grade) the grades."""
+    rows = _filter_rows(table, cfg)
+    if cfg.params.filter_target == "grade":
+        return fit_graded_filter(
+            X[rows], table["reference_score"].to_numpy(dtype=float)[rows], cfg.params.lr_c, cfg.seed
+        )
+    return fit_filter(X[rows], _labels(table)[rows], cfg.params.lr_c, cfg.seed)
 
 
 def scored_rows(table: pd.DataFrame) -> pd.DataFrame:
@@ -284,8 +333,7 @@ def _fit_core(
     """(the filter's builder, the filter, the rank SVM, the rank SVM's own builder where it reads fewer groups)."""
     builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
     X = builder.fit_transform(table)
-    rows = _filter_rows(table, cfg)
-    clf = fit_filter(X[rows], _labels(table)[rows], cfg.params.lr_c, cfg.seed)
+    clf = _trained_filter(X, table, cfg)
     ranker, ranker_builder = None, None
     if cfg.ranker == "svm":
         X_rank = X
@@ -293,7 +341,11 @@ def _fit_core(
             ranker_builder = FeatureBuilder(cfg.ranker_groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
             X_rank = ranker_builder.fit_transform(table)
         ranker = RankSVM(cfg.params.svm_c, cfg.seed).fit(
-            X_rank, _relevance(table, cfg.params.rank_target), table["gid"].to_numpy()
+            X_rank,
+            _relevance(table, cfg.params.rank_target),
+            table["gid"].to_numpy(),
+            _labels(table),
+            cfg.params.label_pair_weight,
         )
     return builder, clf, ranker, ranker_builder
 
@@ -310,9 +362,7 @@ def oof_probabilities(table: pd.DataFrame, cfg: BaselineConfig, tfidf, k: int, s
             p[te] = float(y_tr.mean()) if len(y_tr) else 0.0
             continue
         builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
-        X = builder.fit_transform(table[tr])
-        rows = _filter_rows(table[tr], cfg)
-        clf = fit_filter(X[rows], y_tr, cfg.params.lr_c, cfg.seed)
+        clf = _trained_filter(builder.fit_transform(table[tr]), table[tr], cfg)
         p[te] = clf.predict_proba(builder.transform(table[te]))[:, 1]
     return p
 

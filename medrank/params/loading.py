@@ -37,6 +37,7 @@ from medrank.params.rankers import (
     ScoreParams,
     Task2Params,
     mtl_rows,
+    nested_recipes,
 )
 
 
@@ -91,6 +92,7 @@ class Params(_Section):
                 f"baseline.judged_rows: {self.baseline.judged_rows!r} trains on the judged LiveQA answers, whose {lacking[0]} "
                 "scores stage bienc writes only with bienc.judged: true"
             )
+        nested_recipes(self.baseline, self.mtl, self.analysis.nested.variants)
         rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
         for i, name in enumerate(
             self.analysis.confirm.mtl_rows if rows else []

@@ -3,7 +3,7 @@ ablation rows), task2, the noise band, score, bienc, the baseline, and the analy
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import Field, ValidationError, model_validator
 from medrank.params.base import (
@@ -147,6 +147,18 @@ class MtlParams(_Section):
     nli_grid: bool = True  # False: no conv encoder over the NLI grid (an ablation row)
 
 
+_S = TypeVar("_S", bound=_Section)
+
+
+def with_overrides(section: _S, over: dict[str, Any], where: str) -> _S:
+    """`section` with the keys of `over` replaced, validated like the section (an error names `where` and the key)."""
+    try:
+        return type(section).model_validate({**section.model_dump(), **over})
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ValueError(f"{where}.{'.'.join(str(x) for x in first['loc'])}: {first['msg']}") from None
+
+
 def mtl_rows(
     base: MtlParams, rows: list[dict[str, Any]], where: str = "analysis.mtl.rows"
 ) -> dict[str, tuple[dict[str, Any], MtlParams]]:
@@ -162,13 +174,7 @@ def mtl_rows(
         fixed = sorted(set(over) & {"cv_folds", "threads", "workers"})
         if fixed:
             raise ValueError(f"{where}[{i}] ({name}): {fixed[0]} cannot vary between rows")
-        try:
-            out[name] = (over, MtlParams.model_validate({**base.model_dump(), **over}))
-        except ValidationError as e:
-            first = e.errors()[0]
-            raise ValueError(
-                f"{where}[{i}] ({name}).{'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
-            ) from None
+        out[name] = (over, with_overrides(base, over, f"{where}[{i}] ({name})"))
     return out
 
 
@@ -262,6 +268,10 @@ class BaselineParams(_Section):
     lr_c: float = Field(default=1.0, gt=0, le=MAX_C)
     svm_c: float = Field(default=0.001, gt=0, le=MAX_C)
     rank_target: Literal["reference_rank", "reference_score"] = "reference_rank"
+    # the weight of a rank-SVM pair whose answers differ in the label (one correct), every other pair's being 1
+    label_pair_weight: float = Field(default=1.0, gt=0, le=MAX_WEIGHT)
+    # what the filter learns: the label (grade >= 3) | grade (ordinal LR over the 1-4 grades, read at grade >= 3)
+    filter_target: Literal["label", "grade"] = "label"
     threshold: float | None = Field(default=None, gt=0, lt=1)  # None = chosen by question-grouped CV
     prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target
     min_keep: int = Field(default=0, ge=0, le=MAX_STEPS)  # keep at least this many answers per question
@@ -308,13 +318,28 @@ class MtlAnalysisParams(_Section):
 
 
 class NestedVariant(_Section):
-    """A row beside the default under nested LOSO: other feature groups for the baseline and the MTL, or another
-    `select_on` for the written rule (None: the default's)."""
+    """A row beside the default under nested LOSO: keys of the baseline and mtl sections it overrides (e.g. `features`,
+    `filter_target`; `feature_groups`), and another `select_on` for the written rule (None: the default's)."""
 
     name: str = Field(min_length=1)
-    baseline_features: list[FeatureGroup] | None = Field(default=None, min_length=1)
-    mtl_feature_groups: list[FeatureGroup] | None = Field(default=None, min_length=1)
+    baseline: dict[str, Any] = Field(default_factory=dict)
+    mtl: dict[str, Any] = Field(default_factory=dict)
     select_on: list[Literal["accuracy", "precision", "mrr", "spearman"]] | None = Field(default=None, min_length=1)
+
+
+def nested_recipes(
+    baseline: BaselineParams, mtl: MtlParams, variants: list[NestedVariant], where: str = "analysis.nested.variants"
+) -> dict[str, tuple[BaselineParams, MtlParams]]:
+    """Each variant's baseline and mtl sections, the defaults with its overrides (each validated like the section)."""
+    out: dict[str, tuple[BaselineParams, MtlParams]] = {}
+    for i, v in enumerate(variants):
+        if v.name in out or v.name == "default":
+            raise ValueError(f"{where}[{i}]: needs a unique name other than 'default', got {v.name!r}")
+        out[v.name] = (
+            with_overrides(baseline, v.baseline, f"{where}[{i}] ({v.name}).baseline"),
+            with_overrides(mtl, v.mtl, f"{where}[{i}] ({v.name}).mtl"),
+        )
+    return out
 
 
 class NestedAnalysisParams(_Section):

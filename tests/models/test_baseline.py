@@ -74,7 +74,7 @@ def test_pairwise_differences_within_questions_only():
     X = sp.csr_matrix(np.arange(10, dtype=float).reshape(5, 2))
     rel = np.array([3, 1, 2, 2, 5])
     gid = np.array(["a", "a", "a", "a", "b"])
-    Xd, yd = pairwise_differences(X, rel, gid, seed=0)
+    Xd, yd, _ = pairwise_differences(X, rel, gid, seed=0)
     # question a: 6 pairs minus the tie (2, 2) = 5; question b has one answer: no pair
     assert Xd.shape == (5, 2)
     assert set(yd) <= {-1, 1}
@@ -187,6 +187,41 @@ def test_filter_only_groups_reach_the_filter_and_not_the_rank_svm(tmp_path):
     pd.testing.assert_frame_equal(FittedBaseline.load(tmp_path / "m.json").predict(test), got, check_exact=True)
     # a row of only filter_only groups: the rank SVM reads them all
     assert config(("passage",), filter_only=["passage"]).ranker_groups == ("passage",)
+
+
+def test_graded_filter_is_the_ordinal_lr_read_at_the_label_cut(tmp_path):
+    from sklearn.linear_model import LogisticRegression
+
+    from medrank.models.baseline import GRADE_CUTS, fit_graded_filter
+
+    train, test = synthetic_table(40, seed=1), synthetic_table(10, seed=2, split="val")
+    rng = np.random.default_rng(0)
+    X = sp.csr_matrix(np.c_[train["bienc_cos"].to_numpy(), rng.normal(size=len(train))])
+    grades = train["reference_score"].to_numpy()
+    got = fit_graded_filter(X, grades, 1.0, 5)
+    # by hand: the rows stacked once per cut, a bias column per cut, no shared intercept
+    n, k = len(train), len(GRADE_CUTS)
+    dense = X.toarray()
+    stacked = np.vstack([np.c_[dense, np.tile(np.eye(k)[i], (n, 1))] for i in range(k)])
+    target = np.concatenate([grades >= c for c in GRADE_CUTS]).astype(int)
+    ref = LogisticRegression(C=1.0 / k, solver="liblinear", fit_intercept=False, max_iter=1000, random_state=5)
+    w = ref.fit(stacked, target).coef_[0]
+    x = dense[:5]
+    expected = 1 / (1 + np.exp(-(x @ w[:2] + w[2 + GRADE_CUTS.index(3.0)])))
+    np.testing.assert_allclose(got.predict_proba(X[:5])[:, 1], expected, rtol=1e-10)
+    assert got.coef_[0, 0] > 0  # the cosine carries the grades
+    # through the recipe: a filter on the grades, saved and loaded bit for bit; the label's cut keeps its meaning
+    model = fit_baseline(train, config(seed=5, filter_target="grade"))
+    label = fit_baseline(train, config(seed=5))
+    pred = model.predict(test)
+    assert not np.array_equal(pred["prob"], label.predict(test)["prob"])
+    assert evaluate(pred, test)["accuracy"] > evaluate(pred.assign(label=1), test)["accuracy"] + 0.15
+    model.save(tmp_path / "m.json")
+    pd.testing.assert_frame_equal(FittedBaseline.load(tmp_path / "m.json").predict(test), pred, check_exact=True)
+    with pytest.raises(MedrankError, match="single class"):
+        fit_graded_filter(X[:3], np.array([1.0, 2.0, 2.0]), 1.0, 5)
+    with pytest.raises(MedrankError, match="without a reference_score"):
+        fit_graded_filter(X[:3], np.array([1.0, np.nan, 4.0]), 1.0, 5)
 
 
 def test_fixed_threshold_and_lr_ranker():
@@ -308,7 +343,7 @@ def test_judged_rows_rank_pairs_come_from_grades_within_their_own_list():
     np.testing.assert_array_equal(rel[j], judged.loc[j, "reference_score"])
     np.testing.assert_array_equal(rel[~j], -judged.loc[~j, "reference_rank"])
     X = sp.csr_matrix(np.eye(len(judged)))
-    D, _ = pairwise_differences(X, rel, judged["gid"].to_numpy(), seed=0)
+    D, _, _ = pairwise_differences(X, rel, judged["gid"].to_numpy(), seed=0)
     pairs = [tuple(np.flatnonzero(r)) for r in D.toarray()]
     assert all(judged["gid"].iloc[a] == judged["gid"].iloc[b] for a, b in pairs)  # never a MEDIQA x judged pair
 

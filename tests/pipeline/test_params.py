@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from medrank.errors import MedrankError
-from medrank.params import Params, load_params, mtl_rows
+from medrank.params import NestedVariant, Params, load_params, mtl_rows
 from tests.conftest import REPO, error_lines, run_module
 
 
@@ -60,6 +60,18 @@ def test_tiny_profile_keys_exist_in_params():
         ),
         ("analysis:\n  baseline:\n    rows: [[metadata, nope]]\n", "analysis.baseline.rows.0.1"),
         (
+            "analysis:\n  nested:\n    variants: [{name: x, baseline: {filter_target: nope}}]\n",
+            "analysis.nested.variants[0] (x).baseline.filter_target",
+        ),
+        (
+            "analysis:\n  nested:\n    variants: [{name: x, mtl: {alpah: 1}}]\n",
+            "analysis.nested.variants[0] (x).mtl.alpah: Extra inputs",
+        ),
+        (
+            "analysis:\n  nested:\n    variants: [{name: x}, {name: x}]\n",
+            "analysis.nested.variants[1]: needs a unique name other than 'default'",
+        ),
+        (
             "analysis:\n  mtl:\n    rows: [{name: x, alpha: 1}]\n  confirm:\n    mtl_rows: [y]\n",
             "analysis.confirm.mtl_rows[0]: 'y' is not a row name of analysis.mtl.rows (x)",
         ),
@@ -99,6 +111,34 @@ def test_analysis_rows_may_use_the_analysis_groups(tmp_path):
         "metadata",
         "qa",
     ]
+
+
+def test_nested_variants_override_the_baseline_and_mtl_sections():
+    from medrank.nested_refits import recipes
+
+    p = load_params(REPO / "params.yaml")
+    p = p.model_copy(
+        update={
+            "analysis": p.analysis.model_copy(
+                update={
+                    "nested": p.analysis.nested.model_copy(
+                        update={
+                            "variants": [
+                                NestedVariant(name="g", baseline={"filter_target": "grade"}, mtl={"alpha": 0.5}),
+                                NestedVariant(name="a", select_on=["accuracy"]),
+                            ]
+                        }
+                    )
+                }
+            )
+        }
+    )
+    got = recipes(p)
+    assert list(got) == ["default", "g", "a"] and got["default"] == (p.baseline, p.mtl, list(p.score.select_on))
+    bp, mp, select_on = got["g"]
+    assert bp == p.baseline.model_copy(update={"filter_target": "grade"}) and bp.filter_target == "grade"
+    assert mp == p.mtl.model_copy(update={"alpha": 0.5}) and select_on == list(p.score.select_on)
+    assert got["a"] == (p.baseline, p.mtl, ["accuracy"])
 
 
 def test_mtl_ablation_rows_override_the_section():
