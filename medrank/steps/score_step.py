@@ -30,6 +30,9 @@ class AnswerScores:
     qtypes: Any | None = None  # QuestionTypes of group qtype
     cnn: Any | None = None  # CnnRanker of group cnn
     qa: Any | None = None  # CrossEncoder of group qa
+    every_cosine: bool = False  # encode the headings too where the system reads only bienc (as before issue 48)
+
+    COSINES = (("bienc_cos", "bienc"), ("heading_cos", "heading"))
 
     @classmethod
     def load(cls, groups: set[str], models_dir: str | os.PathLike = layout.MODELS, device: str = "auto"):
@@ -73,6 +76,9 @@ class AnswerScores:
         p, groups, out = self.p, self.groups, {}
         if groups & {"bienc", "heading"}:
             bp = p.bienc
+            # only the cosines the system reads (stage bienc writes both): a vector depends on its batch's padded
+            # width, not on the other rows, and a heading, a prefix of its answer, is sorted after it and sets no
+            # width, so the answers' bits stay the same (tests/serving/test_lean_pipeline.py)
             cos, _ = answer_bienc_scores(
                 answers,
                 self.bienc,
@@ -80,8 +86,9 @@ class AnswerScores:
                 batch_size=bp.batch_size,
                 read_only=True,
                 precision=bp.precision,
+                columns=[c for c, g in self.COSINES if g in groups or self.every_cosine],
             )  # as stage bienc resolves it
-            out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
+            out.update({c: v for c, v in cos.items() if dict(self.COSINES)[c] in groups})
         if "passage" in groups:
             from medrank.answer_scores import passage_scores
 
