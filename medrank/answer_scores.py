@@ -83,14 +83,11 @@ def answer_bienc_scores(
     device: str = "auto",
     read_only: bool = False,
     precision: str = "fp32",
-    columns: Sequence[str] = ("bienc_cos", "heading_cos"),
 ) -> tuple[dict[str, np.ndarray], dict]:
     """Groups bienc and heading of normalized answers (question_norm, answer_norm): bienc_cos = cosine(question,
-    answer), heading_cos = cosine(question, the answer's heading), and the encoding stats (`bienc_cosines`);
-    `columns`: those to compute (`medrank rank` encodes no heading where the system does not read it)."""
+    answer), heading_cos = cosine(question, the answer's heading), and the encoding stats (`bienc_cosines`)."""
     answer = answers["answer_norm"].fillna("").astype(str)
-    every = {"bienc_cos": answer.tolist, "heading_cos": lambda: answer.map(answer_heading).tolist()}
-    texts = {c: every[c]() for c in columns}
+    texts = {"bienc_cos": answer.tolist(), "heading_cos": answer.map(answer_heading).tolist()}
     return bienc_cosines(
         answers["question_norm"].fillna("").tolist(),
         texts,

@@ -32,8 +32,6 @@ class AnswerScores:
     qa: Any | None = None  # CrossEncoder of group qa
     every_cosine: bool = False  # encode the headings too where the system reads only bienc (as before issue 48)
 
-    COSINES = (("bienc_cos", "bienc"), ("heading_cos", "heading"))
-
     @classmethod
     def load(cls, groups: set[str], models_dir: str | os.PathLike = layout.MODELS, device: str = "auto"):
         from medrank.encoders.cross_encoder import CrossEncoder
@@ -71,24 +69,30 @@ class AnswerScores:
         passage_cache: str | os.PathLike = layout.CACHE_PASSAGES,
     ) -> dict[str, np.ndarray]:
         """Per-answer score columns aligned with `answers`, for the groups the system reads (the caches: read only)."""
-        from medrank.answer_scores import answer_bienc_scores
-
         p, groups, out = self.p, self.groups, {}
         if groups & {"bienc", "heading"}:
+            from medrank.answer_scores import answer_heading, bienc_cosines
+
             bp = p.bienc
-            # only the cosines the system reads (stage bienc writes both): a vector depends on its batch's padded
-            # width, not on the other rows, and a heading, a prefix of its answer, is sorted after it and sets no
-            # width, so the answers' bits stay the same (tests/serving/test_lean_pipeline.py)
-            cos, _ = answer_bienc_scores(
-                answers,
+            # only the cosines the system reads (stage bienc's answer_bienc_scores encodes both): a vector depends on
+            # its batch's padded width, not on the other rows, and a heading, a prefix of its answer, is sorted after
+            # it and sets no width, so the answers' bits stay the same (tests/serving/test_lean_pipeline.py)
+            answer = answers["answer_norm"].fillna("").astype(str)
+            texts = {}
+            if "bienc" in groups or self.every_cosine:
+                texts["bienc_cos"] = answer.tolist()
+            if "heading" in groups or self.every_cosine:
+                texts["heading_cos"] = answer.map(answer_heading).tolist()
+            cos, _ = bienc_cosines(
+                answers["question_norm"].fillna("").tolist(),
+                texts,
                 self.bienc,
                 cache_root=cache_root,
                 batch_size=bp.batch_size,
                 read_only=True,
                 precision=bp.precision,
-                columns=[c for c, g in self.COSINES if g in groups or self.every_cosine],
             )  # as stage bienc resolves it
-            out.update({c: v for c, v in cos.items() if dict(self.COSINES)[c] in groups})
+            out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
         if "passage" in groups:
             from medrank.answer_scores import passage_scores
 
