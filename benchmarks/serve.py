@@ -5,7 +5,7 @@ CHiQA's answers in CHiQA's order) are posted to a server started here on 127.0.0
 folder that holds only a link to the models (no data/cache: every vector is computed, as for a new question).
 Phases, each bounded in time and in requests:
 
-  single      one client, the 10-answer questions in turn (warm): the latency of one question alone
+  single      one client, the 10-answer questions in turn after one unmeasured: the latency of one question alone
   load        --clients clients for --duration seconds, each posting the next question as soon as it has an answer
   overload    --overload-clients clients against a queue of --overload-queue for --overload-duration seconds:
               the overflow must be 503 with Retry-After, never a failure
@@ -194,7 +194,9 @@ def _r(x: float | None) -> float | None:
 
 def single(url: str, questions: list[dict], count: int) -> dict:
     """One client, the 10-answer questions in turn: the latency of a question alone on a warm server."""
-    tens = [q for q in questions if len(q["answers"]) == 10][:count]
+    tens = [q for q in questions if len(q["answers"]) == 10]
+    drive(url, tens[-1:], 1, 3600, 1)  # one question first, not measured: the server is warm after it
+    tens = tens[:count]
     return {**drive(url, tens, 1, 3600, len(tens)), "questions": [q["qid"] for q in tens]}
 
 

@@ -81,16 +81,19 @@ class ServeConfig:
 
 
 def warmup_input() -> RankInput:
-    """A short question ranked once before /readyz says ready: the whole path runs (a broken model shows there, not at
-    a user's request) and the first pass's one-off kernel set-up is nobody's latency."""
+    """A question ranked once before /readyz says ready: the whole path runs (a broken model shows there, not at a
+    user's request), and the kernels for answers as long as real ones (past the encoder's 256 tokens) are set up
+    then, not at the first user's question."""
     from medrank.rank import as_input
 
+    symptoms = (
+        "Open-angle glaucoma often has no symptoms until vision is lost at the edges of the field of view. "
+        "Angle-closure glaucoma can cause a sudden severe eye pain, headache, blurred vision and nausea. "
+    )
+    cataract = "Cataracts cloud the lens of the eye, so that vision becomes blurred or dim over the years. "
     return as_input(
         "What are the symptoms of glaucoma?",
-        [
-            ("w1", "Glaucoma (Symptoms): Open-angle glaucoma often has no symptoms until vision is lost.", ""),
-            ("w2", "Cataracts cloud the lens of the eye. Surgery replaces the lens.", ""),
-        ],
+        [("w1", "Glaucoma (Symptoms): " + symptoms * 12, ""), ("w2", "Cataract: " + cataract * 2, "")],
     )
 
 
@@ -411,6 +414,7 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
         s = svc.scheduler
         body = {
             "status": "ready" if svc.ready else ("failed" if svc.error else "loading"),
+            "pid": os.getpid(),  # which process answered (several workers or replicas)
             **({"error": svc.error} if svc.error else {}),
             "loaded_s": svc.loaded_s,
             "warmup_s": svc.warmup_s,
@@ -435,7 +439,8 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
         csp = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'"
         return HTMLResponse(page, headers={"Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff"})
 
-    return AccessLog(app)
+    app.add_middleware(AccessLog)
+    return app
 
 
 class AccessLog:
@@ -444,9 +449,6 @@ class AccessLog:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-
-    def __getattr__(self, name: str) -> Any:  # app.state, app.openapi(), ... of the wrapped FastAPI app
-        return getattr(self.app, name)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
