@@ -216,7 +216,9 @@ def _serve(args: argparse.Namespace) -> None:
     import dataclasses
     import os
 
-    os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in a server's log (read when tqdm is imported)
+    # as stages/__init__.py: OpenMP threads that wait yield their core (read once, when torch loads: torch is not
+    # loaded yet here); spinning ones collapse a pass when the cores are shared (docs/experiments.md)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from medrank.serving.app import CONFIG_ENV, ServeConfig, create_app, load_ranker
 
     if not 0 < args.port < 65536:
