@@ -201,17 +201,18 @@ def single(url: str, questions: list[dict], count: int) -> dict:
 
 
 def rss_summary(server: Server, start: float, end: float) -> dict:
+    """Peak RSS, and the largest RSS in each quarter of the phase (flat memory: the quarters level off)."""
     window = [(t, r) for t, r in server.rss if start <= t <= end]
     if not window:
         return {}
-    n = len(window)
-    first = [r for _, r in window[: max(1, n // 4)]]
-    last = [r for _, r in window[-max(1, n // 4) :]]
     mib = 1 << 20
+    span = max(end - start, 1e-9)
+    quarters = [[r for t, r in window if min(int(4 * (t - start) / span), 3) == k] for k in range(4)]
     return {
         "peak_rss_mib": round(max(r for _, r in server.rss) / mib, 1),
-        "rss_first_quarter_mib": round(max(first) / mib, 1),
-        "rss_last_quarter_mib": round(max(last) / mib, 1),
+        "rss_quarters_mib": [round(max(q) / mib, 1) if q else None for q in quarters],
+        "rss_first_quarter_mib": round(max(quarters[0] or [0]) / mib, 1),
+        "rss_last_quarter_mib": round(max(quarters[3] or [0]) / mib, 1),
     }
 
 
@@ -221,7 +222,7 @@ def run_mode(args, questions: list[dict], max_batch: int) -> dict:
     try:
         out["ready"] = server.wait_ready()
         out["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
-        if max_batch == 1:
+        if max_batch == 1 and args.single:
             out["single"] = single(server.url, questions, args.single)
             print(f"single: {json.dumps(out['single'])}", flush=True)
         t0 = time.monotonic()
@@ -258,7 +259,7 @@ def table(result: dict) -> str:
         "(a shared machine: the other work on it moves every figure)",
         "",
         "| phase | max_batch | clients | s | requests | ok | 503 | errors | req/s | p50 s | p95 s | p99 s | "
-        "peak RSS MiB | RSS 1st / last quarter MiB |",
+        "peak RSS MiB | RSS by quarter MiB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in result["modes"]:
@@ -266,11 +267,7 @@ def table(result: dict) -> str:
             r = m.get(phase)
             if not r:
                 continue
-            rss = (
-                f"{r.get('rss_first_quarter_mib', '-')} / {r.get('rss_last_quarter_mib', '-')}"
-                if "rss_first_quarter_mib" in r
-                else "-"
-            )
+            rss = " / ".join(str(x) for x in r.get("rss_quarters_mib", ["-"]))
             name = phase if phase != "overload" else f"overload (queue {r['max_queue']})"
             lines.append(
                 f"| {name} | {m['max_batch']} | {r['clients']} | {r['seconds']} | {r['requests']} | {r['ok']} | "
@@ -301,11 +298,19 @@ def main() -> None:
     ap.add_argument("--overload-clients", type=int, default=12)
     ap.add_argument("--overload-queue", type=int, default=2)
     ap.add_argument("--overload-duration", type=float, default=45.0)
+    ap.add_argument(
+        "--questions",
+        type=int,
+        default=None,
+        help="only the first N 10-answer questions (a memory soak: each seen often)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"serve-{date.today()}")
     args = ap.parse_args()
     if args.clients < 1 or args.duration <= 0 or args.max_requests < 1:
         sys.exit("error: --clients, --duration and --max-requests must be positive")
     questions = validation_questions(args.data)
+    if args.questions:
+        questions = [q for q in questions if len(q["answers"]) == 10][: args.questions]
     from medrank.serving.app import git_commit
 
     result = {
