@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -169,30 +168,12 @@ def format_result(question: str, result: pd.DataFrame, fmt: str = "json", show_a
     """Kept answers in ranked order (JSON or a plain table); with show_all the filtered ones follow."""
     import pandas as pd
 
-    mask = result["kept"].to_numpy(dtype=bool)
-    kept = result.loc[mask].sort_values("rank")
-    dropped = result.loc[~mask].sort_values("prob", ascending=False, kind="stable")
-    rows = [kept] + ([dropped] if show_all else [])
-    table = pd.concat(rows, ignore_index=True) if rows else kept
-
-    def _num(x: float) -> float | None:
-        return None if x is None or not math.isfinite(float(x)) else round(float(x), 6)
+    from medrank.rank import kept_and_dropped, result_record
 
     if fmt == "json":
-        items = [
-            {
-                "rank": None if pd.isna(r["rank"]) else int(r["rank"]),
-                "id": r["id"],
-                "kept": bool(r["kept"]),
-                "filter_score": _num(r["prob"]),
-                "rank_score": _num(r["rank_score"]),
-                **({"url": r["url"]} if r["url"] else {}),
-            }
-            for _, r in table.iterrows()
-        ]
-        return json.dumps(
-            {"question": question, "n_answers": int(len(result)), "n_kept": int(len(kept)), "answers": items}, indent=2
-        )
+        return json.dumps(result_record(question, result, show_all), indent=2)
+    kept, dropped = kept_and_dropped(result)
+    table = pd.concat([kept, dropped], ignore_index=True) if show_all else kept
     lines = [f"{'rank':>4}  {'id':<20} {'filter':>7} {'rank_score':>10}  url"]
     for _, r in table.iterrows():
         rk = "-" if pd.isna(r["rank"]) else str(int(r["rank"]))
@@ -201,6 +182,73 @@ def format_result(question: str, result: pd.DataFrame, fmt: str = "json", show_a
         )
     lines.append(f"{len(kept)} of {len(result)} answers kept")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- serve
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--models", default="models", metavar="DIR", help="trained models folder (default models)")
+    p.add_argument("--fit", choices=("final", "val"), default="final", help="as `medrank rank --fit` (default final)")
+    p.add_argument(
+        "--workers", type=int, default=1, help="server processes, each with its own copy of the models (default 1)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch threads per process (default: the cores over the workers)"
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=1,
+        help="questions ranked together in one pass when several wait (default 1: each alone, as `medrank rank`)",
+    )
+    p.add_argument(
+        "--max-queue", type=int, default=16, help="questions waiting at most per process; beyond, 503 (default 16)"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds per request, waiting included; beyond, 504 (default 120)"
+    )
+
+
+def _serve(args: argparse.Namespace) -> None:
+    import dataclasses
+    import os
+
+    # as stages/__init__.py: OpenMP threads that wait yield their core (read once, when torch loads: torch is not
+    # loaded yet here); spinning ones collapse a pass when the cores are shared (docs/experiments.md)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from medrank.serving.app import CONFIG_ENV, ServeConfig, create_app, load_ranker
+
+    if not 0 < args.port < 65536:
+        raise MedrankError(f"--port must be in 1..65535, got {args.port}")
+    if args.workers < 1:
+        raise MedrankError(f"--workers must be at least 1, got {args.workers}")
+    try:
+        import uvicorn
+    except ImportError:
+        raise MedrankError("`medrank serve` needs fastapi and uvicorn: pip install -e '.[serve]'") from None
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    config = ServeConfig(
+        models=args.models,
+        fit=args.fit,
+        threads=threads,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        timeout_s=args.timeout,
+    )
+    # the models load here first: a missing or damaged one stops with one line before any port is opened
+    ranker = load_ranker(config)
+    common = dict(host=args.host, port=args.port, log_config=None, access_log=False, timeout_graceful_shutdown=None)
+    # a bound on open connections as the last guard (the queue answers 503 with Retry-After long before it)
+    common["limit_concurrency"] = 4 * (args.max_queue + args.max_batch) + 16
+    if args.workers == 1:
+        uvicorn.run(create_app(config, ranker), **common)
+        return
+    del ranker  # each worker process loads its own
+    os.environ[CONFIG_ENV] = json.dumps(dataclasses.asdict(config))
+    uvicorn.run("medrank.serving.app:app_from_env", factory=True, workers=args.workers, **common)
 
 
 def printable(text: str) -> str:
@@ -226,6 +274,11 @@ COMMANDS: dict[str, Command] = {
         "rank a question's candidate answers with the trained system: kept answers in ranked order",
         _rank_arguments,
         _rank,
+    ),
+    "serve": Command(
+        "serve `medrank rank` over HTTP: POST /rank, /rank/batch, GET /healthz, /readyz, /version, / (a form)",
+        _serve_arguments,
+        _serve,
     ),
 }
 

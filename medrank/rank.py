@@ -88,18 +88,34 @@ def _unicode(value: str, what: str) -> str:
     return value
 
 
+class MalformedInput(MedrankError):
+    """The input is not JSON text at all (not UTF-8, empty, a syntax error): `medrank serve` answers 400, not 422."""
+
+
+def load_json(raw: str | bytes, where: str = "input") -> Any:
+    """JSON text decoded with the input's guards (UTF-8, no duplicate keys, bounded integers and nesting)."""
+    if isinstance(raw, bytes):
+        try:
+            raw = decode_utf8(raw, where)
+        except MedrankError as e:
+            raise MalformedInput(str(e)) from None
+    if not raw.strip():
+        raise MalformedInput(f"{where}: empty input (expected a JSON object with 'question' and 'answers')")
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicate_keys(where), parse_int=_int(where))
+    except json.JSONDecodeError as e:
+        raise MalformedInput(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise MalformedInput(f"{where}: JSON nested too deeply") from None
+
+
 def parse_rank_input(raw: str | bytes, where: str = "input") -> RankInput:
     """Validate `{"question": str, "answers": [{"id"?, "text", "url"?}, ...]}`; MedrankError names the problem."""
-    if isinstance(raw, bytes):
-        raw = decode_utf8(raw, where)
-    if not raw.strip():
-        raise MedrankError(f"{where}: empty input (expected a JSON object with 'question' and 'answers')")
-    try:
-        obj = json.loads(raw, object_pairs_hook=_no_duplicate_keys(where), parse_int=_int(where))
-    except json.JSONDecodeError as e:
-        raise MedrankError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except RecursionError:
-        raise MedrankError(f"{where}: JSON nested too deeply") from None
+    return rank_input(load_json(raw, where), where)
+
+
+def rank_input(obj: Any, where: str = "input") -> RankInput:
+    """One question's decoded JSON checked against the caps (MAX_*); MedrankError names the field and what was expected."""
     if not isinstance(obj, dict):
         raise MedrankError(f"{where}: expected a JSON object with 'question' and 'answers', got {type(obj).__name__}")
     unknown = sorted(set(obj) - {"question", "answers"})
@@ -169,7 +185,7 @@ def read_rank_input(path: str) -> RankInput:
     return parse_rank_input(read_text_capped(p, MAX_INPUT_BYTES, "one question's answers"), path)
 
 
-def answers_table(inp: RankInput) -> pd.DataFrame:
+def answers_table(inp: RankInput, qid: str = _QID) -> pd.DataFrame:
     """The question's answers as stage clean makes them (schemas.CLEAN answers columns, one question, no labels)."""
     import pandas as pd
 
@@ -179,7 +195,7 @@ def answers_table(inp: RankInput) -> pd.DataFrame:
     df = pd.DataFrame(
         {
             "split": _SPLIT,
-            "qid": _QID,
+            "qid": qid,
             "question": normalize_text(inp.question),
             "aid": [a.id for a in inp.answers],
             "answer": [clean_answer(a.text) for a in inp.answers],
@@ -208,26 +224,50 @@ class Ranker:
 
     def rank(self, inp: RankInput) -> pd.DataFrame:
         """One row per input answer: id, url, kept, rank (1.. for kept answers, else None), prob, rank_score."""
-        import numpy as np
-        import pandas as pd
-
         if not inp.answers:
             return empty_result()
-        out = self.pipeline.transform(answers_table(inp))
-        out = out.set_index("aid").loc[[a.id for a in inp.answers]].reset_index()
-        order = out.sort_values("score", ascending=False, kind="stable")
-        rank = {aid: i for i, aid in enumerate(order.loc[order["label"] == 1, "aid"], start=1)}
-        return pd.DataFrame(
-            {
-                "id": out["aid"].to_numpy(),
-                "url": [a.url for a in inp.answers],
-                "kept": out["label"].to_numpy(dtype=bool),
-                "rank": [rank.get(a) for a in out["aid"]],
-                "prob": out["prob"].to_numpy(dtype=float),
-                "rank_score": out["rank_key"].to_numpy(dtype=float) if "rank_key" in out else np.full(len(out), np.nan),
-                "score": out["score"].to_numpy(dtype=float),
-            }
-        )
+        return _result(inp, self.pipeline.transform(answers_table(inp)))
+
+    def rank_many(self, inputs: Sequence[RankInput]) -> list[pd.DataFrame]:
+        """`rank` of several questions in one pass through the pipeline (one encoder call over all their texts: the
+        micro-batches of `medrank serve`). One question alone is exactly `rank`; beside others its texts may share a
+        batch of another padded width, so its scores may differ in the last bits."""
+        import pandas as pd
+
+        if len(inputs) == 1:
+            return [self.rank(inputs[0])]
+        todo = [i for i, inp in enumerate(inputs) if inp.answers]
+        out: list[pd.DataFrame] = [empty_result() for _ in inputs]
+        if not todo:
+            return out
+        table = pd.concat([answers_table(inputs[i], f"{_QID}{i}") for i in todo], ignore_index=True)
+        decided = self.pipeline.transform(table)
+        gid = decided["gid"].astype(str)
+        for i in todo:
+            rows = decided[gid == f"{_SPLIT}:{_QID}{i}"]  # ids repeat between questions; the question key does not
+            out[i] = _result(inputs[i], rows)
+        return out
+
+
+def _result(inp: RankInput, out: pd.DataFrame) -> pd.DataFrame:
+    """The decided rows of one question (InferencePipeline.transform) as `Ranker.rank` returns them."""
+    import numpy as np
+    import pandas as pd
+
+    out = out.set_index("aid").loc[[a.id for a in inp.answers]].reset_index()
+    order = out.sort_values("score", ascending=False, kind="stable")
+    rank = {aid: i for i, aid in enumerate(order.loc[order["label"] == 1, "aid"], start=1)}
+    return pd.DataFrame(
+        {
+            "id": out["aid"].to_numpy(),
+            "url": [a.url for a in inp.answers],
+            "kept": out["label"].to_numpy(dtype=bool),
+            "rank": [rank.get(a) for a in out["aid"]],
+            "prob": out["prob"].to_numpy(dtype=float),
+            "rank_score": out["rank_key"].to_numpy(dtype=float) if "rank_key" in out else np.full(len(out), np.nan),
+            "score": out["score"].to_numpy(dtype=float),
+        }
+    )
 
 
 def empty_result() -> pd.DataFrame:
@@ -244,6 +284,39 @@ def empty_result() -> pd.DataFrame:
             "score": pd.Series(dtype=float),
         }
     )
+
+
+def kept_and_dropped(result: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The kept answers in rank order and the dropped ones by descending filter probability."""
+    mask = result["kept"].to_numpy(dtype=bool)
+    kept = result.loc[mask].sort_values("rank")
+    return kept, result.loc[~mask].sort_values("prob", ascending=False, kind="stable")
+
+
+def result_record(question: str, result: pd.DataFrame, show_all: bool = False) -> dict:
+    """`medrank rank`'s JSON output (and `medrank serve`'s): the kept answers in rank order, with show_all the
+    dropped ones after them; scores rounded to 6 places, a non-finite one as null."""
+    import math
+
+    import pandas as pd
+
+    kept, dropped = kept_and_dropped(result)
+
+    def _num(x: float) -> float | None:
+        return None if x is None or not math.isfinite(float(x)) else round(float(x), 6)
+
+    items = [
+        {
+            "rank": None if pd.isna(r["rank"]) else int(r["rank"]),
+            "id": r["id"],
+            "kept": bool(r["kept"]),
+            "filter_score": _num(r["prob"]),
+            "rank_score": _num(r["rank_score"]),
+            **({"url": r["url"]} if r["url"] else {}),
+        }
+        for _, r in (pd.concat([kept, dropped], ignore_index=True) if show_all else kept).iterrows()
+    ]
+    return {"question": question, "n_answers": int(len(result)), "n_kept": int(len(kept)), "answers": items}
 
 
 def ranked_ids(result: pd.DataFrame) -> list[str]:

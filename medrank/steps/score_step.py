@@ -30,6 +30,7 @@ class AnswerScores:
     qtypes: Any | None = None  # QuestionTypes of group qtype
     cnn: Any | None = None  # CnnRanker of group cnn
     qa: Any | None = None  # CrossEncoder of group qa
+    every_cosine: bool = False  # encode the headings too where the system reads only bienc (as before issue 48)
 
     @classmethod
     def load(cls, groups: set[str], models_dir: str | os.PathLike = layout.MODELS, device: str = "auto"):
@@ -68,13 +69,23 @@ class AnswerScores:
         passage_cache: str | os.PathLike = layout.CACHE_PASSAGES,
     ) -> dict[str, np.ndarray]:
         """Per-answer score columns aligned with `answers`, for the groups the system reads (the caches: read only)."""
-        from medrank.answer_scores import answer_bienc_scores
-
         p, groups, out = self.p, self.groups, {}
         if groups & {"bienc", "heading"}:
+            from medrank.answer_scores import answer_heading, bienc_cosines
+
             bp = p.bienc
-            cos, _ = answer_bienc_scores(
-                answers,
+            # only the cosines the system reads (stage bienc's answer_bienc_scores encodes both): a vector depends on
+            # its batch's padded width, not on the other rows, and a heading, a prefix of its answer, is sorted after
+            # it and sets no width, so the answers' bits stay the same (tests/serving/test_lean_pipeline.py)
+            answer = answers["answer_norm"].fillna("").astype(str)
+            texts = {}
+            if "bienc" in groups or self.every_cosine:
+                texts["bienc_cos"] = answer.tolist()
+            if "heading" in groups or self.every_cosine:
+                texts["heading_cos"] = answer.map(answer_heading).tolist()
+            cos, _ = bienc_cosines(
+                answers["question_norm"].fillna("").tolist(),
+                texts,
                 self.bienc,
                 cache_root=cache_root,
                 batch_size=bp.batch_size,

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
 
 Fit = Literal["final", "val"]
 
+# the feature groups that read the retrieve step's entailed answers (rqe_i, rqe_emb_i, entailed_text) and those that
+# also read the NLI grids (anli_i): medrank.features.answer_table; the MTL network reads both whatever its groups
+RETRIEVAL_GROUPS = frozenset({"rqe", "rqe_emb", "bow", "anli"})
+GRID_GROUPS = frozenset({"anli"})
+
 
 def read_system(models_dir: str | os.PathLike = layout.MODELS) -> dict:
     """models/system.json (written by stage score): the final system, its MTL weight, keep rules and order."""
@@ -60,6 +65,22 @@ class SystemStep:
             self.mtl.builder.groups if self.mtl else ()
         )
 
+    @property
+    def reads_retrieval(self) -> bool:
+        """Whether the decided system reads the retrieve step's output (else that step need not run)."""
+        return self.mtl is not None or bool(self.groups & RETRIEVAL_GROUPS)
+
+    @property
+    def reads_grids(self) -> bool:
+        """Whether the decided system reads the NLI grids (else the grid step need not run)."""
+        return self.mtl is not None or bool(self.groups & GRID_GROUPS)
+
+    @property
+    def per_question(self) -> bool:
+        """Whether each question is decided from its own rows alone (the baseline's EM prior shift reads every row of
+        the table: questions ranked together would shift each other)."""
+        return self.baseline is None or self.baseline.config.params.prior_shift != "em"
+
     @classmethod
     def load(cls, models_dir: str | os.PathLike = layout.MODELS, fit: Fit = "final") -> "SystemStep":
         from medrank.models.baseline import FittedBaseline
@@ -78,9 +99,15 @@ class SystemStep:
         return cls(system, fit, baseline, mtl, meta)
 
     def transform(
-        self, answers: pd.DataFrame, retrieved: pd.DataFrame, grid: pd.DataFrame, scores: dict, n_candidates: int
+        self,
+        answers: pd.DataFrame,
+        retrieved: pd.DataFrame | None,
+        grid: pd.DataFrame | None,
+        scores: dict,
+        n_candidates: int,
     ) -> pd.DataFrame:
-        """apply_decision's rows (aid, prob, rank_key, label, score) of the answers."""
+        """apply_decision's rows (aid, prob, rank_key, label, score) of the answers; `retrieved` / `grid` may be None
+        where the system does not read them (reads_retrieval, reads_grids)."""
         from medrank.decision import Keep, apply_decision, combine_systems, decide
         from medrank.features import answer_table
         from medrank.models.mtl import build_mtl_data, ensemble
@@ -96,7 +123,7 @@ class SystemStep:
             dec = decide(ensemble(*self.mtl.predict(data), rule.ensemble), float(d["threshold_used"]), rule)
             systems["mtl"] = dec.assign(prob=dec["prob_mean"])
         if self.baseline is not None:
-            anli = grid[["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]]
+            anli = None if grid is None else grid[["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]]
             table = answer_table(answers, entailed=retrieved, anli=anli, n_candidates=n_candidates, **scores)
             pred = self.baseline.predict(table)
             systems["baseline"] = pred.assign(rank_key=pred["rank_score"])

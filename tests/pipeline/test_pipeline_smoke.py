@@ -192,17 +192,21 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
 
 def _rank_equals_validation_submission(repo: Path) -> None:
     """`medrank rank --fit val` on a validation question (its text and CHiQA's answers, as a user sends them)
-    keeps the same answers in the same order as the pipeline's validation submission."""
+    keeps the same answers in the same order as the pipeline's validation submission; `medrank serve --fit val`
+    answers the same JSON."""
     import os
+    import time
 
     import pandas as pd
+    from fastapi.testclient import TestClient
 
     from medrank.cli import format_result
-    from medrank.rank import as_input, rank_question, ranked_ids
+    from medrank.rank import Ranker, as_input, rank_question, ranked_ids
+    from medrank.serving import ServeConfig, create_app
 
     clean = pd.read_parquet(repo / "data/interim/clean/answers.parquet")
     sub = pd.read_csv(repo / "submissions/task3_val.csv", header=None, names=["qid", "aid", "label"], dtype=str)
-    checked = 0
+    checked, served = 0, []
     cwd = os.getcwd()
     os.chdir(repo)
     try:
@@ -216,7 +220,21 @@ def _rank_equals_validation_submission(repo: Path) -> None:
             kept = result.loc[result["kept"], "id"].tolist()
             assert sorted(kept) == sorted(rows.loc[rows["label"] == "1", "aid"]), (qid, result, rows)
             assert json.loads(format_result(inp.question, result))["n_kept"] == len(kept)
+            body = {
+                "question": inp.question,
+                "answers": [{"id": a.id, "text": a.text, "url": a.url} for a in inp.answers],
+            }
+            served.append((body, json.loads(format_result(inp.question, result, show_all=True))))
             checked += 1
+        with TestClient(
+            create_app(ServeConfig(fit="val", threads=1, warmup=False), Ranker.load("models", "val"))
+        ) as client:
+            for _ in range(600):
+                if client.get("/readyz").status_code == 200:
+                    break
+                time.sleep(0.1)
+            for body, want in served:
+                assert client.post("/rank", json=body).json() == want
     finally:
         os.chdir(cwd)
     assert checked, "no validation question with gap-free CHiQA ranks in the tiny profile"

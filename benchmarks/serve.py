@@ -1,0 +1,337 @@
+"""`medrank serve` under load on loopback: latency, throughput, errors and memory, each question alone and micro-batched.
+
+The real MEDIQA validation questions (data/interim/clean/answers.parquet, as a user sends them: the question and
+CHiQA's answers in CHiQA's order) are posted to a server started here on 127.0.0.1 (a free port), run from a scratch
+folder that holds only a link to the models (no data/cache: every vector is computed, as for a new question).
+Phases, each bounded in time and in requests:
+
+  single      one client, the 10-answer questions in turn after one unmeasured: the latency of one question alone
+  load        --clients clients for --duration seconds, each posting the next question as soon as it has an answer
+  overload    --overload-clients clients against a queue of --overload-queue for --overload-duration seconds:
+              the overflow must be 503 with Retry-After, never a failure
+
+`load` and `overload` run once per --max-batch value (1: each question alone; >1: the questions waiting together in
+one pass). Peak RSS is the server's (sampled every 0.5 s); "flat memory" compares its RSS after the first and the
+last quarter of the load phase. The machine's load average is recorded: on a shared machine the figures move with it.
+
+    python benchmarks/serve.py --data ../main/data [--models models] [--clients 8] [--duration 120]
+        [--max-batch 1 4] [--out benchmarks/results/serve-DATE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def validation_questions(data: Path) -> list[dict]:
+    """The validation questions as `medrank rank` / POST /rank bodies (answers in CHiQA's order)."""
+    import pandas as pd
+
+    path = data / "interim" / "clean" / "answers.parquet"
+    if not path.is_file():
+        sys.exit(f"error: {path}: no cleaned answers (run `dvc repro clean`, or point --data at a data/ folder)")
+    clean = pd.read_parquet(path)
+    val = clean[clean["split"] == "val"]
+    out = []
+    for qid, rows in val.groupby("qid", sort=True):
+        rows = rows.sort_values("system_rank", kind="stable")
+        answers = [
+            {"id": str(a), "text": t, "url": u or ""} for a, t, u in zip(rows["aid"], rows["answer"], rows["url"])
+        ]
+        out.append({"question": rows["question"].iloc[0], "answers": answers, "qid": str(qid)})
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`medrank serve` in a subprocess from a scratch folder (models linked, nothing else), its RSS sampled."""
+
+    def __init__(self, models: Path, max_batch: int, max_queue: int, timeout: float, threads: int | None) -> None:
+        self.scratch = Path(tempfile.mkdtemp(prefix="medrank-serve-bench-"))
+        (self.scratch / "models").symlink_to(models.resolve())
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "medrank.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd += ["--max-batch", str(max_batch), "--max-queue", str(max_queue), "--timeout", str(timeout)]
+        cmd += ["--threads", str(threads)] if threads else []
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.log = open(self.scratch / "server.log", "w")
+        self.proc = subprocess.Popen(cmd, cwd=self.scratch, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.rss: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        import psutil
+
+        p = psutil.Process(self.proc.pid)
+        while not self._stop.is_set():
+            try:
+                self.rss.append((time.monotonic(), p.memory_info().rss))
+            except psutil.Error:
+                return
+            time.sleep(0.5)
+
+    def wait_ready(self, timeout: float = 600) -> dict:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                sys.exit(f"error: the server exited ({self.proc.returncode}); log: {self.scratch / 'server.log'}")
+            try:
+                r = httpx.get(f"{self.url}/readyz", timeout=5)
+                if r.status_code == 200:
+                    return r.json()
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        sys.exit("error: the server was not ready in time")
+
+    def stop(self) -> int:
+        """SIGTERM (graceful: in-flight requests finish), then the exit code."""
+        self.proc.terminate()
+        try:
+            code = self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self._stop.set()
+        self.log.close()
+        return code
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def drive(url: str, questions: list[dict], clients: int, duration: float, max_requests: int) -> dict:
+    """`clients` threads posting questions in turn for `duration` seconds (at most `max_requests` in all)."""
+    import httpx
+
+    lock = threading.Lock()
+    done: list[dict] = []
+    issued = [0]
+    stop_at = time.monotonic() + duration
+
+    def client(k: int) -> None:
+        with httpx.Client(timeout=900) as c:
+            i = k
+            while time.monotonic() < stop_at:
+                with lock:
+                    if issued[0] >= max_requests:
+                        return
+                    issued[0] += 1
+                q = questions[i % len(questions)]
+                i += clients
+                body = {"question": q["question"], "answers": q["answers"]}
+                t0 = time.monotonic()
+                try:
+                    r = c.post(f"{url}/rank", json=body)
+                    status, retry = r.status_code, r.headers.get("retry-after")
+                    if status == 503:
+                        time.sleep(min(float(retry or 1), max(0.0, stop_at - time.monotonic())))
+                except httpx.HTTPError as e:
+                    status, retry = type(e).__name__, None
+                with lock:
+                    done.append({"status": status, "s": time.monotonic() - t0, "answers": len(q["answers"])})
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - t0
+    ok = [d["s"] for d in done if d["status"] == 200]
+    statuses: dict[str, int] = {}
+    for d in done:
+        statuses[str(d["status"])] = statuses.get(str(d["status"]), 0) + 1
+    return {
+        "clients": clients,
+        "seconds": round(wall, 1),
+        "requests": len(done),
+        "ok": len(ok),
+        "statuses": statuses,
+        "errors": sum(n for s, n in statuses.items() if s not in ("200", "503")),
+        "rejected_503": statuses.get("503", 0),
+        "req_per_s": round(len(ok) / wall, 3) if wall else None,
+        "p50_s": _r(percentile(ok, 0.5)),
+        "p95_s": _r(percentile(ok, 0.95)),
+        "p99_s": _r(percentile(ok, 0.99)),
+        "mean_answers": round(statistics.mean(d["answers"] for d in done), 1) if done else None,
+    }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def single(url: str, questions: list[dict], count: int) -> dict:
+    """One client, the 10-answer questions in turn: the latency of a question alone on a warm server."""
+    tens = [q for q in questions if len(q["answers"]) == 10]
+    drive(url, tens[-1:], 1, 3600, 1)  # one question first, not measured: the server is warm after it
+    tens = tens[:count]
+    return {**drive(url, tens, 1, 3600, len(tens)), "questions": [q["qid"] for q in tens]}
+
+
+def rss_summary(server: Server, start: float, end: float) -> dict:
+    """Peak RSS, and the largest RSS in each quarter of the phase (flat memory: the quarters level off)."""
+    window = [(t, r) for t, r in server.rss if start <= t <= end]
+    if not window:
+        return {}
+    mib = 1 << 20
+    span = max(end - start, 1e-9)
+    quarters = [[r for t, r in window if min(int(4 * (t - start) / span), 3) == k] for k in range(4)]
+    return {
+        "peak_rss_mib": round(max(r for _, r in server.rss) / mib, 1),
+        "rss_quarters_mib": [round(max(q) / mib, 1) if q else None for q in quarters],
+        "rss_first_quarter_mib": round(max(quarters[0] or [0]) / mib, 1),
+        "rss_last_quarter_mib": round(max(quarters[3] or [0]) / mib, 1),
+    }
+
+
+def run_mode(args, questions: list[dict], max_batch: int) -> dict:
+    out: dict = {"max_batch": max_batch}
+    server = Server(args.models, max_batch, args.max_queue, args.timeout, args.threads)
+    try:
+        out["ready"] = server.wait_ready()
+        out["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
+        if max_batch == 1 and args.single:
+            out["single"] = single(server.url, questions, args.single)
+            print(f"single: {json.dumps(out['single'])}", flush=True)
+        t0 = time.monotonic()
+        out["load"] = drive(server.url, questions, args.clients, args.duration, args.max_requests)
+        out["load"].update(rss_summary(server, t0, time.monotonic()))
+        out["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        print(f"load (max_batch {max_batch}): {json.dumps(out['load'])}", flush=True)
+        import httpx
+
+        out["server_stats"] = httpx.get(f"{server.url}/readyz", timeout=10).json()["stats"]
+    finally:
+        out["exit_code"] = server.stop()
+    if args.overload_duration > 0:
+        server = Server(args.models, max_batch, args.overload_queue, args.timeout, args.threads)
+        try:
+            server.wait_ready()
+            t0 = time.monotonic()
+            out["overload"] = drive(
+                server.url, questions, args.overload_clients, args.overload_duration, args.max_requests
+            )
+            out["overload"].update(rss_summary(server, t0, time.monotonic()))
+            out["overload"]["max_queue"] = args.overload_queue
+            print(f"overload (max_batch {max_batch}): {json.dumps(out['overload'])}", flush=True)
+        finally:
+            out["overload_exit_code"] = server.stop()
+    return out
+
+
+def table(result: dict) -> str:
+    lines = [
+        f"medrank serve on loopback, {result['date']}, commit {result['commit']}, {result['cores']} cores, "
+        f"{len(result['questions'])} MEDIQA validation questions ({result['mean_answers']} answers on average)",
+        f"load average (1/5/15 min) at the start: {result['loadavg_start']}, at the end: {result['loadavg_end']} "
+        "(a shared machine: the other work on it moves every figure)",
+        "",
+        "| phase | max_batch | clients | s | requests | ok | 503 | errors | req/s | p50 s | p95 s | p99 s | "
+        "peak RSS MiB | RSS by quarter MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in result["modes"]:
+        for phase in ("single", "load", "overload"):
+            r = m.get(phase)
+            if not r:
+                continue
+            rss = " / ".join(str(x) for x in r.get("rss_quarters_mib", ["-"]))
+            name = phase if phase != "overload" else f"overload (queue {r['max_queue']})"
+            lines.append(
+                f"| {name} | {m['max_batch']} | {r['clients']} | {r['seconds']} | {r['requests']} | {r['ok']} | "
+                f"{r['rejected_503']} | {r['errors']} | {r['req_per_s']} | {r['p50_s']} | {r['p95_s']} | "
+                f"{r['p99_s']} | {r.get('peak_rss_mib', '-')} | {rss} |"
+            )
+    lines.append("")
+    for m in result["modes"]:
+        lines.append(
+            f"max_batch {m['max_batch']}: passes by size {m.get('server_stats', {}).get('batches')}, server exit code "
+            f"{m['exit_code']} after SIGTERM, warm-up {m['ready'].get('warmup_s')} s"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=ROOT / "data", help="a data/ folder with interim/clean (read only)")
+    ap.add_argument("--models", type=Path, default=ROOT / "models")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--duration", type=float, default=120.0, help="seconds of the load phase")
+    ap.add_argument("--max-requests", type=int, default=2000, help="a bound on the requests of one phase")
+    ap.add_argument("--single", type=int, default=5, help="10-answer questions in the single-client phase")
+    ap.add_argument("--max-batch", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--max-queue", type=int, default=16)
+    ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--overload-clients", type=int, default=12)
+    ap.add_argument("--overload-queue", type=int, default=2)
+    ap.add_argument("--overload-duration", type=float, default=45.0)
+    ap.add_argument(
+        "--questions",
+        type=int,
+        default=None,
+        help="only the first N 10-answer questions (a memory soak: each seen often)",
+    )
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / f"serve-{date.today()}")
+    args = ap.parse_args()
+    if args.clients < 1 or args.duration <= 0 or args.max_requests < 1:
+        sys.exit("error: --clients, --duration and --max-requests must be positive")
+    questions = validation_questions(args.data)
+    if args.questions:
+        questions = [q for q in questions if len(q["answers"]) == 10][: args.questions]
+    from medrank.serving.app import git_commit
+
+    result = {
+        "date": str(date.today()),
+        "commit": (git_commit() or "unknown")[:7],
+        "cores": os.cpu_count(),
+        "questions": [q["qid"] for q in questions],
+        "mean_answers": round(statistics.mean(len(q["answers"]) for q in questions), 1),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "modes": [],
+    }
+    for b in args.max_batch:
+        result["modes"].append(run_mode(args, questions, b))
+    result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    text = table(result)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".txt").write_text(text, encoding="utf-8")
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
