@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from medrank.errors import MedrankError
+from medrank.params.rankers import KEEP_RULES, ORDERS  # the vocabulary: params owns the names, this module the rules
 
 if TYPE_CHECKING:
     from medrank.params import MtlParams
@@ -194,29 +195,7 @@ def combine_systems(a: pd.DataFrame, b: pd.DataFrame, weight: float) -> pd.DataF
 
 # ---------------------------------------------------------------- keep rules that may transfer to new questions
 
-# how kept answers are chosen, each fitted on labelled calibration rows (out-of-fold or out-of-source predictions)
-# and applied to a target set whose labels it never sees (transductive rules read the target's probabilities):
-KEEP_RULES = {
-    "threshold": "the accuracy-best probability threshold of the calibration rows",
-    "fixed_0.5": "a fixed probability threshold 0.5",
-    "min_keep_1": "the accuracy-best threshold, and each question's most probable answer",
-    "platt": "Platt scaling fitted on the calibration rows; keep calibrated P >= 0.5",
-    "isotonic": "isotonic calibration fitted on the calibration rows; keep calibrated P >= 0.5",
-    "em": "Platt, then the target's positive rate by EM (Saerens 2002); keep prior-adjusted P >= 0.5",
-    "em_fraction": "the target's positive rate by EM on Platt-calibrated P; keep that fraction of target rows",
-    "bbse_fraction": "the target's positive rate by black-box shift estimation (the threshold rule's confusion "
-    "matrix on the calibration rows); keep that fraction of target rows",
-    "minimax": "the threshold whose worst accuracy over the plausible positive rates (experiment.SHIFT_PRIORS) of the "
-    "calibration rows re-weighted is best",
-    "minimax_min_keep_1": "the minimax threshold, and each question's most probable answer",
-    "relative": "keep answers within delta of their question's most probable one (delta: accuracy-best)",
-    "top_k": "keep each question's k most probable answers (k: accuracy-best)",
-}
-ORDERS = {
-    "rank": "kept answers by the rank model",
-    "prob_first": "the most probable kept answer first, the rest by the rank model",
-    "prob": "kept answers by probability",
-}
+# KEEP_RULES (their names and what each does: medrank.params.rankers) fitted and applied below
 RELATIVE_GRID = np.round(np.arange(0.0, 1.001, 0.02), 2)
 TOP_K_GRID = np.arange(1, 11)
 

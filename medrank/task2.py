@@ -25,6 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 from medrank.errors import MedrankError
+from medrank.params.rankers import CHQ_RULES  # the vocabulary: params owns the names, this module the rules
 
 # data/processed/task2_probs.parquet (finetune_rqe -> task2): validation pairs with their out-of-fold P(entailed),
 # label and CHQ-grouped fold; test pairs with the final model's P(entailed), label and fold -1
@@ -39,12 +40,6 @@ PROBS_SCHEMA = pa.schema(
     ]
 )
 
-CHQ_RULES = {
-    "threshold_0.5": "each pair alone: P(entailed) >= 0.5",
-    "best_only": "the CHQ's most probable FAQ only",
-    "best_margin": "the most probable FAQ if P >= floor, others within a logit margin of it (floor, margin: fitted)",
-    "top_half": "the max(1, n // 2) most probable of the CHQ's n FAQs",
-}
 FLOOR_GRID = np.round(np.arange(0.0, 0.951, 0.05), 2)
 MARGIN_GRID = np.round(np.arange(0.0, 4.001, 0.25), 2)  # logit units: exp(-margin) = the softmax share vs the best
 

@@ -1,7 +1,7 @@
 """Stage `score`: the final Task 3 system, its submissions, the comparison tables and the paper's error analysis.
 
 Candidates: MTL weight (0 = the baseline's rows alone, 1 = the MTL's alone, between: averaged probabilities and
-within-question ranks) × keep rule (medrank.decision.KEEP_RULES) under question-grouped CV and leave-one-source-out,
+within-question ranks) × keep rule (medrank.params.rankers.KEEP_RULES) under question-grouped CV and leave-one-source-out,
 then the order of the kept answers (ORDERS); `score.system: auto` picks by the written rule (SELECTION_RULE; the noise
 band is the larger seed spread of the two defaults, metrics/noise_band.json of the frozen stage noise_band). Never
 the 25 validation questions, never test labels; the steps are medrank/final_system.py. Writes submissions/task3_{val,test}.csv, models/system.json (weight, the Keep fitted per target set, the

@@ -178,24 +178,44 @@ def mtl_rows(
     return out
 
 
-KeepRule = Literal[
-    "threshold",
-    "fixed_0.5",
-    "min_keep_1",
-    "platt",
-    "isotonic",
-    "em",
-    "em_fraction",
-    "bbse_fraction",
-    "minimax",
-    "minimax_min_keep_1",
-    "relative",
-    "top_k",
-]
-OrderRule = Literal["rank", "prob_first", "prob"]
+# ---------------------------------------------------------------- the decision rules' vocabulary (one owner: their
+# implementations, medrank.decision and medrank.task2, are keyed by these names; the params Literals derive from them)
+
+# how kept answers are chosen, each fitted on labelled calibration rows (out-of-fold or out-of-source predictions)
+# and applied to a target set whose labels it never sees (transductive rules read the target's probabilities):
+KEEP_RULES = {
+    "threshold": "the accuracy-best probability threshold of the calibration rows",
+    "fixed_0.5": "a fixed probability threshold 0.5",
+    "min_keep_1": "the accuracy-best threshold, and each question's most probable answer",
+    "platt": "Platt scaling fitted on the calibration rows; keep calibrated P >= 0.5",
+    "isotonic": "isotonic calibration fitted on the calibration rows; keep calibrated P >= 0.5",
+    "em": "Platt, then the target's positive rate by EM (Saerens 2002); keep prior-adjusted P >= 0.5",
+    "em_fraction": "the target's positive rate by EM on Platt-calibrated P; keep that fraction of target rows",
+    "bbse_fraction": "the target's positive rate by black-box shift estimation (the threshold rule's confusion "
+    "matrix on the calibration rows); keep that fraction of target rows",
+    "minimax": "the threshold whose worst accuracy over the plausible positive rates (experiment.SHIFT_PRIORS) of the "
+    "calibration rows re-weighted is best",
+    "minimax_min_keep_1": "the minimax threshold, and each question's most probable answer",
+    "relative": "keep answers within delta of their question's most probable one (delta: accuracy-best)",
+    "top_k": "keep each question's k most probable answers (k: accuracy-best)",
+}
+ORDERS = {
+    "rank": "kept answers by the rank model",
+    "prob_first": "the most probable kept answer first, the rest by the rank model",
+    "prob": "kept answers by probability",
+}
+CHQ_RULES = {
+    "threshold_0.5": "each pair alone: P(entailed) >= 0.5",
+    "best_only": "the CHQ's most probable FAQ only",
+    "best_margin": "the most probable FAQ if P >= floor, others within a logit margin of it (floor, margin: fitted)",
+    "top_half": "the max(1, n // 2) most probable of the CHQ's n FAQs",
+}
+
+KeepRule = Literal[tuple(KEEP_RULES)]  # simplest first
+OrderRule = Literal[tuple(ORDERS)]
 
 
-ChqRule = Literal["threshold_0.5", "best_only", "best_margin", "top_half"]
+ChqRule = Literal[tuple(CHQ_RULES)]
 
 
 class Task2Params(_Section):

@@ -74,7 +74,7 @@ def task3_section(metrics: dict[str, dict]) -> list[str]:
         out += [
             "**Decisions that transfer**: MTL weight (0 = the baseline alone, 1 = the MTL alone) × keep rule, each fitted on other "
             "folds' / other sources' held-out rows; rows: every rule at the chosen weight and every weight at the chosen rule; "
-            "score = mean of CV accuracy and LOSO mean accuracy. Keep rules, simplest first (`medrank/decision.py` KEEP_RULES): "
+            "score = mean of CV accuracy and LOSO mean accuracy. Keep rules, simplest first (`medrank/params/rankers.py` KEEP_RULES): "
             + ", ".join(f"`{r}`" for r in rules)
             + ".",
             "",
