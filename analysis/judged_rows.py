@@ -24,18 +24,18 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from medrank import layout as L
-from medrank.evaluation import confirm_table, order_score, rounded
-from medrank.io import write_json
+from medrank.core import layout as L
+from medrank.selection.evaluation import confirm_table, order_score, rounded
+from medrank.core.io import write_json
 from medrank.models import baseline as B
 from medrank.models import baseline_protocols as BP
 from medrank.data.judged import judged_answers
-from medrank.features import cap_questions
-from medrank.io import read_parquet
-from medrank.feature_groups import BIENC_GROUPS
+from medrank.task3.features import cap_questions
+from medrank.core.io import read_parquet
+from medrank.task3.groups import BIENC_GROUPS
 from medrank.params import load_params
-from medrank.answer_scores import score_answers
-from medrank.inputs import load_tables
+from medrank.task3.answer_scores import score_answers
+from medrank.task3.inputs import load_tables
 
 OUT = ROOT / "metrics" / "judged_rows.json"
 MODES = ("none", "ranker", "all")

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from experiment import scratch_default, timed_dvc
 
-from medrank.io import write_json
+from medrank.core.io import write_json
 
 OUT = ROOT / "metrics" / "nt_grid.json"
 
@@ -96,7 +96,7 @@ def seed_scores(repo: Path) -> list[float]:
 
 def confirm(work: Path, grid: dict) -> dict:
     """The grid's pick vs the default over seeds, paired by seed (evaluation.confirm_table: a win beyond the band)."""
-    from medrank.evaluation import confirm_table
+    from medrank.selection.evaluation import confirm_table
 
     pk, d = grid["pick"], grid["default"]
     best = (pk["best"]["n_candidates"], pk["best"]["rqe_threshold"])

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "analysis"))
 from experiment import scratch_default, timed_dvc
 from nt_grid import cell_metrics
 
-from medrank.io import write_json
+from medrank.core.io import write_json
 
 OUT = ROOT / "metrics" / "options.json"
 

@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from medrank import layout
+from medrank.core import layout
 from medrank.encoders.hardware import cpu_flags, probe_precision, resolve_device
 from medrank.encoders.cross_encoder import CrossEncoder
 

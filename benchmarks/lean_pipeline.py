@@ -28,8 +28,8 @@ def main() -> None:
     args = ap.parse_args()
     import pandas as pd
 
-    from medrank.rank import Ranker, as_input, ranked_ids
-    from medrank.steps.pipeline import InferencePipeline
+    from medrank.serving.rank import Ranker, as_input, ranked_ids
+    from medrank.serving.steps.pipeline import InferencePipeline
 
     models = args.models.resolve()
     clean = pd.read_parquet(args.data / "interim" / "clean" / "answers.parquet")

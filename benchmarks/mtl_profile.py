@@ -17,11 +17,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from medrank import layout as L
-from medrank.evaluation import split_questions
-from medrank.bow import medquad_tfidf
-from medrank.features import read_answer_scores
-from medrank.io import read_parquet
+from medrank.core import layout as L
+from medrank.selection.evaluation import split_questions
+from medrank.task3.bow import medquad_tfidf
+from medrank.task3.features import read_answer_scores
+from medrank.core.io import read_parquet
 from medrank.models import mtl
 from medrank.params import load_params
 

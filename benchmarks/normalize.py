@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from medrank import layout
+from medrank.core import layout
 from medrank.params import load_params
 from medrank.text.matcher import _END, _SEP, _START, PhraseMatcher
 from medrank.text.normalize import TABLES, build_normalizer

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from medrank import layout
+from medrank.core import layout
 from medrank.encoders.hardware import cpu_flags
 from medrank.encoders.models import DEFAULT_MODEL
 from medrank.encoders.cross_encoder import CrossEncoder

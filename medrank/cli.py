@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,7 +50,7 @@ def _score_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _score(args: argparse.Namespace) -> None:
-    from medrank.metrics import score_task2, score_task3
+    from medrank.selection.metrics import score_task2, score_task3
 
     metrics = (score_task3 if args.task == 3 else score_task2)(args.gold, args.submission)
     if args.json:
@@ -158,7 +158,7 @@ def _rank_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _rank(args: argparse.Namespace) -> None:
-    from medrank.rank import rank_question, read_rank_input
+    from medrank.serving.rank import rank_question, read_rank_input
 
     inp = read_rank_input(args.input)  # validate before loading any model
     emit(format_result(inp.question, rank_question(inp, args.models, args.fit), args.format, args.all))
@@ -168,7 +168,7 @@ def format_result(question: str, result: pd.DataFrame, fmt: str = "json", show_a
     """Kept answers in ranked order (JSON or a plain table); with show_all the filtered ones follow."""
     import pandas as pd
 
-    from medrank.rank import kept_and_dropped, result_record
+    from medrank.serving.rank import kept_and_dropped, result_record
 
     if fmt == "json":
         return json.dumps(result_record(question, result, show_all), indent=2)
@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `medrank COMMAND ...`; returns 0, or exits 2 with one `error: ...` line on bad input."""
-    from medrank.runner import run
+    from medrank.core.runner import run
 
     def _main() -> None:
         args = build_parser().parse_args(argv)

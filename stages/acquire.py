@@ -1,9 +1,9 @@
 """DVC stage `acquire`: pinned raw datasets -> data/raw (mirrors first, then upstream; sha256 verified)."""
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.acquire import acquire
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

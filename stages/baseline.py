@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import time
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from medrank import layout as L
-    from medrank.inputs import load_tables
-    from medrank.io import write_json, write_parquet
-    from medrank.metrics import gold_from_answers, score_task3
+    from medrank.core import layout as L
+    from medrank.task3.inputs import load_tables
+    from medrank.core.io import write_json, write_parquet
+    from medrank.selection.metrics import gold_from_answers, score_task3
     from medrank.models import baseline as B
     from medrank.models import baseline_protocols as BP
     from medrank.params import load_params
-    from medrank.submission import write_task3_submission
+    from medrank.selection.submission import write_task3_submission
 
     p = load_params(params_path)
     bp = p.baseline

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import time
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from medrank import layout as L
-    from medrank.io import write_json
+    from medrank.core import layout as L
+    from medrank.core.io import write_json
     from medrank.models import baseline as B
     from medrank.models import baseline_protocols as BP
     from medrank.params import load_params
-    from medrank.inputs import load_tables
+    from medrank.task3.inputs import load_tables
 
     p = load_params(params_path)
     t0 = time.perf_counter()

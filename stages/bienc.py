@@ -18,16 +18,16 @@ import time
 
 import pyarrow as pa
 
-from medrank import layout
-from medrank.answer_scores import BIENC_SCORES_COLUMNS, bienc_metrics, qtype_training_questions, score_answers
+from medrank.core import layout
+from medrank.task3.answer_scores import BIENC_SCORES_COLUMNS, bienc_metrics, qtype_training_questions, score_answers
 from medrank.data.judged import judged_answers, with_judged
 from medrank.encoders.sentence_encoder import SentenceEncoder
-from medrank.features import cap_questions
-from medrank.io import read_parquet, write_json, write_parquet
+from medrank.task3.features import cap_questions
+from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.models.qtype import QuestionTypes
 from medrank.params import load_params, step_params
-from medrank.runner import run
-from medrank.steps import save_step
+from medrank.core.runner import run
+from medrank.serving.steps import save_step
 
 log = logging.getLogger("stages.bienc")
 BIENC_SCORES = pa.schema(

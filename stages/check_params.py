@@ -8,10 +8,10 @@ it changes only when medrank/params.py's schema does, so a valid edit re-runs no
 
 import json
 
-from medrank import layout
-from medrank.io import write_text
+from medrank.core import layout
+from medrank.core.io import write_text
 from medrank.params import Params, load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = str(layout.PARAMS_FILE)) -> None:

@@ -1,11 +1,11 @@
 """DVC stage `chiqa`: the CHiQA-order baseline (every answer kept, system order) for val and test."""
 
-from medrank import layout
-from medrank.io import read_parquet, write_json
-from medrank.metrics import gold_from_answers, score_task3
+from medrank.core import layout
+from medrank.core.io import read_parquet, write_json
+from medrank.selection.metrics import gold_from_answers, score_task3
 from medrank.params import load_params
-from medrank.runner import run
-from medrank.submission import write_task3_submission
+from medrank.core.runner import run
+from medrank.selection.submission import write_task3_submission
 
 
 def main(params_path: str = "params.yaml") -> None:

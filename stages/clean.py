@@ -4,12 +4,12 @@ import logging
 import time
 from pathlib import Path
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.clean import build_tables
 from medrank.data.schemas import TABLES
-from medrank.io import atomic_dir, write_json, write_parquet
+from medrank.core.io import atomic_dir, write_json, write_parquet
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.clean")
 

@@ -10,14 +10,14 @@ import logging
 import pandas as pd
 import pyarrow as pa
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.sentence_selection import rank_metrics, sample_pairs, sample_questions
 from medrank.encoders.models import DEFAULT_MODEL
 from medrank.encoders.runtime import runtime_info
 from medrank.encoders.cross_encoder import CrossEncoder
-from medrank.io import read_parquet, write_json, write_parquet
+from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 SCORES_SCHEMA = pa.schema([("question_id", pa.string()), ("sent_idx", pa.int32()), ("score", pa.float64())])
 

@@ -1,10 +1,10 @@
 """DVC stage `cnn_data`: SQuAD as answer-sentence selection (question, paragraph sentence, contains-answer label)."""
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.sentence_selection import SENTENCE_PAIRS, build_sentence_pairs
-from medrank.io import read_parquet, write_json, write_parquet
+from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

@@ -10,18 +10,18 @@ project's scorer.
 import numpy as np
 import torch
 
-from medrank import layout
-from medrank.decision import best_cut_threshold, relative_to_question_best
+from medrank.core import layout
+from medrank.selection.decision import best_cut_threshold, relative_to_question_best
 from medrank.encoders.runtime import runtime_info
-from medrank.experiment import answer_truth, held_out_scores
-from medrank.features import question_key
-from medrank.io import read_parquet, write_json, write_parquet
-from medrank.metrics import gold_from_answers, ir_metrics, score_task3
+from medrank.selection.experiment import answer_truth, held_out_scores
+from medrank.task3.features import question_key
+from medrank.core.io import read_parquet, write_json, write_parquet
+from medrank.selection.metrics import gold_from_answers, ir_metrics, score_task3
 from medrank.models.cnn import CNN_MEDIQA_SCORES, CnnRanker, cnn_answer_scores
 from medrank.params import load_params, step_params
-from medrank.runner import run
-from medrank.steps import save_step
-from medrank.submission import write_task3_submission
+from medrank.core.runner import run
+from medrank.serving.steps import save_step
+from medrank.selection.submission import write_task3_submission
 from medrank.text.sentences import split_rule
 
 

@@ -7,11 +7,11 @@ import json
 
 import torch
 
-from medrank import layout
-from medrank.io import read_parquet, write_json
+from medrank.core import layout
+from medrank.core.io import read_parquet, write_json
 from medrank.models.cnn import CnnRanker, squad_comparison
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def _read_json(path) -> dict:

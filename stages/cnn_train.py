@@ -5,13 +5,13 @@ import logging
 import torch
 from dvclive import Live
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.sentence_selection import Idf, hold_out_articles, rank_metrics, sample_questions, tokenize
-from medrank.io import read_parquet, write_json
+from medrank.core.io import read_parquet, write_json
 from medrank.models.cnn import CnnRanker, TrainConfig
 from medrank.models.word2vec import WordVectors
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.cnn_train")
 

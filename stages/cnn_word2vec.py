@@ -1,10 +1,10 @@
 """DVC stage `cnn_word2vec`: skip-gram word vectors on SQuAD-train contexts (+ MedQuAD answers) for the CNN."""
 
-from medrank import layout
-from medrank.io import read_parquet
+from medrank.core import layout
+from medrank.core.io import read_parquet
 from medrank.models.word2vec import train_word2vec, training_texts
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

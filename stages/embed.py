@@ -11,16 +11,16 @@ import logging
 import time
 
 
-from medrank import layout
+from medrank.core import layout
 from medrank.encoders.runtime import set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import extraction_backend
 from medrank.encoders.extract import cached_precision_check
-from medrank.grids import NLI_GRID, candidate_answers, check_sample, grid_metrics
-from medrank.io import read_parquet, write_json, write_parquet
-from medrank.steps.grid_step import GridStep
+from medrank.task3.grids import NLI_GRID, candidate_answers, check_sample, grid_metrics
+from medrank.core.io import read_parquet, write_json, write_parquet
+from medrank.serving.steps.grid_step import GridStep
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.embed")
 

@@ -2,7 +2,7 @@
 write metrics and the dev/test predictions (`pair_id,label`). The RQE cross-encoder has its own stage (finetune_rqe).
 """
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
@@ -10,11 +10,11 @@ def main(params_path: str = "params.yaml") -> None:
     import numpy as np
     import pandas as pd
 
-    from medrank import layout
+    from medrank.core import layout
     from medrank.data.tasks import cap_pairs, load_task
     from medrank.encoders.cross_encoder_training import classification_metrics
     from medrank.encoders.curves import fine_tune
-    from medrank.io import write_json, write_text
+    from medrank.core.io import write_json, write_text
     from medrank.params import load_params
 
     task = "nli"

@@ -14,19 +14,19 @@ P(entailed) of the test pairs: stage `task2` decides them within each CHQ and wr
 
 from __future__ import annotations
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
     import pandas as pd
     from dvclive import Live
 
-    from medrank import layout
-    from medrank.io import write_json, write_parquet
+    from medrank.core import layout
+    from medrank.core.io import write_json, write_parquet
     from medrank.models import rqe_choice
     from medrank.models import rqe_training as R
     from medrank.params import load_params
-    from medrank.task2 import PROBS_SCHEMA
+    from medrank.task2.decisions import PROBS_SCHEMA
 
     p = load_params(params_path)
     tp = p.finetune.rqe

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.mtl")
 
@@ -21,14 +21,14 @@ def main(params_path: str = "params.yaml") -> None:
     import torch
     from dvclive import Live
 
-    from medrank import layout as L
+    from medrank.core import layout as L
     from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
-    from medrank.evaluation import rounded
-    from medrank.io import write_json, write_parquet
+    from medrank.selection.evaluation import rounded
+    from medrank.core.io import write_json, write_parquet
     from medrank.models import mtl
     from medrank.models.mtl.setup import prepare
     from medrank.params import load_params
-    from medrank.submission import write_task3_submission
+    from medrank.selection.submission import write_task3_submission
 
     p = load_params(params_path)
     mp = p.mtl

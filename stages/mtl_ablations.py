@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import time
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from medrank import layout as L
+    from medrank.core import layout as L
     from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
-    from medrank.evaluation import rounded
-    from medrank.io import write_json
+    from medrank.selection.evaluation import rounded
+    from medrank.core.io import write_json
     from medrank.models import mtl
     from medrank.models.mtl.setup import prepare
     from medrank.params import load_params, mtl_rows

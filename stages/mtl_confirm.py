@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import time
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from medrank import layout as L
+    from medrank.core import layout as L
     from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
-    from medrank.errors import MedrankError
-    from medrank.evaluation import confirm_table, rounded, selection_score
-    from medrank.io import write_json
+    from medrank.core.errors import MedrankError
+    from medrank.selection.evaluation import confirm_table, rounded, selection_score
+    from medrank.core.io import write_json
     from medrank.models import mtl
     from medrank.models.mtl.setup import prepare
     from medrank.params import load_params, mtl_rows

@@ -3,7 +3,7 @@
 For each labelled source (train_liveqa, train_alexa, val): the baseline and the MTL (their default recipes) are
 refitted on the other two sources (question-grouped CV over them, and leave-one-of-the-two-out), the score stage's
 written rule picks MTL weight x keep rule, then the order, on those rows only, and the held-out source is scored by
-the pick (medrank.nested). Writes metrics/nested_loso.json: per source the pick and its official scores, the mean and
+the pick (medrank.selection.nested). Writes metrics/nested_loso.json: per source the pick and its official scores, the mean and
 worst source per metric, the plain (selection-time) LOSO of the final system beside it and how far it over-states,
 each keep rule alone (weight and order still chosen inside), and the rows of `analysis.nested.variants` (other feature
 groups for both systems, e.g. the fine-tuned QA bi-encoder's) under the same protocol, beside the default. The noise band of the rule is the score stage's (the defaults' seed spread: a tolerance, not a label of any source).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.nested_loso")
 
@@ -22,10 +22,10 @@ log = logging.getLogger("stages.nested_loso")
 def main(params_path: str = "params.yaml") -> None:
     import json
 
-    from medrank import layout as L
-    from medrank import nested_refits as N
-    from medrank.evaluation import rounded
-    from medrank.io import write_json
+    from medrank.core import layout as L
+    from medrank.selection import nested_refits as N
+    from medrank.selection.evaluation import rounded
+    from medrank.core.io import write_json
     from medrank.params import load_params
 
     p = load_params(params_path)

@@ -14,16 +14,16 @@ from __future__ import annotations
 import logging
 import time
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.noise_band")
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from medrank import layout as L
+    from medrank.core import layout as L
     from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
-    from medrank.inputs import load_tables
-    from medrank.io import write_json
+    from medrank.task3.inputs import load_tables
+    from medrank.core.io import write_json
     from medrank.models import baseline as B
     from medrank.models import baseline_protocols as BP
     from medrank.models import mtl

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import time
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.schemas import NORMALIZED_TABLES
-from medrank.io import read_parquet, write_json, write_parquet
-from medrank.steps.normalize_step import NormalizeStep
+from medrank.core.io import read_parquet, write_json, write_parquet
+from medrank.serving.steps.normalize_step import NormalizeStep
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 from medrank.text.coref import make_coref
 from medrank.text.normalize import TABLES
 

@@ -17,14 +17,14 @@ import time
 
 import pyarrow as pa
 
-from medrank import layout
-from medrank.answer_scores import auc_by_source, passage_scores
+from medrank.core import layout
+from medrank.task3.answer_scores import auc_by_source, passage_scores
 from medrank.encoders.sentence_encoder import SentenceEncoder
-from medrank.features import cap_questions
-from medrank.io import read_parquet, write_json, write_parquet
+from medrank.task3.features import cap_questions
+from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params, step_params
-from medrank.runner import run
-from medrank.steps import save_step
+from medrank.core.runner import run
+from medrank.serving.steps import save_step
 
 log = logging.getLogger("stages.passages")
 PASSAGE_SCORES = pa.schema(

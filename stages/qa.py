@@ -15,15 +15,15 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from medrank import layout
-from medrank.answer_scores import qa_pairs
+from medrank.core import layout
+from medrank.task3.answer_scores import qa_pairs
 from medrank.data.tasks import QA_LABELS, qa_task
 from medrank.encoders.cross_encoder_training import classification_metrics
 from medrank.encoders.curves import fine_tune
-from medrank.features import cap_questions
-from medrank.io import read_parquet, write_json, write_parquet
+from medrank.task3.features import cap_questions
+from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.qa")
 QA_SCORES = pa.schema([("split", pa.string()), ("qid", pa.string()), ("aid", pa.string()), ("qa_score", pa.float64())])

@@ -20,14 +20,14 @@ import time
 
 import pyarrow as pa
 
-from medrank import layout
-from medrank.answer_scores import auc_by_source
+from medrank.core import layout
+from medrank.task3.answer_scores import auc_by_source
 from medrank.data.judged import judged_answers
-from medrank.features import cap_questions
-from medrank.io import read_parquet, write_json, write_parquet
+from medrank.task3.features import cap_questions
+from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.models.qa_bienc import cross_fitted_cosines
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.qa_bienc")
 QA_BIENC_SCORES = pa.schema(

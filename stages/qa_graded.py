@@ -18,14 +18,14 @@ import time
 
 import pyarrow as pa
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.judged import judged_answers
-from medrank.errors import MedrankError
-from medrank.features import cap_questions
-from medrank.io import read_parquet, write_json, write_parquet
+from medrank.core.errors import MedrankError
+from medrank.task3.features import cap_questions
+from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.models import qa_graded as G
 from medrank.params import load_params
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.qa_graded")
 QA_GRADED_SCORES = pa.schema(

@@ -10,17 +10,17 @@ from __future__ import annotations
 import logging
 import time
 
-from medrank import layout
+from medrank.core import layout
 from medrank.encoders.models import read_json
 from medrank.encoders.runtime import set_threads
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.encoders.distributed import extraction_backend
-from medrank.errors import MedrankError
-from medrank.io import read_parquet, write_json, write_parquet
-from medrank.steps.retrieve_step import RetrieveStep
+from medrank.core.errors import MedrankError
+from medrank.core.io import read_parquet, write_json, write_parquet
+from medrank.serving.steps.retrieve_step import RetrieveStep
 from medrank.params import load_params
-from medrank import retrieval as R
-from medrank.runner import run
+from medrank.task3 import retrieval as R
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.retrieve")
 

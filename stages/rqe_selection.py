@@ -5,14 +5,14 @@ whether `finetune.rqe` trains it. No model is written: the default pipeline's fi
 
 from __future__ import annotations
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
     from dvclive import Live
 
-    from medrank import layout
-    from medrank.io import write_json
+    from medrank.core import layout
+    from medrank.core.io import write_json
     from medrank.models import rqe_training as R
     from medrank.params import load_params
 

@@ -4,7 +4,7 @@ Candidates: MTL weight (0 = the baseline's rows alone, 1 = the MTL's alone, betw
 within-question ranks) × keep rule (medrank.params.rankers.KEEP_RULES) under question-grouped CV and leave-one-source-out,
 then the order of the kept answers (ORDERS); `score.system: auto` picks by the written rule (SELECTION_RULE; the noise
 band is the larger seed spread of the two defaults, metrics/noise_band.json of the frozen stage noise_band). Never
-the 25 validation questions, never test labels; the steps are medrank/final_system.py. Writes submissions/task3_{val,test}.csv, models/system.json (weight, the Keep fitted per target set, the
+the 25 validation questions, never test labels; the steps are medrank/selection/final_system.py. Writes submissions/task3_{val,test}.csv, models/system.json (weight, the Keep fitted per target set, the
 order, and every knob of the inference path: what `medrank rank` runs), metrics/task3_val.json (every system's val /
 CV / LOSO row, the candidate and order tables, `vs_baseline`, `cv_by_split` beside `question_chars_median`),
 task3_val_mtl.json / task3_val_ensemble.json (the final system's row) and plots/error_analysis/{val,cv}/*.csv.
@@ -15,16 +15,16 @@ from __future__ import annotations
 import logging
 import time
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.score")
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from medrank import evaluation as E
-    from medrank import final_system as F
-    from medrank import layout as L
-    from medrank.io import write_json
+    from medrank.selection import evaluation as E
+    from medrank.selection import final_system as F
+    from medrank.core import layout as L
+    from medrank.core.io import write_json
     from medrank.params import load_params
 
     p = load_params(params_path)

@@ -1,4 +1,4 @@
-"""Stage `task2`: the Task 2 submissions, decided within each CHQ (medrank.task2) from finetune_rqe's P(entailed).
+"""Stage `task2`: the Task 2 submissions, decided within each CHQ (medrank.task2.decisions) from finetune_rqe's P(entailed).
 
 Every rule of `task2.rules` is scored by the CHQ-grouped CV over the 302 validation pairs (finetune_rqe's folds and
 its out-of-fold probabilities; a rule's floor/margin fitted on the other folds); the best mean CV accuracy wins (a tie
@@ -10,18 +10,18 @@ and metrics/task2.json (each rule's CV accuracy and predicted-positive rates bes
 
 import logging
 
-from medrank.runner import run
+from medrank.core.runner import run
 
 log = logging.getLogger("stages.task2")
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from medrank import layout
-    from medrank import task2 as T
-    from medrank.io import read_parquet, write_json
-    from medrank.metrics import score_task2
+    from medrank.core import layout
+    from medrank.task2 import decisions as T
+    from medrank.core.io import read_parquet, write_json
+    from medrank.selection.metrics import score_task2
     from medrank.params import load_params
-    from medrank.submission import write_task2_submission
+    from medrank.selection.submission import write_task2_submission
 
     p = load_params(params_path)
     d = T.decide_task2(read_parquet(layout.TASK2_PROBS), list(p.task2.rules))

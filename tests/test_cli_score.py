@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from medrank import cli
-from medrank.metrics import score_task2, score_task3
+from medrank.selection.metrics import score_task2, score_task3
 from tests.helpers import FIXTURES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,8 +164,8 @@ def test_a_pipe_is_a_submission_file():
 
 
 def test_a_full_disk_while_writing_is_one_error_line(monkeypatch, capsys, tmp_path):
-    from medrank import runner
-    from medrank.io import write_text
+    from medrank.core import runner
+    from medrank.core.io import write_text
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -1,5 +1,5 @@
-"""Keep rules, orders and the two protocols (question-grouped CV, leave-one-source-out) of medrank.decision /
-medrank.evaluation: what the score stage's written rule selects from."""
+"""Keep rules, orders and the two protocols (question-grouped CV, leave-one-source-out) of medrank.selection.decision /
+medrank.selection.evaluation: what the score stage's written rule selects from."""
 
 from typing import get_args
 
@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank import decision as D
-from medrank import evaluation as E
-from medrank import experiment as X
-from medrank.errors import MedrankError
+from medrank.selection import decision as D
+from medrank.selection import evaluation as E
+from medrank.selection import experiment as X
+from medrank.core.errors import MedrankError
 from medrank.params import KeepRule, OrderRule
 
 
@@ -152,7 +152,7 @@ def test_pick_prefers_the_simplest_within_the_band():
 
 
 def test_confirmed_row_wins_only_beyond_the_default_seed_spread():
-    from medrank.evaluation import confirm_table
+    from medrank.selection.evaluation import confirm_table
 
     default = [0.80, 0.81, 0.79, 0.80]  # sd 0.0082: the band
     out = confirm_table(

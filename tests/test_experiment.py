@@ -1,4 +1,4 @@
-"""medrank.experiment: protocols cut questions into folds that never leak, every system runs the same folds, seeds
+"""medrank.selection.experiment: protocols cut questions into folds that never leak, every system runs the same folds, seeds
 and refits are protocols too."""
 
 from dataclasses import dataclass
@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank import experiment as X
-from medrank.errors import MedrankError
+from medrank.selection import experiment as X
+from medrank.core.errors import MedrankError
 
 SOURCES = ("train_liveqa", "train_alexa", "val")
 
@@ -64,7 +64,7 @@ class Oracle:
         return [self.cand[self.cand["gid"].isin(set(t.test))] for t in tasks]
 
     def score(self, protocol, tasks, results):
-        from medrank.evaluation import evaluate
+        from medrank.selection.evaluation import evaluate
 
         per_fold, rows = {}, []
         for t, r in zip(tasks, results):

@@ -1,4 +1,4 @@
-"""medrank.features: the answer table, the feature builder (shapes, determinism, no leakage), paper rules."""
+"""medrank.task3.features: the answer table, the feature builder (shapes, determinism, no leakage), paper rules."""
 
 import re
 
@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.answer_scores import answer_heading
-from medrank.bow import fit_tfidf, tfidf_rows
-from medrank.errors import MedrankError
-from medrank.features import (
+from medrank.task3.answer_scores import answer_heading
+from medrank.task3.bow import fit_tfidf, tfidf_rows
+from medrank.core.errors import MedrankError
+from medrank.task3.features import (
     FeatureBuilder,
     aligned_scores,
     answer_table,

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from medrank.errors import MedrankError
-from medrank.metrics import (
+from medrank.core.errors import MedrankError
+from medrank.selection.metrics import (
     _resampled_scores,
     gold_from_answers,
     ir_metrics,
@@ -29,7 +29,7 @@ from medrank.metrics import (
     task3_by_question,
     task3_scores_of,
 )
-from medrank.submission import write_task3_submission
+from medrank.selection.submission import write_task3_submission
 from tests.helpers import FIXTURES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -552,7 +552,7 @@ def test_permutation_rho_has_the_bits_of_scipy_spearmanr():
     """The official script's Spearman (scipy.stats.spearmanr) on permutations, computed ~6x faster, the same float."""
     import scipy.stats
 
-    from medrank.metrics import _permutation_rho
+    from medrank.selection.metrics import _permutation_rho
 
     rng = np.random.default_rng(0)
     for _ in range(3000):

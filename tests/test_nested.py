@@ -1,10 +1,10 @@
-"""Nested leave-one-source-out (medrank.nested): the held-out source never reaches a selection step or a fit."""
+"""Nested leave-one-source-out (medrank.selection.nested): the held-out source never reaches a selection step or a fit."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from medrank import nested
+from medrank.selection import nested
 
 SOURCES = ["train_liveqa", "train_alexa", "val"]
 
@@ -150,7 +150,7 @@ def test_each_keep_rule_is_scored_alone_with_mean_and_worst_source():
 def test_the_rule_can_average_accuracy_and_mrr_and_takes_the_larger_band():
     from dataclasses import replace
 
-    from medrank.evaluation import noise_band
+    from medrank.selection.evaluation import noise_band
 
     band = noise_band(
         [{"accuracy": 0.01, "mrr": 0.03, "order": 0.02}, {"accuracy": 0.02, "mrr": 0.01, "order": 0.05}],
@@ -195,7 +195,7 @@ def test_under_the_prior_shift_the_held_out_source_still_reaches_no_selection_st
 
 
 def test_the_keep_rule_pick_reads_the_worst_prior_and_prefers_the_rule_listed_first():
-    from medrank.nested_refits import keep_rule_pick
+    from medrank.selection.nested_refits import keep_rule_pick
 
     def rule(acc_worst: float, mrr_worst: float) -> dict:
         return {"shift": {"accuracy": {"worst": acc_worst}, "mrr": {"worst": mrr_worst}}}
@@ -214,7 +214,7 @@ def test_the_keep_rule_pick_reads_the_worst_prior_and_prefers_the_rule_listed_fi
 def test_the_written_rule_reads_each_figure_at_its_worst_positive_rate():
     """score.select_under shift_worst: a candidate's score is the mean of its CV and LOSO figures at their worst rate;
     "mean" keeps the figures as they are; the chosen candidate's band is that of its rows in the chosen order."""
-    from medrank.evaluation import candidate_systems, selection_score
+    from medrank.selection.evaluation import candidate_systems, selection_score
 
     cand = _cand()
     mtl_rows, base_rows = _fake_models(cand, [])

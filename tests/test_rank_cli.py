@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from tests.conftest import REPO, error_lines, run_module
-from medrank.errors import MedrankError
-from medrank.io import RECORD_SHA256, write_sealed_json
-from medrank.rank import parse_rank_input
+from medrank.core.errors import MedrankError
+from medrank.core.io import RECORD_SHA256, write_sealed_json
+from medrank.serving.rank import parse_rank_input
 from tests.helpers.tiny_project import FIXTURES, build_tiny_project, fake_training_data, tiny_mtl
 
 
@@ -84,7 +84,7 @@ def test_non_utf8_and_deep_nesting_are_clear_errors():
 
 
 def test_oversized_input_is_refused_before_it_is_read(tmp_path, monkeypatch):
-    from medrank import rank
+    from medrank.serving import rank
 
     big = tmp_path / "big.json"
     with open(big, "wb") as f:

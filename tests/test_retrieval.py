@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.errors import MedrankError
-from medrank.retrieval import bm25_candidates, coverage, medquad_documents, select_entailed
+from medrank.core.errors import MedrankError
+from medrank.task3.retrieval import bm25_candidates, coverage, medquad_documents, select_entailed
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_medquad_documents_drop_empty_and_duplicate_pairs():
 
 
 def test_judged_retrieval_scores_rankings_and_selection_against_graded_judgments():
-    from medrank.retrieval import judged_retrieval
+    from medrank.task3.retrieval import judged_retrieval
 
     # question 1 (MEDIQA qid "7"): relevant m2 (grade 4) and m3 (judged 2 and 3: best grade counts); m1 graded 1
     qrels = pd.DataFrame(

@@ -1,4 +1,4 @@
-"""medrank.seal: folders saved before side files were checksummed are refused at load, and sealed without re-training
+"""medrank.core.seal: folders saved before side files were checksummed are refused at load, and sealed without re-training
 (weights checked against their own record first)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.errors import MedrankError
-from medrank.io import RECORD_SHA256, sha256_file, write_json
-from medrank.seal import main as seal_main
+from medrank.core.errors import MedrankError
+from medrank.core.io import RECORD_SHA256, sha256_file, write_json
+from medrank.core.seal import main as seal_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,7 +29,7 @@ def test_old_encoder_cnn_and_step_folders_are_refused_then_sealed(tiny_base, tmp
     from medrank.models.cnn import CnnRanker
     from medrank.models.word2vec import WordVectors
     from medrank.params import Params, step_params
-    from medrank.steps import load_step, save_step
+    from medrank.serving.steps import load_step, save_step
 
     ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=5, precision="fp32")
     ce.save(tmp_path / "rqe", extra_meta={"task": "rqe"})

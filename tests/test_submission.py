@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.errors import MedrankError
-from medrank.metrics import read_task3_gold, score_task2, score_task3
-from medrank.submission import write_task2_submission, write_task3_submission
+from medrank.core.errors import MedrankError
+from medrank.selection.metrics import read_task3_gold, score_task2, score_task3
+from medrank.selection.submission import write_task2_submission, write_task3_submission
 from tests.helpers import FIXTURES
 
 FIX = FIXTURES / "metrics"

@@ -1,10 +1,10 @@
-"""Task 2 decisions within a CHQ (medrank.task2): the rules on tiny cases, their CV and the nested CV's isolation."""
+"""Task 2 decisions within a CHQ (medrank.task2.decisions): the rules on tiny cases, their CV and the nested CV's isolation."""
 
 import numpy as np
 import pytest
 
-from medrank import task2 as T
-from medrank.errors import MedrankError
+from medrank.task2 import decisions as T
+from medrank.core.errors import MedrankError
 
 # three CHQs: a (2 FAQs, one entailed), b (4 FAQs, two entailed), c (1 FAQ, not entailed)
 GROUP = np.array(["a", "a", "b", "b", "b", "b", "c"])

@@ -18,8 +18,8 @@ from typing import IO, Iterable
 from tqdm import tqdm
 
 from medrank.data.sources import SOURCES, Source
-from medrank.errors import MedrankError
-from medrank.io import atomic_dir, sha256_file, write_json
+from medrank.core.errors import MedrankError
+from medrank.core.io import atomic_dir, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def acquire(
     sources: tuple[Source, ...] = SOURCES,
 ) -> list[dict]:
     """Materialise every source under `out_dir`; all or nothing: every file is fetched and verified in a staging
-    folder beside it, which then replaces `out_dir` in one atomic swap (medrank.io.atomic_dir)."""
+    folder beside it, which then replaces `out_dir` in one atomic swap (medrank.core.io.atomic_dir)."""
     present = [Path(m) for m in mirrors if Path(m).is_dir()]
     for m in mirrors:
         if not Path(m).is_dir():

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from medrank.data import consumer, mediqa, medquad, nli, squad
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.text.clean import boilerplate_rules_hit, normalize_text
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from medrank.data.mediqa import expect_root, read_xml_file
-from medrank.errors import MedrankError
-from medrank.io import decode_utf8
+from medrank.core.errors import MedrankError
+from medrank.core.io import decode_utf8
 from medrank.text.clean import clean_answer, normalize_text
 
 log = logging.getLogger(__name__)

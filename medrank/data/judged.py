@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 JUDGED_SPLIT = "train_liveqa"
 AID_PREFIX = "judged:"

@@ -14,9 +14,9 @@ import defusedxml
 import defusedxml.ElementTree as DET
 import pandas as pd
 
-from medrank import layout
-from medrank.errors import MedrankError
-from medrank.io import decode_utf8
+from medrank.core import layout
+from medrank.core.errors import MedrankError
+from medrank.core.io import decode_utf8
 from medrank.text.clean import clean_answer, normalize_text
 
 # Task 3 files (relative to the raw data dir) and the split name each becomes.
@@ -84,7 +84,7 @@ def _unsafe_reason(data: bytes, err: Exception) -> str:
 
 
 def _decode(data: bytes, name: str | os.PathLike, encoding: str) -> None:
-    """Check `data` decodes as `encoding`; messages as `medrank.io.decode_utf8`'s (which UTF-8 goes through)."""
+    """Check `data` decodes as `encoding`; messages as `medrank.core.io.decode_utf8`'s (which UTF-8 goes through)."""
     if codecs.lookup(encoding).name in ("utf-8", "utf-8-sig"):
         decode_utf8(data, name)
         return

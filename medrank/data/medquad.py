@@ -11,7 +11,7 @@ from xml.etree.ElementTree import Element
 import pandas as pd
 
 from medrank.data.mediqa import expect_root, parse_xml
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.text.clean import clean_answer, normalize_text
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 Pair = tuple[str, str]
 

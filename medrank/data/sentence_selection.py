@@ -222,8 +222,8 @@ def tie_break(scores: np.ndarray, seed: int) -> np.ndarray:
 def rank_metrics(
     pairs: pd.DataFrame, scores: np.ndarray, metrics: Sequence[str] = ("mrr", "map", "precision@1")
 ) -> dict:
-    """MRR / MAP / P@1 over the questions of `pairs` (relevance = `label`), via medrank.metrics.ir_metrics (ranx)."""
-    from medrank.metrics import ir_metrics
+    """MRR / MAP / P@1 over the questions of `pairs` (relevance = `label`), via medrank.selection.metrics.ir_metrics (ranx)."""
+    from medrank.selection.metrics import ir_metrics
 
     ids = pd.DataFrame({"qid": pairs["question_id"].to_numpy(), "aid": pairs["sent_idx"].astype(str).to_numpy()})
     res = ir_metrics(

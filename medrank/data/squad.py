@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from medrank.errors import MedrankError
-from medrank.io import decode_utf8
+from medrank.core.errors import MedrankError
+from medrank.core.io import decode_utf8
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.mining import Pair, medquad_qa_pairs
-from medrank.errors import MedrankError
-from medrank.io import read_parquet
+from medrank.core.errors import MedrankError
+from medrank.core.io import read_parquet
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 RQE_LABELS = ("not_entailed", "entailed")  # index = the official 0/1 label

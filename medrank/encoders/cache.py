@@ -30,8 +30,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from medrank.errors import MedrankError
-from medrank.io import atomic_path, write_json
+from medrank.core.errors import MedrankError
+from medrank.core.io import atomic_path, write_json
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from medrank.encoders.batching import (
     length_sorted_batches,
     padded_width,
 )
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
 

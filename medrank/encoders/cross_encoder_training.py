@@ -18,7 +18,7 @@ from medrank.encoders.runtime import deterministic_torch, pick_threads, set_seed
 from medrank.encoders.batching import (
     bucketed_shuffle_batches,
 )
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ def pool_extract(
         for keys, pairs in shards:
             put(keys, extract_pairs(encoder, pairs, precision, batch_size))
         return
-    from medrank.forking import fork_pool
+    from medrank.core.forking import fork_pool
 
     # a lazily loaded encoder reads its weights here (and makes its copy for `precision`), once, before the fork shares them
     encoder.inference_model(precision)

@@ -24,7 +24,7 @@ from medrank.encoders.cache import PairCache, existing_precisions, namespace_nam
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import LocalPool, RayBackend, extract_pairs, pool_extract, ray_extract
 from medrank.encoders.sentence_encoder import SentenceEncoder
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def cached_precision_check(
     import json
 
     from medrank.encoders.runtime import runtime_info
-    from medrank.io import write_json
+    from medrank.core.io import write_json
 
     if precision == "fp32" or not pairs:
         return precision_check(encoder, pairs, precision, batch_size)

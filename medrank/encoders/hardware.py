@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
 

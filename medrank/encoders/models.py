@@ -22,9 +22,9 @@ from typing import IO, Any, Callable, Iterator
 
 import torch
 
-from medrank import layout
-from medrank.errors import MedrankError
-from medrank.io import read_sealed_json, sha256_file, write_sealed_json
+from medrank.core import layout
+from medrank.core.errors import MedrankError
+from medrank.core.io import read_sealed_json, sha256_file, write_sealed_json
 
 
 log = logging.getLogger(__name__)

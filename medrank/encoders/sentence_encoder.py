@@ -22,7 +22,7 @@ from medrank.encoders.models import (
     verify_saved,
 )
 from medrank.encoders.batching import length_sorted_batches, padded_width
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 
 class SentenceEncoder(PrecisionCopies):

@@ -1,6 +1,6 @@
 """Feature-engineered baseline (paper §4.4): logistic-regression filter + pairwise rank SVM.
 
-`fit_baseline` trains both on an answer table (medrank.features.answer_table); the decision threshold is
+`fit_baseline` trains both on an answer table (medrank.task3.features.answer_table); the decision threshold is
 chosen on question-grouped out-of-fold probabilities of the training rows (not fixed at 0.5), and an
 optional EM re-estimation of the positive rate on the unlabelled target rows (Saerens et al. 2002)
 adjusts the probabilities for label shift. Its evaluation protocols (CV, LOSO, ablations): medrank.models.baseline_protocols.
@@ -19,10 +19,10 @@ import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 from sklearn.svm import LinearSVC
 
-from medrank.decision import accuracy_at, em_prior_shift, keep_labels, select_threshold, submission_score
-from medrank.experiment import grouped_folds
-from medrank.errors import MedrankError
-from medrank.features import FeatureBuilder, builder_from_json, builder_to_json
+from medrank.selection.decision import accuracy_at, em_prior_shift, keep_labels, select_threshold, submission_score
+from medrank.selection.experiment import grouped_folds
+from medrank.core.errors import MedrankError
+from medrank.task3.features import FeatureBuilder, builder_from_json, builder_to_json
 from medrank.params import BaselineParams
 
 
@@ -257,7 +257,7 @@ class FittedBaseline:
     # ------------------------------------------------------------ persistence (plain JSON: no pickles)
     def save(self, path: str | Path) -> None:
         """One JSON file: the run's params, feature builder state, LR and rank-SVM weights, threshold, prior."""
-        from medrank.io import write_json
+        from medrank.core.io import write_json
 
         cfg = self.config
         write_json(

@@ -10,8 +10,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from medrank.evaluation import evaluate
-from medrank.experiment import (
+from medrank.selection.evaluation import evaluate
+from medrank.selection.experiment import (
     CV,
     LOSO,
     Protocol,
@@ -62,7 +62,7 @@ def holdout(
 
 @dataclass
 class BaselineSystem:
-    """The baseline as a medrank.experiment system: a task fits `fit_baseline` (seed: the protocol's) on its training
+    """The baseline as a medrank.selection.experiment system: a task fits `fit_baseline` (seed: the protocol's) on its training
     questions' rows (judged rows go with their question) and predicts the held-out questions' MEDIQA rows, as
     configured ("base") and under each prediction-time variant (`with_variant`), which share the task's fit."""
 
@@ -119,7 +119,7 @@ class BaselineSystem:
 def protocols(
     table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], variants: dict[str, dict] | None = None
 ) -> dict:
-    """The recipe under both protocols (medrank.experiment): question-grouped CV (mean ± sd; base: + the fold
+    """The recipe under both protocols (medrank.selection.experiment): question-grouped CV (mean ± sd; base: + the fold
     thresholds) and LOSO (per source, mean, worst), per variant ('base' + `variants`, see `with_variant`), the per-source
     scores (+ positive rates), and both protocols' held-out rows ("oof", "loso")."""
     system = BaselineSystem(table, cfg, tfidf, dict(variants or {}))
@@ -146,7 +146,7 @@ def held_out_rows(
     inner_sources: Sequence[str],
     outer: Sequence[str],
 ) -> pd.DataFrame:
-    """Rows for a nested selection (medrank.nested): part oof / loso (CV and LOSO over the `inner` questions and
+    """Rows for a nested selection (medrank.selection.nested): part oof / loso (CV and LOSO over the `inner` questions and
     `inner_sources` only) and test (the `outer` questions, by a model trained on every inner question); columns
     part, gid, aid, fold, prob, rank_score. No fit sees an outer question."""
     system = BaselineSystem(table, cfg, tfidf)
@@ -164,7 +164,7 @@ def held_out_rows(
 
 
 def spread_over_seeds(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int) -> dict:
-    """The seed spread (medrank.experiment.seed_spread_of) of the recipe's CV and LOSO over `n` seeds from cfg.seed
+    """The seed spread (medrank.selection.experiment.seed_spread_of) of the recipe's CV and LOSO over `n` seeds from cfg.seed
     (folds, inner-CV folds, rank-SVM pair flips)."""
     system = BaselineSystem(table, cfg, tfidf)
     seeds = [cfg.seed + i for i in range(n)]
@@ -194,7 +194,7 @@ def ablation_tables(
 ) -> tuple[dict, dict]:
     """Paper Table 1 (+ extras) and Table 4: each row's CV and LOSO on train+val and train -> val, by filter and by
     ranker, and the written rule's selection score (mean of CV and LOSO mean accuracy)."""
-    from medrank.evaluation import rounded_scores, rounded_summary, selection_score
+    from medrank.selection.evaluation import rounded_scores, rounded_summary, selection_score
 
     table1, table4 = {}, {}
     for name, cfg in configs.items():
@@ -237,7 +237,7 @@ def ablation_tables(
 
 def transfer_report(transfer: dict) -> dict:
     """`leave_one_source_out` per-source output (prior shift none vs em) rounded for metrics/baseline.json."""
-    from medrank.evaluation import rounded_scores
+    from medrank.selection.evaluation import rounded_scores
 
     return {
         split: {
@@ -279,7 +279,7 @@ def stage_metrics(
     test: tuple[pd.DataFrame, FittedBaseline],
 ) -> tuple[dict, dict]:
     """(metrics/task3_val_baseline.json, metrics/baseline.json's model section) of stage baseline."""
-    from medrank.evaluation import rounded_scores, rounded_summary
+    from medrank.selection.evaluation import rounded_scores, rounded_summary
 
     bp, (_, model), (test_pred, final) = cfg.params, val, test
     cv, loso, scored = proto["cv"], proto["loso"], labelled[~labelled["judged"]]

@@ -26,8 +26,8 @@ from torch import nn
 
 from medrank.data import sentence_selection as ss
 from medrank.data.sentence_selection import FEATURE_NAMES, Idf, overlap_features, tokenize
-from medrank.errors import MedrankError
-from medrank.io import RECORD_SHA256, atomic_path, read_sealed_json, sha256_file, write_json, write_sealed_json
+from medrank.core.errors import MedrankError
+from medrank.core.io import RECORD_SHA256, atomic_path, read_sealed_json, sha256_file, write_json, write_sealed_json
 from medrank.models.word2vec import WordVectors
 
 log = logging.getLogger(__name__)

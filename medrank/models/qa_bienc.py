@@ -11,14 +11,14 @@ import time
 import numpy as np
 import pandas as pd
 
-from medrank import layout
-from medrank.answer_scores import qa_pairs
-from medrank.crossfit import crossfit, folds_by_source
+from medrank.core import layout
+from medrank.task3.answer_scores import qa_pairs
+from medrank.task3.crossfit import crossfit, folds_by_source
 from medrank.data.judged import question_folds
 from medrank.data.mining import medquad_qa_triplets
 from medrank.encoders.sentence_encoder import SentenceEncoder
-from medrank.errors import MedrankError
-from medrank.io import read_parquet
+from medrank.core.errors import MedrankError
+from medrank.core.io import read_parquet
 
 log = logging.getLogger(__name__)
 

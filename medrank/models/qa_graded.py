@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pandas as pd
 
-from medrank import layout
-from medrank.answer_scores import qa_pairs
+from medrank.core import layout
+from medrank.task3.answer_scores import qa_pairs
 from medrank.data.judged import graded_targets, question_folds
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.curves import CURVES, live_step_logger
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
 

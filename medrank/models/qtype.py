@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 
 # more consumer wordings of some types (beside mining.CONSUMER_ASKS, which also drives the mined pairs' draws)

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from medrank.data.mining import Pair, medquad_rqe_pairs
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.models.qtype import QuestionTypes
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from medrank.data.mining import Pair
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.models.qtype import QuestionTypes
 from medrank.models.rqe import (
     CvData,

@@ -44,11 +44,11 @@ class Inputs:
 def read_inputs(p, tp) -> Inputs:
     """The Task 2 validation pairs with their CHQ-grouped folds, the training-pair sources, the question types, and the
     zero-shot bi-encoder's cosine of every validation pair."""
-    from medrank import layout
+    from medrank.core import layout
     from medrank.data.tasks import rqe_task
-    from medrank.experiment import grouped_folds
+    from medrank.selection.experiment import grouped_folds
     from medrank.encoders.sentence_encoder import SentenceEncoder
-    from medrank.io import read_parquet
+    from medrank.core.io import read_parquet
     from medrank.models.qtype import QuestionTypes
 
     table = read_parquet(layout.CLEAN_RQE_PAIRS)
@@ -265,8 +265,8 @@ def test_probabilities(
 ) -> tuple[np.ndarray, dict | None]:
     """P(entailed) of the test pairs and the stack's saved form (None: the cross-encoder alone). A stack is a logistic
     regression over the chosen row's out-of-fold columns, as the CV measured it; retrieval
-    (medrank.retrieval.stacked_rqe_scores) rebuilds the same columns for every MedQuAD candidate."""
-    from medrank import layout
+    (medrank.task3.retrieval.stacked_rqe_scores) rebuilds the same columns for every MedQuAD candidate."""
+    from medrank.core import layout
 
     pairs = inputs.task.test_pairs
     t_chq, t_faq = [a for a, _ in pairs], [b for _, b in pairs]

@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from medrank.data.sentence_selection import tokenize
-from medrank.errors import MedrankError
-from medrank.io import atomic_path, sha256_file, write_json, write_text
+from medrank.core.errors import MedrankError
+from medrank.core.io import atomic_path, sha256_file, write_json, write_text
 from medrank.text.sentences import split_rule
 
 log = logging.getLogger(__name__)

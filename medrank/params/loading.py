@@ -10,8 +10,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from medrank.errors import MedrankError
-from medrank.io import read_text_capped
+from medrank.core.errors import MedrankError
+from medrank.core.io import read_text_capped
 from medrank.params.base import MAX_COUNT, _Section
 from medrank.params.pipeline import (
     AcquireParams,
@@ -23,7 +23,7 @@ from medrank.params.pipeline import (
     NormalizeParams,
     RetrieveParams,
 )
-from medrank.feature_groups import ANALYSIS_GROUPS, BIENC_GROUPS
+from medrank.task3.groups import ANALYSIS_GROUPS, BIENC_GROUPS
 from medrank.params.rankers import (
     AnalysisParams,
     BaselineParams,
@@ -210,7 +210,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
 
 # what `medrank rank` needs to treat a new question exactly as the stages treated the test questions: each step of the
-# inference path is saved by the stage that runs it (medrank.steps), with the params keys it read (a dotted key: one
+# inference path is saved by the stage that runs it (medrank.serving.steps), with the params keys it read (a dotted key: one
 # field of a section); the saved steps together are the recipe `recipe_params` rebuilds
 STEP_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {  # step: (the stage that saves it, its params keys)
     "normalize": ("normalize", ("normalize",)),

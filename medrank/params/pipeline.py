@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from medrank.layout import DISEASE_ONTOLOGY
+from medrank.core.layout import DISEASE_ONTOLOGY
 from medrank.params.base import (
     MAX_BATCH,
     MAX_COUNT,

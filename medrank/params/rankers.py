@@ -23,11 +23,11 @@ from medrank.params.base import (
     Width,
     _Section,
 )
-from medrank.feature_groups import GROUPS, JUDGED_GROUPS
+from medrank.task3.groups import GROUPS, JUDGED_GROUPS
 from medrank.params.pipeline import RqeSource
 
 
-FeatureGroup = Literal[GROUPS]  # the names of medrank.feature_groups.REGISTRY
+FeatureGroup = Literal[GROUPS]  # the names of medrank.task3.groups.REGISTRY
 
 
 class _TrainKnobs(_Section):
@@ -179,7 +179,7 @@ def mtl_rows(
 
 
 # ---------------------------------------------------------------- the decision rules' vocabulary (one owner: their
-# implementations, medrank.decision and medrank.task2, are keyed by these names; the params Literals derive from them)
+# implementations, medrank.selection.decision and medrank.task2.decisions, are keyed by these names; the params Literals derive from them)
 
 # how kept answers are chosen, each fitted on labelled calibration rows (out-of-fold or out-of-source predictions)
 # and applied to a target set whose labels it never sees (transductive rules read the target's probabilities):
@@ -219,7 +219,7 @@ ChqRule = Literal[tuple(CHQ_RULES)]
 
 
 class Task2Params(_Section):
-    """Stage task2: the within-CHQ decision over finetune_rqe's P(entailed) (medrank.task2.CHQ_RULES), chosen by the
+    """Stage task2: the within-CHQ decision over finetune_rqe's P(entailed) (medrank.task2.decisions.CHQ_RULES), chosen by the
     CHQ-grouped CV over the validation pairs; listed simplest first (a tie keeps the earlier rule)."""
 
     rules: list[ChqRule] = Field(default_factory=lambda: list(get_args(ChqRule)), min_length=1)
@@ -240,7 +240,7 @@ class ScoreParams(_Section):
     mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
         default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1, max_length=1000
     )
-    # keep rules (medrank.decision.KEEP_RULES) and orders (ORDERS) compared under CV and LOSO, simplest first
+    # keep rules (medrank.selection.decision.KEEP_RULES) and orders (ORDERS) compared under CV and LOSO, simplest first
     keep_rules: list[KeepRule] = Field(default_factory=lambda: list(get_args(KeepRule)), min_length=1)
     orders: list[OrderRule] = Field(default_factory=lambda: list(get_args(OrderRule)), min_length=1)
     # the metrics whose selection scores (mean of CV and LOSO mean) the written rule averages to pick weight x keep rule

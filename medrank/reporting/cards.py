@@ -16,7 +16,7 @@ from pathlib import Path
 from string import Template
 from typing import Callable
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.reporting.card_base import (
     CARDS_DIR,
     Card,

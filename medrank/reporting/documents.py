@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from medrank.errors import MedrankError
-from medrank.io import write_text
+from medrank.core.errors import MedrankError
+from medrank.core.io import write_text
 from medrank.reporting.card_base import CARDS_DIR
 from medrank.reporting.cards import pending_cards
 from medrank.reporting.formatting import check_metrics_dir, load_repo_yaml, read_repo_text

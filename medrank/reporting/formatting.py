@@ -9,7 +9,7 @@ from collections import deque
 from pathlib import Path
 from typing import Iterator
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 MAX_METRICS_BYTES = 16 << 20  # a metrics file (the largest is ~45 KB): a link to /dev/zero is refused, never read whole
 MAX_REPO_FILE_BYTES = 16 << 20  # README.md, RESULTS.md, dvc.yaml, dvc.lock, params.yaml (dvc.lock: ~85 KB)
@@ -29,7 +29,7 @@ TASK3_COLUMNS = [
 def load_metrics_file(path: Path) -> dict:
     """A metrics file as a JSON object; a truncated, non-UTF-8 or non-object file (what a merge conflict or a full disk
     leaves) is one error line naming it and the way back."""
-    from medrank.io import read_text_capped
+    from medrank.core.io import read_text_capped
 
     fix = f"restore it with `git checkout -- {path}` or re-run its stage (`dvc repro`)"
     try:  # size-checked first: a metrics file linked to /dev/zero is one line, not an unbounded read
@@ -153,7 +153,7 @@ def _number_as_string(obj, key: str = "") -> tuple[str, str] | None:
 
 def read_repo_text(path: Path, what: str) -> str:
     """A repository text file the report reads (README.md, RESULTS.md, dvc.yaml, ...): capped, UTF-8, else one line."""
-    from medrank.io import read_text_capped
+    from medrank.core.io import read_text_capped
 
     try:
         return read_text_capped(path, MAX_REPO_FILE_BYTES, what)

@@ -26,8 +26,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from medrank.errors import MedrankError
-from medrank.rank import (
+from medrank.core.errors import MedrankError
+from medrank.serving.rank import (
     MAX_ANSWER_CHARS,
     MAX_ANSWERS,
     MAX_INPUT_BYTES,
@@ -41,7 +41,7 @@ from medrank.rank import (
 from medrank.serving.batching import Closed, Overloaded, Scheduler
 
 if TYPE_CHECKING:
-    from medrank.rank import Ranker
+    from medrank.serving.rank import Ranker
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("medrank.serving.access")
@@ -84,7 +84,7 @@ def warmup_input() -> RankInput:
     """A question ranked once before /readyz says ready: the whole path runs (a broken model shows there, not at a
     user's request), and the kernels for answers as long as real ones (past the encoder's 256 tokens) are set up
     then, not at the first user's question."""
-    from medrank.rank import as_input
+    from medrank.serving.rank import as_input
 
     symptoms = (
         "Open-angle glaucoma often has no symptoms until vision is lost at the edges of the field of view. "
@@ -170,7 +170,7 @@ class Service:
     """One process's loaded pipeline, its scheduler and what /readyz and /version report."""
 
     config: ServeConfig
-    ranker: Any = None  # medrank.rank.Ranker
+    ranker: Any = None  # medrank.serving.rank.Ranker
     scheduler: Any = None  # Scheduler
     ready: bool = False
     error: str | None = None
@@ -194,7 +194,7 @@ def set_threads(threads: int | None) -> int:
 
 
 def load_ranker(config: ServeConfig) -> "Ranker":
-    from medrank.rank import Ranker
+    from medrank.serving.rank import Ranker
 
     return Ranker.load(config.models, config.fit)  # type: ignore[arg-type]
 
@@ -216,9 +216,9 @@ def git_commit() -> str | None:
 def fingerprints(ranker: "Ranker", models_dir: str) -> dict[str, str]:
     """sha256 / content fingerprints of what the loaded pipeline reads: system.json, the saved steps' records, the
     fitted system's files and the encoders' weights."""
-    from medrank import layout
-    from medrank.io import sha256_file
-    from medrank.steps import STEP_FILE, step_dir
+    from medrank.core import layout
+    from medrank.core.io import sha256_file
+    from medrank.serving.steps import STEP_FILE, step_dir
 
     p, root = ranker.pipeline, Path(models_dir)
     out = {"system.json": sha256_file(root / layout.SYSTEM.name)}
@@ -338,7 +338,7 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
             )
 
     async def rank_inputs(request: Request, inputs: list[RankInput]) -> list[dict]:
-        from medrank.rank import empty_result, result_record
+        from medrank.serving.rank import empty_result, result_record
 
         async def one(inp: RankInput) -> dict:
             if not inp.answers:  # as `medrank rank`: nothing to rank, no model called
@@ -493,7 +493,7 @@ def _version() -> str:
 
 
 def _rank_schema() -> dict:
-    """POST /rank's body as JSON schema, its bounds the parser's own caps (medrank.rank.MAX_*)."""
+    """POST /rank's body as JSON schema, its bounds the parser's own caps (medrank.serving.rank.MAX_*)."""
     answer = {
         "type": "object",
         "required": ["text"],

@@ -13,7 +13,7 @@ import argparse
 import os
 import time
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.serving.app import ServeConfig, create_app
 
 

@@ -11,8 +11,8 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from medrank.errors import MedrankError
-from medrank.io import decode_utf8
+from medrank.core.errors import MedrankError
+from medrank.core.io import decode_utf8
 from medrank.text.matcher import PhraseMatcher
 
 _WORDS = re.compile(r"[^\W_]+")

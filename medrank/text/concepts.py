@@ -16,8 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from medrank.errors import MedrankError
-from medrank.io import decode_utf8
+from medrank.core.errors import MedrankError
+from medrank.core.io import decode_utf8
 from medrank.text.matcher import PhraseMatcher, tokens
 
 log = logging.getLogger(__name__)

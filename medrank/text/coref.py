@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
 

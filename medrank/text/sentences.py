@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Literal, Sequence
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 SplitterName = Literal["rule", "pysbd", "stanza"]
 

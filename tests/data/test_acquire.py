@@ -7,7 +7,7 @@ import pytest
 
 from medrank.data import acquire as acq
 from medrank.data.sources import SOURCES, Source
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from tests.conftest import error_lines, run_module, write_params
 
 

@@ -168,7 +168,7 @@ def _write_params(workdir, **clean):
 
 
 def _workdir(tmp_path) -> Path:
-    """A project folder with the fixture raw data at data/raw (medrank.layout.RAW)."""
+    """A project folder with the fixture raw data at data/raw (medrank.core.layout.RAW)."""
     work = tmp_path / "work"
     make_raw_dir(work / "data")
     return work

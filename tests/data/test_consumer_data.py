@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from medrank.data import consumer
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from tests.helpers.raw import (
     LIVEQA_FIXTURE,
     NIST_FIXTURE,

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from medrank.data.judged import chiqa_heading, graded_targets, judged_answers, question_folds, with_judged
-from medrank.errors import MedrankError
-from medrank.features import answer_table
+from medrank.core.errors import MedrankError
+from medrank.task3.features import answer_table
 
 
 def mediqa_answers() -> pd.DataFrame:

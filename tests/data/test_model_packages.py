@@ -15,7 +15,7 @@ import pytest
 from medrank.data import model_packages as mp
 from medrank.data.sources import MODEL_SOURCES, Wheel
 from medrank.encoders import models
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.params import PinnedModel, load_params
 from tests.conftest import error_lines, run_module, write_params
 

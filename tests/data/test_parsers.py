@@ -12,7 +12,7 @@ import pytest
 
 from medrank.data import mediqa, medquad, nli, squad
 from medrank.data.clean import build_tables, drop_exact_duplicates
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from tests.helpers.raw import make_raw_dir, tar_dir
 from tests.helpers import FIXTURES
 

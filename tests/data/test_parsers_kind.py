@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from medrank.data import clean, consumer, mediqa, medquad, nli, squad
 from medrank.data.clean import build_tables
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from tests.helpers.raw import QRELS_ANSWERS, write_liveqa_questions, write_meqsum, write_qrels_zip
 from tests.helpers.raw import FIX, make_raw_dir
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from medrank import layout
+from medrank.core import layout
 from medrank.data.schemas import LIVEQA_QRELS, LIVEQA_QUESTIONS
 from medrank.encoders import cache as cache_mod
 from medrank.encoders import distributed as distributed_mod
@@ -31,9 +31,17 @@ from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import RayBackend
 from medrank.encoders.extract import cached_extract, choose_precision, open_cache
 from medrank.encoders.sentence_encoder import SentenceEncoder
-from medrank.errors import MedrankError
-from medrank.grids import answer_grids, answer_pairs, anli_score, grid_table, nli_grids, plan_grids, select_columns
-from medrank.retrieval import medquad_documents, questions_table, score_candidates
+from medrank.core.errors import MedrankError
+from medrank.task3.grids import (
+    answer_grids,
+    answer_pairs,
+    anli_score,
+    grid_table,
+    nli_grids,
+    plan_grids,
+    select_columns,
+)
+from medrank.task3.retrieval import medquad_documents, questions_table, score_candidates
 from tests.conftest import write_params
 from tests.helpers import FIXTURES as FIXTURES_ROOT
 from tests.helpers.models import make_tiny_bert
@@ -447,7 +455,7 @@ def test_prefilter_grids_are_cached_and_follow_cosine(tmp_path, tiny_models, nli
 
 
 def test_bienc_cosines_one_pass_per_named_text_list(tmp_path, tiny_models):
-    from medrank.answer_scores import answer_heading, bienc_cosines
+    from medrank.task3.answer_scores import answer_heading, bienc_cosines
 
     questions = ["what causes anemia", "is leg pain serious"]
     answers = ["What causes Anemia?: blood loss and low iron.", "Leg pain (Symptoms): a cramp or an injury."]
@@ -630,7 +638,7 @@ def test_ray_backend_names_an_address_without_a_cluster():
     """`ray.address: auto` with no Ray running: one error line naming the address, exit 2. Runs before `local_ray`
     below starts this module's Ray (`auto` would join that one)."""
     code = (
-        "from medrank.runner import run\nfrom medrank.encoders.distributed import RayBackend, ray_session\n"
+        "from medrank.core.runner import run\nfrom medrank.encoders.distributed import RayBackend, ray_session\n"
         "def main():\n    with ray_session(RayBackend(address='auto')):\n        pass\nrun(main)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
@@ -841,7 +849,7 @@ def test_stacked_rqe_cosines_are_cached_with_the_bits_of_the_uncached_call(tmp_p
     """retrieve's stacked RQE scorer: the bi-encoder vectors go to the cache (float32, questions and MedQuAD questions in
     namespaces of their own); a fresh cache gives the uncached call's bits, a second run encodes nothing, and a
     read-only cache (`medrank rank`) writes nothing."""
-    from medrank.retrieval import stacked_rqe_scores
+    from medrank.task3.retrieval import stacked_rqe_scores
 
     answers, medquad = fixture_tables
     docs = pd.DataFrame({"question": medquad["question"].astype(str)})

@@ -14,8 +14,8 @@ from medrank.encoders.hardware import pick_precision, probe_precision, resolve_d
 from medrank.encoders.models import DEFAULT_MODEL, DEFAULT_MODEL_SHA256, model_fingerprint, resolve_model_path
 from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches, padded_width
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
-from medrank.errors import MedrankError
-from medrank.io import RECORD_SHA256, write_sealed_json
+from medrank.core.errors import MedrankError
+from medrank.core.io import RECORD_SHA256, write_sealed_json
 from tests.helpers.models import FIXTURES
 
 

@@ -14,8 +14,8 @@ from medrank.data.schemas import LIVEQA_QUESTIONS, MEDQUAD, MEQSUM, NLI, RQE_PAI
 from medrank.data.mining import medquad_rqe_pairs
 from medrank.data.tasks import NLI_LABELS, cap_pairs, nli_task, rqe_task
 from medrank.encoders.cross_encoder import CrossEncoder
-from medrank.errors import MedrankError
-from medrank.io import write_parquet
+from medrank.core.errors import MedrankError
+from medrank.core.io import write_parquet
 
 from tests.conftest import REPO, run_module, write_params
 from tests.helpers.models import FIXTURES, make_tiny_bert

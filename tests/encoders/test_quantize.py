@@ -8,7 +8,7 @@ import torch
 from copy import deepcopy as copy_module
 
 from medrank.encoders.low_precision import Int8Linear, bf16_linears, int8_keeps_fp32, quantize_int8
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from tests.helpers.models import tiny_bert_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared

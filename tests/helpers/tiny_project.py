@@ -92,13 +92,13 @@ def fake_training_data(seed: int = 0):
 def build_tiny_project(root: Path) -> Path:
     """`root`/models: the tiny project (system.json: the MTL); returns `root`."""
     from medrank.encoders.cross_encoder import CrossEncoder
-    from medrank.io import write_json
+    from medrank.core.io import write_json
     from medrank.models import mtl
     from medrank.params import Params, step_params
-    from medrank.retrieval import medquad_documents, saved_documents
+    from medrank.task3.retrieval import medquad_documents, saved_documents
     from medrank.models.qtype import QuestionTypes
-    from medrank.steps import save_step
-    from medrank.steps.normalize_step import normalizer_state_tables
+    from medrank.serving.steps import save_step
+    from medrank.serving.steps.normalize_step import normalizer_state_tables
     from medrank.text.normalize import normalizer_state
     from medrank.text.sentences import split_rule
 
@@ -172,10 +172,10 @@ def use_tiny_baseline(
     """Make `root`'s decided system a baseline fitted on synthetic rows of `groups` (passage: filter only, as the
     real one), like the real decision: MTL weight 0, keep rule threshold with min_keep 1, order rank. `bert`: the
     tiny encoder `build_tiny_project` saved (default root/bert)."""
-    from medrank.io import write_json
+    from medrank.core.io import write_json
     from medrank.models.baseline import BaselineConfig, fit_baseline
     from medrank.params import BaselineParams, Params, step_params
-    from medrank.steps import save_step
+    from medrank.serving.steps import save_step
 
     rng = np.random.default_rng(3)
     rows = []

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
-from medrank.decision import em_prior_shift, keep_labels, select_threshold, submission_score
-from medrank.experiment import grouped_folds
-from medrank.errors import MedrankError
-from medrank.evaluation import evaluate, ranked_rows
+from medrank.selection.decision import em_prior_shift, keep_labels, select_threshold, submission_score
+from medrank.selection.experiment import grouped_folds
+from medrank.core.errors import MedrankError
+from medrank.selection.evaluation import evaluate, ranked_rows
 from medrank.models.baseline import (
     BaselineConfig,
     FittedBaseline,

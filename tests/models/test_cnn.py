@@ -12,8 +12,8 @@ import torch
 
 from medrank.data import sentence_selection as ss
 from medrank.data.schemas import SQUAD
-from medrank.decision import best_cut_threshold, relative_to_question_best
-from medrank.errors import MedrankError
+from medrank.selection.decision import best_cut_threshold, relative_to_question_best
+from medrank.core.errors import MedrankError
 from medrank.models.cnn import (
     CnnConfig,
     CnnRanker,

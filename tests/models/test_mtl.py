@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import torch
 
-from medrank.errors import MedrankError
-from medrank import decision as D
-from medrank import evaluation as E
+from medrank.core.errors import MedrankError
+from medrank.selection import decision as D
+from medrank.selection import evaluation as E
 from medrank.models import mtl
-from medrank.experiment import LOSO
+from medrank.selection.experiment import LOSO
 from medrank.models.mtl.fits import fit_many
 from medrank.params import MtlParams
 
@@ -165,9 +165,9 @@ def gids_of(data: mtl.MTLData, prefix: str) -> list[str]:
 
 
 def test_fake_tables_match_the_stage_schemas(tables, tmp_path):
-    from medrank.grids import NLI_GRID
-    from medrank.io import write_parquet
-    from medrank.retrieval import retrieved_schema
+    from medrank.task3.grids import NLI_GRID
+    from medrank.core.io import write_parquet
+    from medrank.task3.retrieval import retrieved_schema
 
     _, g, ret = tables
     write_parquet(g, tmp_path / "g.parquet", NLI_GRID)  # raises if the fake drifted from the real schema
@@ -564,7 +564,7 @@ def test_seed_bag_averages_its_members_and_round_trips(data, tmp_path):
 
 
 def test_recipe_outputs_predictions_metrics_and_thresholds(data, tmp_path):
-    from medrank.io import write_parquet
+    from medrank.core.io import write_parquet
 
     sources = ("train_liveqa", "train_alexa", "val")
     cfg, builder = tiny_config(max_epochs=3, cv_folds=2, ensemble="mean"), mtl.builder_factory(["metadata"], 2)

@@ -10,10 +10,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from medrank import layout
-from medrank.answer_scores import answer_passages, passage_scores
+from medrank.core import layout
+from medrank.task3.answer_scores import answer_passages, passage_scores
 from medrank.encoders.sentence_encoder import SentenceEncoder
-from medrank.features import FeatureBuilder, answer_table, read_answer_scores
+from medrank.task3.features import FeatureBuilder, answer_table, read_answer_scores
 from tests.conftest import write_params
 
 
@@ -113,8 +113,8 @@ def test_stage_passages_writes_group_passage(tmp_path, monkeypatch, tiny_base):
 
 def test_medrank_rank_scores_passages_as_the_stage_did(tmp_path, tiny_base):
     from medrank.params import Params, step_params
-    from medrank.steps import save_step
-    from medrank.steps.score_step import AnswerScores
+    from medrank.serving.steps import save_step
+    from medrank.serving.steps.score_step import AnswerScores
 
     p = Params.model_validate(
         {

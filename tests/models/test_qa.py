@@ -6,7 +6,7 @@ import pytest
 
 from medrank.data.mining import medquad_qa_pairs
 from medrank.data.tasks import QA_LABELS, qa_task
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 TYPES = ("symptoms", "treatment", "causes")
 

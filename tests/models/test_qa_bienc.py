@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.crossfit import crossfit, folds_by_source
+from medrank.task3.crossfit import crossfit, folds_by_source
 from medrank.data.mining import medquad_qa_triplets
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from tests.helpers.models import FIXTURES

@@ -10,8 +10,8 @@ import pytest
 
 import stages.qa_graded as stage
 from medrank.models import qa_graded as graded
-from medrank import layout
-from medrank.errors import MedrankError
+from medrank.core import layout
+from medrank.core.errors import MedrankError
 from tests.conftest import write_params
 
 

@@ -10,21 +10,21 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from medrank import layout
-from medrank.answer_scores import (
+from medrank.core import layout
+from medrank.task3.answer_scores import (
     answer_qtype_scores,
     aspect_type,
     heading_question,
     split_heading,
 )
-from medrank.features import (
+from medrank.task3.features import (
     FeatureBuilder,
     answer_table,
     read_answer_scores,
     required_columns,
 )
 from medrank.data.schemas import NORMALIZED_LIVEQA_QRELS
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.models.qtype import QuestionTypes
 from medrank.params import BaselineParams, Params, step_params
 from tests.helpers.tables import MEDQUAD  # 5 foci x 4 types in MedQuAD's templates
@@ -113,7 +113,7 @@ def test_agreement_is_higher_for_the_asked_type(qtypes):
 
 
 def test_stage_bienc_writes_the_qtype_columns(tmp_path, monkeypatch, tiny_base):
-    from medrank import answer_scores
+    from medrank.task3 import answer_scores
     from stages import bienc as stage
 
     (tmp_path / layout.NORMALIZED).mkdir(parents=True)
@@ -164,7 +164,7 @@ def test_feature_group_qtype(qtypes):
 
 
 def test_rank_computes_the_stage_columns(qtypes):
-    from medrank.steps.score_step import AnswerScores
+    from medrank.serving.steps.score_step import AnswerScores
 
     got = AnswerScores(Params(), {"qtype"}, qtypes=qtypes).transform(ANSWERS)
     expected = answer_qtype_scores(ANSWERS, qtypes)

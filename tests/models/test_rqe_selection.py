@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from medrank.experiment import grouped_folds
-from medrank.errors import MedrankError
+from medrank.selection.experiment import grouped_folds
+from medrank.core.errors import MedrankError
 from medrank.models import rqe
 from medrank.models import rqe_choice
 from tests.helpers.tables import MEDQUAD

@@ -1,5 +1,5 @@
 """dvc.yaml stays honest: every stage declares the medrank modules it imports (directly or transitively) and
-medrank/layout.py names the same artifacts dvc.yaml declares.
+medrank/core/layout.py names the same artifacts dvc.yaml declares.
 
 Deps are declared per module, not as `medrank/` as a whole: a change to one model's code then re-runs only the
 stages that import it (declaring the whole package would re-run the 36-minute DAG for any edit).
@@ -57,7 +57,7 @@ def test_stage_declares_every_module_it_imports(stage):
 
 
 def _layout_paths() -> set[str]:
-    from medrank import layout
+    from medrank.core import layout
 
     out = set()
     for name in dir(layout):
@@ -78,14 +78,14 @@ def _declared_paths() -> set[str]:
 
 
 def test_every_declared_data_path_is_in_the_layout():
-    """What dvc.yaml declares (outside medrank/ code and templated names) has its one home in medrank/layout.py."""
+    """What dvc.yaml declares (outside medrank/ code and templated names) has its one home in medrank/core/layout.py."""
     layout_paths = _layout_paths()
     missing = sorted(
         p
         for p in _declared_paths()
         if not p.startswith(("medrank/", "stages/", "metrics/", "plots/", "submissions/")) and p not in layout_paths
     )
-    assert not missing, f"declared in dvc.yaml but not in medrank/layout.py: {missing}"
+    assert not missing, f"declared in dvc.yaml but not in medrank/core/layout.py: {missing}"
 
 
 def test_every_layout_path_is_declared_in_dvc_yaml():
@@ -105,11 +105,11 @@ def test_every_layout_path_is_declared_in_dvc_yaml():
         for p in _layout_paths() - roots
         if p not in declared and not any(p.startswith(d + "/") or d.startswith(p + "/") for d in declared)
     )
-    assert not missing, f"in medrank/layout.py but never declared in dvc.yaml: {missing}"
+    assert not missing, f"in medrank/core/layout.py but never declared in dvc.yaml: {missing}"
 
 
 def test_the_steps_have_one_folder_each():
-    from medrank import layout
+    from medrank.core import layout
     from medrank.params import STEP_PARAMS
 
     assert set(layout.STEP_DIRS) == set(STEP_PARAMS)
@@ -117,7 +117,7 @@ def test_the_steps_have_one_folder_each():
 
 @pytest.mark.parametrize("step", ["normalize", "retrieve", "grids", "answer_scores", "cnn_scores"])
 def test_each_inference_step_is_saved_by_a_stage_that_declares_its_params(step):
-    """medrank.steps: the stage that saves a step of `medrank rank` declares every params key the step holds and
+    """medrank.serving.steps: the stage that saves a step of `medrank rank` declares every params key the step holds and
     declares the step's folder as an output; stage score, which no longer copies them, declares only its own."""
     from medrank.params import STEP_PARAMS, Params, step_params
 

@@ -8,7 +8,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.params import NestedVariant, Params, load_params, mtl_rows
 from tests.conftest import REPO, error_lines, run_module
 
@@ -114,7 +114,7 @@ def test_analysis_rows_may_use_the_analysis_groups(tmp_path):
 
 
 def test_nested_variants_override_the_baseline_and_mtl_sections():
-    from medrank.nested_refits import recipes
+    from medrank.selection.nested_refits import recipes
 
     p = load_params(REPO / "params.yaml")
     p = p.model_copy(

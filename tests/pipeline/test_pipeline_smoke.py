@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from medrank import layout
+from medrank.core import layout
 from tests.conftest import GIT, REPO, SHARED_DATA, build_tiny_repo, run_module
 
 pytestmark = pytest.mark.slow
@@ -201,7 +201,7 @@ def _rank_equals_validation_submission(repo: Path) -> None:
     from fastapi.testclient import TestClient
 
     from medrank.cli import format_result
-    from medrank.rank import Ranker, as_input, rank_question, ranked_ids
+    from medrank.serving.rank import Ranker, as_input, rank_question, ranked_ids
     from medrank.serving import ServeConfig, create_app
 
     clean = pd.read_parquet(repo / "data/interim/clean/answers.parquet")

@@ -6,7 +6,7 @@ import pytest
 
 from medrank import cli
 from medrank.reporting import documents
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.reporting import render_headline, render_results, stale_docs, update_docs
 from tests.conftest import REPO
 

@@ -12,7 +12,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from medrank.rank import MAX_ANSWERS, Ranker
+from medrank.serving.rank import MAX_ANSWERS, Ranker
 from medrank.serving import ServeConfig, create_app
 from tests.helpers.tiny_project import FIXTURES
 
@@ -90,7 +90,7 @@ def test_batch_answers_each_question_as_rank_does(client):
 
 
 def test_health_ready_version_and_schema(client, tiny_project):
-    from medrank.io import sha256_file
+    from medrank.core.io import sha256_file
 
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz").json()

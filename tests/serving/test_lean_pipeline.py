@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from medrank.rank import Ranker, as_input, parse_rank_input
-from medrank.steps.pipeline import InferencePipeline
+from medrank.serving.rank import Ranker, as_input, parse_rank_input
+from medrank.serving.steps.pipeline import InferencePipeline
 from tests.helpers.tiny_project import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared

@@ -5,7 +5,7 @@
 - training: fit_mtl (early stopping on an inner split), FittedMTL / MTLBag (predict, save, load);
 - fits: FitJob / fit_many (fits side by side on forked workers);
 - decisions: ensembling over the N entailed answers, each fold decided on the other folds' rows;
-- system: the MTL as a medrank.experiment system (CV, LOSO, refits), the seed spread, ablation rows, nested rows;
+- system: the MTL as a medrank.selection.experiment system (CV, LOSO, refits), the seed spread, ablation rows, nested rows;
 - recipe: the mtl stage's run_recipe (the same protocols plus its train-only and final models).
 
 The knobs are medrank.params.MtlParams (params.yaml `mtl`) throughout: no copies of them.

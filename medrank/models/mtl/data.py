@@ -10,7 +10,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ PAIR_FEATURES = ("entailed_log_sentences", "rqe_score", "anli", "augmented")
 class MTLData:
     """Model inputs: one row per candidate answer (`cand`) and one per (candidate, entailed answer) (`pairs`).
 
-    cand: answer table (medrank.features.answer_table) - gid, qid, aid, label, reference_rank, ... in row order.
+    cand: answer table (medrank.task3.features.answer_table) - gid, qid, aid, label, reference_rank, ... in row order.
     pairs: cand (int row into cand), entailed (str, unique within the question), augmented (bool), and the
     PAIR_FEATURES columns. grids[i] is the float16 array (grid rows, grid columns, H) of pairs row i; rqe[i] the RQE vector of (question, entailed question) (zeros for augmented rows).
     """
@@ -94,7 +94,7 @@ def build_mtl_data(
     Answers of questions absent from `retrieved` (a capped tiny profile) are left out. `scores`: per-answer
     columns aligned with `answers` (bienc_cos, cnn_score), passed on to features.answer_table.
     """
-    from medrank.features import answer_table, check_n_applied, question_key
+    from medrank.task3.features import answer_table, check_n_applied, question_key
 
     scores = dict(scores or {})
     check_n_applied(retrieved, n_candidates)
@@ -199,9 +199,9 @@ def check_augmentation(data: MTLData, configs: dict, where: str = "params.yaml")
 def read_mtl_data(p, groups: Iterable[str]) -> tuple[pd.DataFrame, MTLData]:
     """(answers, MTLData) of the answers of the retrieved questions (a capped profile retrieves for fewer: the same
     ones the bienc stage keeps), with the per-answer scores of `groups` (bienc / heading / cnn / qa ...)."""
-    from medrank import layout as L
-    from medrank.features import read_answer_scores
-    from medrank.io import read_parquet
+    from medrank.core import layout as L
+    from medrank.task3.features import read_answer_scores
+    from medrank.core.io import read_parquet
 
     retrieved = read_parquet(L.RETRIEVED)
     answers = read_parquet(L.ANSWERS).merge(retrieved[["split", "qid"]].drop_duplicates(), on=["split", "qid"])

@@ -1,5 +1,5 @@
 """The MTL's decision over its rows: ensembling over the N entailed answers (paper §4.6), the truth attached, and
-each CV / LOSO fold decided with a threshold chosen on the other folds (medrank.decision)."""
+each CV / LOSO fold decided with a threshold chosen on the other folds (medrank.selection.decision)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Literal
 
 import pandas as pd
 
-from medrank.decision import ENSEMBLE_MODES, choose_threshold, decide
-from medrank.errors import MedrankError
-from medrank.evaluation import evaluate_rows
+from medrank.selection.decision import ENSEMBLE_MODES, choose_threshold, decide
+from medrank.core.errors import MedrankError
+from medrank.selection.evaluation import evaluate_rows
 from medrank.models.mtl.fits import CVResult
 from medrank.params import MtlParams
 

@@ -1,5 +1,5 @@
 """The MTL's fits side by side: a FitJob is one fit_mtl_bag (train questions, seed, what to predict); `fit_many` runs
-jobs on forked workers (the same bits for any count); `cv_result` gathers one protocol's fold results (medrank.experiment
+jobs on forked workers (the same bits for any count); `cv_result` gathers one protocol's fold results (medrank.selection.experiment
 plans the folds: the mtl stage's CV and LOSO, the ablation rows, the noise band's seeds, the nested refits)."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def fit_many(
                 out[i] = _run_job(i)[1]
                 bar.update()
         else:
-            from medrank.forking import fork_pool
+            from medrank.core.forking import fork_pool
 
             cost = [len(j.train) * j.cfg.n_seeds for j in jobs]
             order = sorted(range(len(jobs)), key=lambda i: -cost[i])

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from medrank.errors import MedrankError
-from medrank.features import builder_from_json, builder_to_json
+from medrank.core.errors import MedrankError
+from medrank.task3.features import builder_from_json, builder_to_json
 from medrank.models.mtl.data import PAIR_FEATURES, MTLData
 from medrank.models.mtl.network import MTLNet
 from medrank.params import MtlParams
@@ -116,7 +116,7 @@ class FittedMTL:
 
     config: MtlParams
     net: MTLNet
-    builder: object  # medrank.features.FeatureBuilder
+    builder: object  # medrank.task3.features.FeatureBuilder
     pf_mean: np.ndarray
     pf_scale: np.ndarray
     history: list[dict] = field(default_factory=list)
@@ -184,7 +184,7 @@ class FittedMTL:
     # ------------------------------------------------------------ persistence
     def save(self, out_dir: str | Path, extra_meta: dict | None = None) -> None:
         """model.pt (state dict only) + mtl.json (config, dims, feature builder state, pair-value scaling)."""
-        from medrank.io import atomic_path, sha256_file, write_json
+        from medrank.core.io import atomic_path, sha256_file, write_json
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -221,7 +221,7 @@ class FittedMTL:
         path = Path(path)
         if not (path / "model.pt").exists() or not (path / "mtl.json").exists():
             raise MedrankError(f"{path}: no trained MTL model (model.pt + mtl.json; run the mtl stage)")
-        from medrank.io import sha256_file
+        from medrank.core.io import sha256_file
 
         try:  # a truncated or doctored model folder is one line naming it, not a traceback
             meta = json.loads((path / "mtl.json").read_text(encoding="utf-8"))

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 
 if TYPE_CHECKING:
     from medrank.params import MtlParams

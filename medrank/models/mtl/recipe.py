@@ -1,4 +1,4 @@
-"""The mtl stage's recipe: the MTL system's CV and LOSO (medrank.experiment), its decision-rule variants, thresholds
+"""The mtl stage's recipe: the MTL system's CV and LOSO (medrank.selection.experiment), its decision-rule variants, thresholds
 and the train-only / train+val models, in one batch of fits. Decisions: medrank.models.mtl.decisions."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from medrank.decision import ENSEMBLE_MODES, choose_threshold, decide
-from medrank.evaluation import evaluate_rows
-from medrank.experiment import CV, LOSO, collect, plan
+from medrank.selection.decision import ENSEMBLE_MODES, choose_threshold, decide
+from medrank.selection.evaluation import evaluate_rows
+from medrank.selection.experiment import CV, LOSO, collect, plan
 from medrank.models.mtl.data import MTLData
 from medrank.models.mtl.decisions import ensembled
 from medrank.models.mtl.fits import FitJob, fit_many, labelled_gids
@@ -46,7 +46,7 @@ PREDICTIONS_SCHEMA = pa.schema(
 
 def builder_factory(groups: Sequence[str], n_candidates: int, tfidf=None) -> Callable[[], object]:
     """A function returning a fresh (unfitted) FeatureBuilder for each fit."""
-    from medrank.features import FeatureBuilder
+    from medrank.task3.features import FeatureBuilder
 
     return lambda: FeatureBuilder(tuple(groups), n_candidates=n_candidates, tfidf=tfidf)
 

@@ -41,10 +41,10 @@ class MtlSetup:
 def prepare(p, configs: dict[str, MtlParams], params_path: str = "params.yaml") -> MtlSetup:
     """Set up the fits of `configs` (name in error messages -> config): threads of the `mtl` section, device, the data
     of the union of their feature groups, their TF-IDF vocabularies, and the check that augment finds its pairs."""
-    from medrank import layout as L
+    from medrank.core import layout as L
     from medrank.encoders.hardware import resolve_device
-    from medrank.evaluation import split_questions
-    from medrank.bow import medquad_tfidf
+    from medrank.selection.evaluation import split_questions
+    from medrank.task3.bow import medquad_tfidf
 
     if p.mtl.threads:
         torch.set_num_threads(p.mtl.threads)

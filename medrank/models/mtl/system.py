@@ -1,5 +1,5 @@
-"""The MTL as a medrank.experiment system, and what runs through it: the seed spread (stage noise_band), the ablation
-rows (stages mtl_ablations, mtl_confirm) and the nested refits' rows (medrank.nested_refits). The mtl stage's own
+"""The MTL as a medrank.selection.experiment system, and what runs through it: the seed spread (stage noise_band), the ablation
+rows (stages mtl_ablations, mtl_confirm) and the nested refits' rows (medrank.selection.nested_refits). The mtl stage's own
 recipe (medrank.models.mtl.recipe) plans the same protocols and adds its two models to the same batch of fits."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
-from medrank.decision import decide
-from medrank.experiment import CV, LOSO, Protocol, Refit, Scored, Task, experiment, reseeded, seed_spread_of
+from medrank.selection.decision import decide
+from medrank.selection.experiment import CV, LOSO, Protocol, Refit, Scored, Task, experiment, reseeded, seed_spread_of
 from medrank.models.mtl.data import MTLData
 from medrank.models.mtl.decisions import decide_folds, ensembled
 from medrank.models.mtl.fits import FitJob, FitResult, cv_result, fit_many
@@ -88,7 +88,7 @@ def spread_over_seeds(
     device: str | torch.device = "cpu",
     workers: int = 1,
 ) -> dict:
-    """The seed spread (medrank.experiment.seed_spread_of) of the recipe's CV and LOSO under each of `seeds` (folds and
+    """The seed spread (medrank.selection.experiment.seed_spread_of) of the recipe's CV and LOSO under each of `seeds` (folds and
     initialisation): one experiment, every seed's fits side by side."""
     system = MTLSystem(data, cfg, make_builder, device, workers)
     protocols = reseeded([CV(cfg.cv_folds, seeds[0]), LOSO(tuple(sources), seeds[0])], seeds)
@@ -136,7 +136,7 @@ def held_out_rows(
     device: str | torch.device = "cpu",
     workers: int = 1,
 ) -> pd.DataFrame:
-    """Rows for a nested selection (medrank.nested): part oof (question-grouped CV over the `inner` questions),
+    """Rows for a nested selection (medrank.selection.nested): part oof (question-grouped CV over the `inner` questions),
     loso (leave one of `inner_sources` out; fold = its index) and test (the `outer` questions, by a model trained
     on every inner question); columns part, gid, aid, fold, prob_mean, rank_key. No fit sees an outer question."""
     system = MTLSystem(data, cfg, make_builder, device, workers, name="nested")

@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from medrank.encoders.runtime import set_seed
-from medrank.errors import MedrankError
+from medrank.core.errors import MedrankError
 from medrank.models.mtl.data import PAIR_FEATURES, MTLData
 from medrank.models.mtl.fitted import (
     MAX_CELLS_PER_CHUNK,
@@ -111,7 +111,7 @@ def fit_mtl(
 ) -> FittedMTL:
     """Train on the questions `train_gids`; early stopping on an inner split of them (inner-val loss).
 
-    `builder` is an unfitted medrank.features.FeatureBuilder (fitted here on the training candidates).
+    `builder` is an unfitted medrank.task3.features.FeatureBuilder (fitted here on the training candidates).
     With `epochs` (or cfg.fixed_epochs) set, no inner split: train exactly that many epochs on all of `train_gids`.
     """
     dev = torch.device(device) if not isinstance(device, torch.device) else device

@@ -1,0 +1,184 @@
+"""Run a stage or CLI entry point: logging set up, MedrankError -> one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def stage_name(main: Callable) -> str | None:
+    """`acquire` for stages.acquire.main (also when run as `python -m stages.acquire`); None outside stages/."""
+    module = main.__module__
+    if module == "__main__":
+        spec = getattr(sys.modules["__main__"], "__spec__", None)
+        module = spec.name if spec else ""
+    return module.removeprefix("stages.") if module.startswith("stages.") else None
+
+
+def run(main: Callable[[], object]) -> None:
+    """Call `main()`; exit 0 on success, 2 with a single clear line on MedrankError or a full device, 130 on Ctrl-C."""
+    from medrank.core.errors import MedrankError
+    from medrank.core.io import declared_outputs, sweep_leftovers
+
+    setup_logging()
+    flushing = False
+    try:
+        stage = stage_name(main)
+        with stage_lock(stage) if stage else contextlib.nullcontext():
+            if stage:  # temp files / staging folders a killed run of this stage left beside or inside its outputs
+                gate_params(stage)
+                sweep_leftovers(declared_outputs(stage))
+            main()
+        flushing = True  # stdout is buffered: a full device or a closed pipe shows at this flush, not at the print
+        sys.stdout.flush()
+    except MedrankError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except BrokenPipeError:
+        _closed_pipe()
+    except OSError as e:
+        if e.errno not in _FULL:
+            raise
+        if flushing:
+            _fail(f"cannot write to stdout ({e.strerror})")
+        # files go through medrank.core.io's temp file + rename, so a full disk leaves the previous files, not halves
+        _fail(
+            f"{e.strerror}{f' writing {e.filename}' if e.filename else ''} (files are written to a temp file and renamed: none is left half-written)"
+        )
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def lock_dir() -> Path:
+    """Where stage locks live: the project's .dvc/tmp (git- and DVC-ignored; each `dvc exp` workspace has its own), else
+    a folder in the temp dir keyed by the project's path."""
+    if Path(".dvc").is_dir():
+        return Path(".dvc", "tmp", "medrank-locks")
+    return Path(tempfile.gettempdir(), f"medrank-locks-{hashlib.sha256(str(Path.cwd()).encode()).hexdigest()[:12]}")
+
+
+@contextlib.contextmanager
+def stage_lock(stage: str) -> Iterator[None]:
+    """One run of a stage at a time in a project: a second one (by hand beside `dvc repro`, say) refuses with one line
+    before it sweeps or writes anything. The flock goes with the process (its forked workers drop their copies and die
+    with it: medrank.core.forking), so a killed run never leaves it stuck."""
+    from medrank.core.errors import MedrankError
+    from medrank.core.forking import hold, let_go
+
+    path = lock_dir() / f"{stage}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = _lock_owner(fd, path)
+        os.close(fd)
+        raise MedrankError(
+            f"stage {stage} is already running in this project ({owner}, lock {path}): wait for it to finish"
+        ) from None
+    hold(fd)
+    try:
+        # one write of a fixed width, never a truncate: the file never reads empty once it has been written
+        os.pwrite(fd, f"{os.getpid():<{_PID_WIDTH}}".encode(), 0)
+        yield
+    finally:
+        let_go(fd)
+
+
+_PID_WIDTH = 20
+
+
+def _lock_owner(fd: int, path: Path, wait_s: float = 1.0) -> str:
+    """Who holds `path`'s flock, in words that are true: the pid in the file while that process is alive and has the
+    file open; else a live process found holding it open (/proc); else that it could not be read. The winner of a
+    race writes its pid just after its flock, and the file may still hold a previous (dead) run's pid until then, so a
+    pid that does not check out is read again for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = os.pread(fd, _PID_WIDTH, 0).decode(errors="replace").strip()
+        if text.isdigit() and _has_open(int(text), path, fd) is not False:
+            return f"process {text}"
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    holders = [pid for pid in _pids() if _has_open(pid, path, fd)]
+    if holders:
+        return f"process {', '.join(map(str, holders))}"
+    return "a process whose id could not be read"
+
+
+def _pids() -> list[int]:
+    try:
+        return sorted(int(n) for n in os.listdir("/proc") if n.isdigit())
+    except OSError:
+        return []
+
+
+def _has_open(pid: int, path: Path, own_fd: int) -> bool | None:
+    """True / False: whether live process `pid` has `path` open (this process's `own_fd`, the asker's, aside); None
+    where that cannot be seen (no /proc, another user's process) but the process is alive."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, another user's
+    try:
+        target = os.stat(path)
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            if pid == os.getpid() and name == str(own_fd):
+                continue
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                return True
+    except OSError:
+        return None
+    return False
+
+
+def gate_params(stage: str) -> None:
+    """The check_params gate again at the stage's own start (`dvc repro -s X` and `python -m stages.X` skip the
+    check_params stage): params.yaml whole, every value the schema bounds, before anything is swept or written."""
+    from medrank.core import layout
+    from medrank.params import load_params
+
+    if stage != "check_params" and layout.PARAMS_FILE.is_file():
+        load_params(layout.PARAMS_FILE)
+
+
+def _fail(message: str) -> None:
+    _silence_stdout()  # else the interpreter's own flush at exit prints a second traceback
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _closed_pipe() -> None:
+    """`medrank rank ... | head`: the reader left; nothing to say (the shell's code for SIGPIPE)."""
+    _silence_stdout()
+    sys.exit(141)
+
+
+def _silence_stdout() -> None:
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

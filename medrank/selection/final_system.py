@@ -1,0 +1,199 @@
+"""The final Task 3 system's steps (stage score): its inputs, the written rule's pick of MTL weight × keep rule, then
+order, the submissions in question order, every system's val / CV / LOSO row beside it, and the error analysis."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pandas as pd
+
+from medrank.selection import evaluation as E
+from medrank.core import layout as L
+from medrank.selection.experiment import held_out_scores
+
+SELECTION_RULE = (
+    "MTL weight and keep rule: the highest mean, over the metrics of score.select_on, of CV and LOSO mean (with "
+    "score.select_under shift_worst: each at its worst positive rate, the held-out rows re-weighted to 0.2-0.65); candidates "
+    "within the noise band (the larger seed spread of the two systems' defaults) of the best count as tied and the simplest wins "
+    "(keep rules in the listed order, a single system before an ensemble). Order of the kept answers: the same rule "
+    "on the mean of MRR and official Spearman."
+)
+
+
+def _metrics(name: str) -> dict:
+    return json.loads(L.metrics_file(name).read_text(encoding="utf-8"))
+
+
+@dataclass
+class Inputs:
+    answers: pd.DataFrame  # every normalized answer (validation: the full official gold)
+    pred: pd.DataFrame  # the MTL's predictions (oof / loso / val / test)
+    base: pd.DataFrame  # the baseline's
+    cand: pd.DataFrame  # the answers the MTL saw (capped profiles see fewer): the CV rows
+    gold_val: pd.DataFrame
+
+
+def read_inputs() -> Inputs:
+    from medrank.task3.features import answer_table, question_key
+    from medrank.core.io import read_parquet
+    from medrank.selection.metrics import gold_from_answers
+
+    answers = read_parquet(L.ANSWERS)
+    pred = read_parquet(L.MTL_PREDICTIONS)
+    cand = answer_table(answers.merge(pred[["split", "qid", "aid"]].drop_duplicates(), on=["split", "qid", "aid"]))
+    base = read_parquet(L.BASELINE_PREDICTIONS)
+    return Inputs(
+        answers,
+        pred.assign(gid=question_key(pred)),
+        base.assign(gid=question_key(base)),
+        cand,
+        gold_from_answers(answers, L.VAL_SPLIT),
+    )
+
+
+def weights_of(sp) -> list[float]:
+    """The MTL weights `score.system` lets the rule choose from (0 = the baseline alone, 1 = the MTL alone)."""
+    from medrank.core.errors import MedrankError
+
+    weights = {
+        "auto": sp.mtl_weights,
+        "baseline": [0.0],
+        "mtl": [1.0],
+        "ensemble": [w for w in sp.mtl_weights if 0 < w < 1],
+    }[sp.system]
+    if not weights:
+        raise MedrankError("score.system: ensemble needs an MTL weight strictly between 0 and 1 in score.mtl_weights")
+    return weights
+
+
+def noise_band(keys) -> dict[str, float]:
+    """The written rule's tolerance per key: the larger seed spread of the two systems' defaults (stage noise_band)."""
+    spreads = _metrics("noise_band")
+    return E.noise_band([spreads["baseline"], spreads["mtl"]], keys)
+
+
+def select(inp: Inputs, sp, weights: list[float], band: dict) -> dict:
+    """evaluation.candidate_systems over the training sources' questions: the pick, its decided rows, every table."""
+    return E.candidate_systems(
+        inp.pred,
+        inp.base,
+        inp.cand,
+        E.split_questions(inp.cand, L.TRAIN_SPLITS),
+        weights,
+        sp.keep_rules,
+        sp.orders,
+        L.LABELLED_SPLITS,
+        band,
+        sp.select_on,
+        sp.select_under,
+    )
+
+
+def write_submissions(chosen: pd.DataFrame, cand: pd.DataFrame) -> None:
+    """submissions/task3_{val,test}.csv of the chosen rows, questions in table order."""
+    from medrank.core.errors import MedrankError
+    from medrank.selection.submission import write_task3_submission
+
+    q_order = {g: i for i, g in enumerate(pd.unique(cand["gid"]))}
+    for part in ("val", "test"):
+        rows = chosen[chosen["part"] == part]
+        if part == "test" and rows.empty:
+            raise MedrankError("no test predictions (did the mtl stage see the test split?)")
+        rows = rows.assign(_q=rows["gid"].map(q_order)).sort_values("_q", kind="stable")
+        write_task3_submission(L.task3_submission(part), rows[["qid", "aid", "label", "score"]])
+
+
+def _row(c: dict) -> dict:
+    out = {"cv": E.rounded_summary(c["cv"]), "loso": c["loso"], "score": round(c["score"], 4)}
+    if "cv_shift" in c:  # each figure at its worst positive rate (the band's ends; the rates' table: the final row)
+        out["shift"] = {p: _band(c[f"{p}_shift"]) for p in ("cv", "loso")}
+    return out
+
+
+def _band(shift: dict) -> dict:
+    return {m: {k: v for k, v in s.items() if k != "by_prior"} for m, s in shift.items()}
+
+
+def task3_val_metrics(inp: Inputs, sel: dict, sp, seed: int, weights: list[float], band: dict) -> dict:
+    """metrics/task3_val.json (timing aside): the final system's official validation scores, the selection, every
+    system's val / CV / LOSO row (CHiQA on the same folds), the candidate and order tables, `vs_baseline`."""
+    from medrank.selection.metrics import score_task3, task3_by_question, task3_scores_of
+
+    chosen, cand, gold_val = sel["decided"], inp.cand, inp.gold_val
+    # the written validation files scored officially, per question (summed: the official scores; resampled: the bootstrap)
+    val_q = {
+        "final": task3_by_question(gold_val, L.task3_submission("val")),
+        "baseline": task3_by_question(gold_val, L.task3_submission("val", "baseline")),
+    }
+    final_val = task3_scores_of(val_q["final"])
+    cv_q, cv_by_split, cv_by_order = E.cv_comparisons(
+        chosen, inp.base, cand, {"filter probability": ("prob", True), "CHiQA rank": ("chiqa_rank", False)}
+    )
+    # CHiQA keeps every answer in its own order: scored on the same CV folds and held-out sources
+    chiqa = held_out_scores(
+        cand[["gid", "aid", "split", "chiqa_rank"]].assign(label=1, score=-cand["chiqa_rank"]),
+        cand,
+        L.LABELLED_SPLITS,
+        sp.cv_folds,
+        seed,
+    )
+    mtl, base, cnn = _metrics("mtl"), _metrics("task3_val_baseline"), _metrics("cnn_mediqa")
+    mtl_val = score_task3(gold_val, E.ranked_rows(inp.pred[inp.pred["part"] == "val"])[["qid", "aid", "label"]])
+    systems = {
+        "mtl": {"val": E.rounded_scores(mtl_val), "cv": E.rounded_summary(mtl["cv"]), "loso": mtl["loso"]},
+        "chiqa": {
+            "val": E.rounded_scores(score_task3(gold_val, L.task3_submission("val", "chiqa"))),
+            **chiqa,
+        },
+        "baseline": {
+            "val": E.rounded_scores(task3_scores_of(val_q["baseline"])),
+            "cv": base["cv"],
+            "loso": base["loso"],
+        },
+        "cnn": {"val": E.rounded_scores(cnn["val"]), "cv": cnn["cv"], "loso": cnn["loso"]},
+        "final": {
+            "val": E.rounded_scores(final_val),
+            "cv": E.rounded_summary(sel["cv"]),
+            "loso": sel["loso"],
+            "mtl_weight": sel["weight"],
+            "keep_rule": sel["rule"],
+            "order": sel["order"],
+            "shift": {"cv": sel["cv_shift"], "loso": sel["loso_shift"]},
+        },
+    }
+    return {
+        **E.rounded_scores(final_val),
+        "system": E.system_name(sel["weight"]),
+        "mtl_weight": sel["weight"],
+        "keep_rule": sel["rule"],
+        "order": sel["order"],
+        "selection": {
+            "rule": SELECTION_RULE,
+            "noise_band": band,
+            "weights": [float(w) for w in weights],
+            "keep_rules": list(sp.keep_rules),
+            "orders": list(sp.orders),
+            "select_on": list(sp.select_on),
+            "select_under": sp.select_under,
+        },
+        "n_predicted_positive": final_val["n_predicted_positive"],
+        "systems": systems,
+        "candidates": {str(w): {r: _row(c) for r, c in by_rule.items()} for w, by_rule in sel["table"].items()},
+        "orders": {o: _row(c) for o, c in sel["orders"].items()},
+        "keep_fits": sel["fits"],
+        "vs_baseline": E.vs_baseline(val_q, cv_q, sp.bootstrap_resamples, seed),
+        "cv_by_split": cv_by_split,
+        "cv_by_order": cv_by_order,
+        "question_chars_median": E.question_chars_median(inp.answers),
+        "test_predicted_positive_rate": round(float(chosen.loc[chosen["part"] == "test", "label"].mean()), 4),
+    }
+
+
+def write_error_analysis(chosen: pd.DataFrame, cand: pd.DataFrame) -> None:
+    """The paper's error analysis (Figures 7-9) of the final system: validation, and all CV folds."""
+    from medrank.core.io import write_text
+
+    for where, part in (("val", "val"), ("cv", "oof")):
+        for name, df in E.error_analysis(chosen[chosen["part"] == part], cand).items():
+            write_text(L.ERROR_ANALYSIS / where / f"{name}.csv", E.rounded_csv(df))

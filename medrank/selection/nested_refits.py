@@ -1,0 +1,194 @@
+"""What stage nested_loso refits (medrank.selection.nested holds the protocol): the default recipes and the rows of
+`analysis.nested.variants`, both models' held-out rows per held-out source (memoised: rows that differ in `select_on`
+only share their fits), the keep-rule pick on the nested figures, and the metrics file's content."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from medrank.core import layout as L
+from medrank.selection import nested
+
+Recipe = tuple  # (the baseline section, the mtl section, select_on) of one row
+
+
+def recipes(p) -> dict[str, Recipe]:
+    """The default ("default") and each variant of analysis.nested.variants (its overrides over the defaults)."""
+    from medrank.params import nested_recipes
+
+    variants = p.analysis.nested.variants
+    out = {"default": (p.baseline, p.mtl, list(p.score.select_on))}
+    for v, (bp, mp) in zip(variants, nested_recipes(p.baseline, p.mtl, variants).values()):
+        out[v.name] = (bp, mp, list(v.select_on or p.score.select_on))
+    return out
+
+
+def noise_band() -> dict[str, float]:
+    """The rule's tolerance as stage score reads it (final_system.noise_band), for every metric a row may select on."""
+    from medrank.selection.final_system import noise_band as read_band
+
+    return read_band(("accuracy", *nested.METRICS[:4], "order"))
+
+
+@dataclass
+class Refits:
+    """Both models' held-out rows for a held-out source, fitted on the other sources, by recipe."""
+
+    p: object
+    groups: set[str]
+    judged: bool = False  # a recipe trains on the judged LiveQA answers (baseline.judged_rows)
+    fits: dict[tuple, pd.DataFrame] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        import torch
+
+        from medrank.encoders.hardware import resolve_device
+        from medrank.task3.bow import medquad_tfidf
+        from medrank.task3.features import answer_table
+        from medrank.task3.inputs import load_tables
+        from medrank.models import mtl
+
+        p = self.p
+        if p.mtl.threads:
+            torch.set_num_threads(p.mtl.threads)
+        self.device = resolve_device(p.device)
+        answers, self.data = mtl.read_mtl_data(p, self.groups)
+        self.tfidf_mtl = medquad_tfidf(p.mtl.tfidf_max_features) if "bow" in self.groups else None
+        # with the judged answers their questions' question-relative features differ: a table each
+        tables = {judged: load_tables(p, self.groups, judged) for judged in sorted({False, self.judged})}
+        self.labelled = {judged: t[1] for judged, t in tables.items()}
+        self.tfidf = tables[False][5]
+        cand = answer_table(answers)
+        self.cand = cand[cand["split"].isin(L.LABELLED_SPLITS)].reset_index(drop=True)
+
+    def _memo(self, key: tuple, make_rows) -> pd.DataFrame:
+        if key not in self.fits:
+            self.fits[key] = make_rows()
+        return self.fits[key]
+
+    def systems(self, bp, mp) -> tuple[nested.RowsFn, nested.RowsFn]:
+        """(MTL rows, baseline rows) functions of one recipe (its baseline and mtl sections) for nested.nested_loso."""
+        from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
+        from medrank.models import baseline as B
+        from medrank.models import baseline_protocols as BP
+        from medrank.models import mtl
+
+        p = self.p
+        make = mtl.builder_factory(mp.feature_groups, p.n_candidates, self.tfidf_mtl)
+        cfg_b = B.BaselineConfig(bp, tuple(bp.features), p.n_candidates, p.seed)
+        labelled = self.labelled[bp.judged_rows != "none"]
+
+        def mtl_rows(inner, inner_sources, outer):
+            def fit() -> pd.DataFrame:
+                with deterministic_torch(), fixed_blas_threads():
+                    return mtl.held_out_rows(
+                        self.data,
+                        inner,
+                        inner_sources,
+                        outer,
+                        mp,
+                        make,
+                        seed=p.seed,
+                        device=self.device,
+                        workers=mp.workers,
+                    )
+
+            return self._memo(("mtl", mp.model_dump_json(), tuple(outer)), fit)
+
+        def base_rows(inner, inner_sources, outer):
+            key = ("baseline", bp.model_dump_json(), tuple(outer))
+            return self._memo(key, lambda: BP.held_out_rows(labelled, cfg_b, self.tfidf, inner, inner_sources, outer))
+
+        return mtl_rows, base_rows
+
+
+def run_all(p, recipes_: dict[str, Recipe], band: dict, log) -> tuple[dict, dict, Refits]:
+    """nested.nested_loso of every recipe (per-rule figures for the default); (results, seconds, the refits)."""
+    groups = set().union(*(set(bp.features) | set(mp.feature_groups) for bp, mp, _ in recipes_.values()))
+    refits = Refits(p, groups, judged=any(bp.judged_rows != "none" for bp, _, _ in recipes_.values()))
+    sp = p.score
+    results, seconds = {}, {}
+    for name, (bp, mp, select_on) in recipes_.items():
+        ts = time.perf_counter()
+        sel = nested.Selection(
+            tuple(sp.mtl_weights), tuple(sp.keep_rules), tuple(sp.orders), band, tuple(select_on), sp.select_under
+        )
+        mtl_rows, base_rows = refits.systems(bp, mp)
+        per_rule = p.analysis.nested.keep_rules if name == "default" else ()
+        # each MTL weight alone, where the MTL differs from the default's (0: the baseline, 1: the MTL, same folds)
+        per_weight = sp.mtl_weights if name == "default" or mp != p.mtl else ()
+        results[name] = nested.nested_loso(
+            L.LABELLED_SPLITS, refits.cand, mtl_rows, base_rows, sel, per_rule=per_rule, per_weight=per_weight
+        )
+        seconds[name] = round(time.perf_counter() - ts, 1)
+        r = results[name]
+        log.info(
+            "nested LOSO %s: accuracy %.3f (worst %.3f), MRR %.3f (%.0fs)",
+            name,
+            r["accuracy"]["mean"],
+            r["accuracy"]["worst"],
+            r["mrr"]["mean"],
+            seconds[name],
+        )
+    return results, seconds, refits
+
+
+def keep_rule_pick(by_rule: dict, band: dict, select_on: list[str]) -> str | None:
+    """The keep rule for a new prior (what score.keep_rules holds: RESULTS), on the nested figures of each rule alone:
+    the held-out sources re-weighted over the plausible positive rates, each metric of `select_on` (accuracy, MRR) at
+    its worst rate: the best mean of those, and the rule listed first that is within each metric's own noise band of
+    it (MRR's band is four times accuracy's: one wide band would tie rules that differ beyond accuracy's noise)."""
+    if not by_rule:
+        return None
+    worst = {r: {m: float(v["shift"][m]["worst"]) for m in select_on} for r, v in by_rule.items()}
+    best = max(worst, key=lambda r: sum(worst[r].values()) / len(select_on))
+    return next(r for r in by_rule if all(worst[r][m] >= worst[best][m] - float(band[m]) - 1e-12 for m in select_on))
+
+
+def report(p, recipes_: dict[str, Recipe], results: dict, band: dict, final: dict) -> dict:
+    """metrics/nested_loso.json (timings aside): the final system's nested and plain LOSO, the variants beside it, the
+    keep-rule pick, the selection grid and the recipes."""
+    result = results["default"]
+    plain = final["systems"]["final"]["loso"]
+    overrides = {v.name: (dict(v.baseline), dict(v.mtl)) for v in p.analysis.nested.variants}
+    sp = p.score
+    return {
+        "final_system": {
+            "nested_loso": result,
+            "plain_loso": {m: plain[m] for m in nested.METRICS},
+            "overstatement": nested.overstatement(plain, result),
+        },
+        "variants": {
+            n: {
+                "baseline": overrides[n][0],
+                "mtl": overrides[n][1],
+                "select_on": recipes_[n][2],
+                "nested_loso": {m: r[m] for m in (*nested.METRICS, "shift", "by_weight")},
+                "picks": {s: v["chosen"] for s, v in r["by_source"].items()},
+                "vs_default": {m: round(float(r[m]["mean"]) - float(result[m]["mean"]), 4) for m in nested.METRICS},
+            }
+            for n, r in results.items()
+            if n != "default"
+        },
+        "keep_rule_pick": {
+            "rule": keep_rule_pick(result["by_keep_rule"], band, list(sp.select_on)),
+            "on": "nested LOSO of each keep rule alone, the held-out sources re-weighted to positive rates 0.2-0.65: the best "
+            "mean of score.select_on at the worst rate; the rule listed first within each metric's noise band of it",
+            "score_keep_rules": list(sp.keep_rules),
+        },
+        "selection": {
+            "weights": list(sp.mtl_weights),
+            "keep_rules": list(sp.keep_rules),
+            "orders": list(sp.orders),
+            "noise_band": band,
+            "rule": final["selection"]["rule"],
+        },
+        "recipes": {
+            "baseline_features": list(p.baseline.features),
+            "mtl_feature_groups": list(p.mtl.feature_groups),
+            "select_on": list(sp.select_on),
+        },
+    }

@@ -1,0 +1,69 @@
+"""The whole inference path: the five steps loaded from models/ and chained (`medrank rank`, `medrank serve`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from medrank.core import layout
+from medrank.serving.steps.grid_step import GridStep
+from medrank.serving.steps.normalize_step import NormalizeStep
+from medrank.serving.steps.retrieve_step import RetrieveStep
+from medrank.serving.steps.score_step import AnswerScores
+from medrank.serving.steps.system_step import Fit, SystemStep
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass
+class InferencePipeline:
+    """normalize -> retrieve -> grids -> answer scores -> system, each step loaded from models/. Retrieve and grids are
+    loaded and run only where the decided system reads them (SystemStep.reads_retrieval / reads_grids): the baseline
+    on metadata + bienc + passage reads neither, and skipping them changes no output bit (tests/serving)."""
+
+    normalize: NormalizeStep
+    retrieve: RetrieveStep | None
+    grids: GridStep | None
+    scores: AnswerScores
+    system: SystemStep
+
+    @classmethod
+    def load(
+        cls,
+        models_dir: str | os.PathLike = layout.MODELS,
+        fit: Fit = "final",
+        device: str = "auto",
+        every_step: bool = False,
+    ) -> "InferencePipeline":
+        """`every_step`: also load and run what the system does not read (what `medrank rank` ran before issue 48)."""
+        system = SystemStep.load(models_dir, fit)
+        retrieve = every_step or system.reads_retrieval
+        scores = AnswerScores.load(system.groups, models_dir, device)
+        scores.every_cosine = every_step
+        return cls(
+            NormalizeStep.load(models_dir),
+            RetrieveStep.load(models_dir, device) if retrieve else None,
+            GridStep.load(models_dir, device) if retrieve and (every_step or system.reads_grids) else None,
+            scores,
+            system,
+        )
+
+    def transform(self, answers: pd.DataFrame) -> pd.DataFrame:
+        """Decided rows of a cleaned answers table (medrank.serving.rank.answers_table): the caches under data/cache are read
+        when the working folder has them (the very values the stages computed), else every pair is computed."""
+        from medrank.text.normalize import TABLES
+
+        answers, _ = self.normalize.transform(answers, TABLES["answers"], desc="rank")
+        retrieved = grid = None
+        if self.retrieve is not None:
+            retrieved = self.retrieve.transform(answers, layout.CACHE_RQE, read_only=True, show_progress=False)
+        if self.grids is not None:
+            grid = self.grids.transform(
+                answers, retrieved, layout.CACHE_EMBED, read_only=True, show_progress=False
+            ).rows
+        scores = self.scores.transform(answers)
+        # without retrieval no entailed-answer column is built, so N plays no part (answer_table's rqe_1..N)
+        n_candidates = self.retrieve.p.n_candidates if self.retrieve is not None else 0
+        return self.system.transform(answers, retrieved, grid, scores, n_candidates)

@@ -1,0 +1,139 @@
+"""The final system: stage score's decision over the baseline's and / or the MTL's models (models/system.json)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from medrank.core import layout
+from medrank.core.errors import MedrankError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+Fit = Literal["final", "val"]
+
+# the feature groups that read the retrieve step's entailed answers (rqe_i, rqe_emb_i, entailed_text) and those that
+# also read the NLI grids (anli_i): medrank.task3.features.answer_table; the MTL network reads both whatever its groups
+RETRIEVAL_GROUPS = frozenset({"rqe", "rqe_emb", "bow", "anli"})
+GRID_GROUPS = frozenset({"anli"})
+
+
+def read_system(models_dir: str | os.PathLike = layout.MODELS) -> dict:
+    """models/system.json (written by stage score): the final system, its MTL weight, keep rules and order."""
+    path = Path(models_dir) / layout.SYSTEM.name
+    if not path.is_file():
+        raise MedrankError(f"{path}: no trained system (run `dvc repro score`)")
+    try:
+        system = json.loads(path.read_text(encoding="utf-8"))
+        missing = [k for k in ("system", "mtl_weight", "keep", "order") if k not in system]
+    except (ValueError, TypeError) as e:
+        raise MedrankError(f"{path}: not a system file written by stage score ({type(e).__name__}: {e})") from None
+    if missing:
+        raise MedrankError(f"{path}: not a system file written by stage score (no {', '.join(missing)})")
+    try:  # the saved decision, checked here: a doctored file stops with one line, not a traceback per question
+        from medrank.selection.decision import ORDERS, Keep
+
+        for fit in ("val", "test"):
+            Keep.from_json(system["keep"][fit])
+        if system["order"] not in ORDERS:
+            raise ValueError(f"order {system['order']!r}")
+    except (KeyError, TypeError, ValueError) as e:
+        raise MedrankError(
+            f"{path}: the saved keep rule / order is not one stage score writes ({type(e).__name__}: {e})"
+        ) from None
+    return system
+
+
+@dataclass
+class SystemStep:
+    """Stage score's decision (models/system.json) over the baseline's and / or the MTL's fitted models."""
+
+    system: dict
+    fit: Fit
+    baseline: Any | None  # FittedBaseline
+    mtl: Any | None  # MTLBag
+    mtl_meta: dict | None
+
+    @property
+    def groups(self) -> set[str]:
+        return set(self.baseline.builder.groups if self.baseline else ()) | set(
+            self.mtl.builder.groups if self.mtl else ()
+        )
+
+    @property
+    def reads_retrieval(self) -> bool:
+        """Whether the decided system reads the retrieve step's output (else that step need not run)."""
+        return self.mtl is not None or bool(self.groups & RETRIEVAL_GROUPS)
+
+    @property
+    def reads_grids(self) -> bool:
+        """Whether the decided system reads the NLI grids (else the grid step need not run)."""
+        return self.mtl is not None or bool(self.groups & GRID_GROUPS)
+
+    @property
+    def per_question(self) -> bool:
+        """Whether each question is decided from its own rows alone (the baseline's EM prior shift reads every row of
+        the table: questions ranked together would shift each other)."""
+        return self.baseline is None or self.baseline.config.params.prior_shift != "em"
+
+    @classmethod
+    def load(cls, models_dir: str | os.PathLike = layout.MODELS, fit: Fit = "final") -> "SystemStep":
+        from medrank.models.baseline import FittedBaseline
+        from medrank.models.mtl import MTLBag
+
+        models_dir = Path(models_dir)
+        if fit not in ("final", "val"):
+            raise MedrankError(f"fit must be final or val, got {fit!r}")
+        system = read_system(models_dir)
+        baseline = mtl = meta = None
+        if system["system"] in ("baseline", "ensemble"):
+            baseline = FittedBaseline.load(models_dir / layout.BASELINE_MODEL.name / f"{fit}.json")
+        if system["system"] in ("mtl", "ensemble"):
+            mtl_dir = models_dir / layout.MTL_MODEL.name
+            mtl, meta = MTLBag.load(mtl_dir / "val" if fit == "val" else mtl_dir)
+        return cls(system, fit, baseline, mtl, meta)
+
+    def transform(
+        self,
+        answers: pd.DataFrame,
+        retrieved: pd.DataFrame | None,
+        grid: pd.DataFrame | None,
+        scores: dict,
+        n_candidates: int,
+    ) -> pd.DataFrame:
+        """apply_decision's rows (aid, prob, rank_key, label, score) of the answers; `retrieved` / `grid` may be None
+        where the system does not read them (reads_retrieval, reads_grids)."""
+        from medrank.selection.decision import Keep, apply_decision, combine_systems, decide
+        from medrank.task3.features import answer_table
+        from medrank.models.mtl import build_mtl_data, ensemble
+
+        systems = {}
+        if self.mtl is not None:
+            from medrank.params import MtlParams
+
+            d = self.mtl_meta["decision"]
+            # label shift cannot be re-estimated from one question: EM is skipped here (prior_shift none)
+            rule = MtlParams(**{k: d[k] for k in ("ensemble", "rank_by", "threshold", "min_keep")})
+            data = build_mtl_data(answers, grid, retrieved, n_candidates=n_candidates, scores=scores)
+            dec = decide(ensemble(*self.mtl.predict(data), rule.ensemble), float(d["threshold_used"]), rule)
+            systems["mtl"] = dec.assign(prob=dec["prob_mean"])
+        if self.baseline is not None:
+            anli = None if grid is None else grid[["split", "qid", "aid", "entailed_kind", "entailed_rank", "anli"]]
+            table = answer_table(answers, entailed=retrieved, anli=anli, n_candidates=n_candidates, **scores)
+            pred = self.baseline.predict(table)
+            systems["baseline"] = pred.assign(rank_key=pred["rank_score"])
+        # the systems' rows combined at the MTL weight (0 = the baseline's, 1 = the MTL's), kept by the keep rule
+        # fitted for this fit's target set, ordered by the order rule
+        part = lambda df: df[["gid", "aid", "prob", "rank_key"]].assign(part=self.fit, fold=-1)
+        name = self.system["system"]
+        if name == "ensemble":
+            rows = combine_systems(part(systems["mtl"]), part(systems["baseline"]), float(self.system["mtl_weight"]))
+        else:
+            rows = part(systems[name])
+        keep = Keep.from_json(self.system["keep"]["val" if self.fit == "val" else "test"])
+        return apply_decision(rows, keep, self.system["order"])

@@ -1,0 +1,48 @@
+"""The feature groups, one registry: the answer-table columns each group reads, the per-answer score another stage
+writes for it (and that stage's file), and where it may be used. medrank.task3.features builds from it, medrank.params
+validates against it, the stages read their score files through it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from medrank.core import layout as L
+
+
+@dataclass(frozen=True)
+class Group:
+    columns: tuple[str, ...] = ()  # answer-table columns it reads
+    score: str | None = None  # a per-answer score: expanded into itself and its place among the question's answers
+    file: Path | None = None  # the stage output holding the group's columns
+    per_candidate: bool = False  # also reads <group>_i for each of the n_candidates entailed answers
+    judged: bool = False  # its inputs exist for the judged LiveQA answers (medrank.data.judged)
+    analysis: bool = False  # computed by analysis/dvc.yaml only: a candidate of the analysis rows, never a default's
+
+
+REGISTRY: dict[str, Group] = {
+    "metadata": Group(("source", "n_sentences", "chiqa_rank"), judged=True),
+    "bow": Group(("answer_text", "entailed_text"), judged=True),
+    "rqe": Group(per_candidate=True, judged=True),
+    "rqe_emb": Group(per_candidate=True, judged=True),
+    "anli": Group(per_candidate=True),
+    "bienc": Group(("bienc_cos",), "bienc_cos", L.BIENC, judged=True),
+    "heading": Group(("heading_cos",), "heading_cos", L.BIENC, judged=True),
+    "qtype": Group(("qtype_agree", "qtype_match"), "qtype_agree", L.BIENC, judged=True),
+    "cnn": Group(("cnn_score",), "cnn_score", L.CNN_SCORES),
+    "qa": Group(("qa_score",), "qa_score", L.QA_SCORES, analysis=True),
+    "qa_graded": Group(("qa_graded_score",), "qa_graded_score", L.QA_GRADED_SCORES, analysis=True),
+    "passage": Group(("passage_max_cos",), "passage_max_cos", L.PASSAGE_SCORES),
+    "qa_bienc": Group(("qa_bienc_cos",), "qa_bienc_cos", L.QA_BIENC_SCORES, analysis=True),
+}
+
+GROUPS = tuple(REGISTRY)
+# groups whose scores analysis/dvc.yaml computes: a full `dvc repro` does not train models the default systems never
+# read; adopting one moves its stage to dvc.yaml
+ANALYSIS_GROUPS = tuple(g for g, s in REGISTRY.items() if s.analysis)
+JUDGED_GROUPS = tuple(g for g, s in REGISTRY.items() if s.judged)
+BIENC_GROUPS = tuple(g for g, s in REGISTRY.items() if s.file == L.BIENC)  # the groups stage bienc writes
+# per-answer scores of other stages, by group: (its score column, file)
+SCORE_FILES = {g: (s.score, s.file) for g, s in REGISTRY.items() if s.score is not None}
+# the answer-table columns those stages write (medrank.task3.features.answer_table's per-answer scores)
+SCORE_COLUMNS = tuple(c for g, s in REGISTRY.items() if s.file is not None for c in s.columns)
