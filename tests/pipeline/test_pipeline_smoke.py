@@ -202,7 +202,7 @@ def _rank_equals_validation_submission(repo: Path) -> None:
 
     from medrank.cli import format_result
     from medrank.serving.rank import Ranker, as_input, rank_question, ranked_ids
-    from medrank.serving import ServeConfig, create_app
+    from medrank.serving.app import ServeConfig, create_app
 
     clean = pd.read_parquet(repo / "data/interim/clean/answers.parquet")
     sub = pd.read_csv(repo / "submissions/task3_val.csv", header=None, names=["qid", "aid", "label"], dtype=str)

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from medrank.serving.rank import MAX_ANSWERS, Ranker
-from medrank.serving import ServeConfig, create_app
+from medrank.serving.app import ServeConfig, create_app
 from tests.helpers.tiny_project import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared

@@ -20,7 +20,7 @@ def test_two_replicas_answer_as_medrank_rank(tiny_project, monkeypatch, capsys):
     import ray
 
     from medrank.cli import main
-    from medrank.serving import ServeConfig
+    from medrank.serving.app import ServeConfig
     from medrank.serving.ray_app import deployment
 
     monkeypatch.chdir(tiny_project)  # the replicas work from the driver's folder
