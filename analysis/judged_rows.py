@@ -32,7 +32,7 @@ from medrank.models import baseline_protocols as BP
 from medrank.data.judged import judged_answers
 from medrank.task3.features import cap_questions
 from medrank.core.io import read_parquet
-from medrank.task3.groups import BIENC_GROUPS
+from medrank.params.groups import BIENC_GROUPS
 from medrank.params import load_params
 from medrank.task3.answer_scores import score_answers
 from medrank.task3.inputs import load_tables

@@ -2,8 +2,9 @@
 
 The whole file is validated on every load, so a typo anywhere (unknown key, wrong type,
 out-of-range value) stops with one line naming the key. Stages then read only their own section. By concept:
-base (the sections' base model, user files), pipeline (data, encoder and retrieval stages), rankers (the rankers,
-the final system, the analysis tables), loading (Params, load_params, the inference recipe).
+base (the sections' base model, user files), groups (the Task 3 feature groups' registry), pipeline (data, encoder
+and retrieval stages), rankers (the rankers, the final system, the analysis tables), loading (Params, load_params,
+the inference recipe).
 """
 
 from medrank.params.base import (

@@ -23,7 +23,7 @@ from medrank.params.pipeline import (
     NormalizeParams,
     RetrieveParams,
 )
-from medrank.task3.groups import ANALYSIS_GROUPS, BIENC_GROUPS
+from medrank.params.groups import ANALYSIS_GROUPS, BIENC_GROUPS
 from medrank.params.rankers import (
     AnalysisParams,
     BaselineParams,

@@ -23,11 +23,11 @@ from medrank.params.base import (
     Width,
     _Section,
 )
-from medrank.task3.groups import GROUPS, JUDGED_GROUPS
+from medrank.params.groups import GROUPS, JUDGED_GROUPS
 from medrank.params.pipeline import RqeSource
 
 
-FeatureGroup = Literal[GROUPS]  # the names of medrank.task3.groups.REGISTRY
+FeatureGroup = Literal[GROUPS]  # the names of medrank.params.groups.REGISTRY
 
 
 class _TrainKnobs(_Section):

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from medrank.task3.bow import tfidf_rows
 from medrank.core.errors import MedrankError
-from medrank.task3.groups import GROUPS, REGISTRY, SCORE_COLUMNS, SCORE_FILES
+from medrank.params.groups import GROUPS, REGISTRY, SCORE_COLUMNS, SCORE_FILES
 
 if TYPE_CHECKING:
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -176,7 +176,7 @@ def aligned_scores(answers: pd.DataFrame, scores: pd.DataFrame, column: str, sou
 def read_answer_scores(
     answers: pd.DataFrame, groups: set[str] | Sequence[str], extra: dict | None = None
 ) -> dict[str, np.ndarray]:
-    """The per-answer scores other stages wrote (medrank.task3.groups.SCORE_FILES) that `groups` read, aligned to `answers`;
+    """The per-answer scores other stages wrote (medrank.params.groups.SCORE_FILES) that `groups` read, aligned to `answers`;
     `extra` ({score file: more rows of it}) adds rows the file lacks (analysis/judged_rows.py: the judged answers')."""
     from medrank.core.io import read_parquet
 

@@ -1,6 +1,7 @@
-"""Each DVC stage's code deps are its import closure (medrank/ and stages/ modules, top level or inside functions):
+"""Each DVC stage's code deps: its stage module plus the medrank package folders its import closure touches (medrank/
+and stages/ modules, imported at top level or inside functions; DVC hashes a folder as a whole).
 tests/pipeline/test_layout.py checks dvc.yaml and analysis/dvc.yaml against it, and `python -m tests.helpers.deps`
-rewrites their lists to match (adds what a stage imports, drops what it no longer does)."""
+rewrites their lists to match (adds a folder a stage now imports from, drops one it no longer does)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
+DVC_FILES = ("dvc.yaml", "analysis/dvc.yaml")
 
 
 def module_file(name: str) -> Path | None:
@@ -61,38 +63,59 @@ def has_code(path: Path) -> bool:
     )
 
 
+def needed_files(module: str) -> set[str]:
+    """The source files a stage's module runs: its import closure (package markers without code left out)."""
+    return {p.as_posix() for p in closure(module) if p.name != "__init__.py" or has_code(REPO / p)}
+
+
+def folder_of(path: str) -> str:
+    """The dep that covers a source file: its top-level package folder (medrank/<package>), else the file itself."""
+    parts = path.split("/")
+    return "/".join(parts[:2]) if parts[0] == "medrank" and len(parts) > 2 else path
+
+
+def code_deps(module: str) -> list[str]:
+    """A stage's code deps: its stage module first, then the package folders (and files directly in medrank/)."""
+    own = module.replace(".", "/") + ".py"
+    return [own, *sorted({folder_of(p) for p in needed_files(module)} - {own})]
+
+
+def is_code(entry: str) -> bool:
+    return entry.startswith(("medrank/", "stages/"))
+
+
+def stage_deps(dvcfile: str) -> dict[str, tuple[str, list[str]]]:
+    """Each stage's (module, declared deps) in a dvc.yaml (a foreach stage's template once)."""
+    out = {}
+    for name, st in yaml.safe_load((REPO / dvcfile).read_text(encoding="utf-8"))["stages"].items():
+        st = st.get("do") or st
+        out[name] = (st["cmd"].split()[2], [next(iter(d)) if isinstance(d, dict) else d for d in st.get("deps") or []])
+    return out
+
+
 def sync(dvcfile: str) -> None:
-    """Rewrite `dvcfile`'s stage deps (code .py entries only) to each stage's closure."""
+    """Rewrite `dvcfile`'s code deps (entries under medrank/ and stages/) to each stage's code_deps, in their place."""
     path = REPO / dvcfile
-    text = path.read_text()
-    stages = yaml.safe_load(text)["stages"]
-    pending = {}
-    for name, st in stages.items():
-        module = (st.get("do") or st)["cmd"].split()[2]
-        needed = {str(p) for p in closure(module) if p.name != "__init__.py" or has_code(REPO / p)}
-        declared = {next(iter(d)) if isinstance(d, dict) else d for d in (st.get("do") or st).get("deps") or []}
-        pending[name] = (
-            sorted(p for p in needed if p not in declared),
-            {d for d in declared if d.endswith(".py") and d not in needed},
-        )
+    text = path.read_text(encoding="utf-8")
+    wanted = {name: code_deps(module) for name, (module, _) in stage_deps(dvcfile).items()}
     out, current = [], None
     for line in text.split("\n"):
         m = re.match(r"^  ([A-Za-z_0-9]+):", line)
-        if m and m.group(1) in stages:
+        if m and m.group(1) in wanted:
             current = m.group(1)
         entry = line.strip()[2:].split()[0] if line.strip().startswith("- ") else ""
-        if current and entry.endswith(".py") and entry in pending[current][1]:
+        if current and is_code(entry):
+            if wanted[current]:  # the stage's first code entry: the whole list goes here
+                indent = line[: len(line) - len(line.lstrip())]
+                out.extend(f"{indent}- {d}" for d in wanted[current])
+                wanted[current] = []
             continue
         out.append(line)
-        if current and entry.endswith(".py") and pending[current][0]:
-            indent = line[: len(line) - len(line.lstrip())]
-            out.extend(f"{indent}- {a}" for a in pending[current][0])
-            pending[current] = ([], pending[current][1])
     new = "\n".join(out)
     if new != text:
-        path.write_text(new)
+        path.write_text(new, encoding="utf-8")
 
 
 if __name__ == "__main__":
-    for f in ("dvc.yaml", "analysis/dvc.yaml"):
+    for f in DVC_FILES:
         sync(f)

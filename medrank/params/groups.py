@@ -1,6 +1,7 @@
-"""The feature groups, one registry: the answer-table columns each group reads, the per-answer score another stage
-writes for it (and that stage's file), and where it may be used. medrank.task3.features builds from it, medrank.params
-validates against it, the stages read their score files through it."""
+"""The Task 3 feature groups, one registry: the answer-table columns each group reads, the per-answer score another
+stage writes for it (and that stage's file), and where it may be used. medrank.task3.features builds from it,
+medrank.params validates against it, the stages read their score files through it. It sits in params (below every
+other package) so that validating params.yaml imports no Task 3 code."""
 
 from __future__ import annotations
 
