@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import inspect
 import json
 import logging
@@ -275,6 +276,8 @@ def main() -> None:
     chosen = ours.resolve_precision(pairs[:256])
     torch.set_num_threads(threads)  # the probe may change it; every method runs at the same count
     precs = [chosen] + [p for p in ("fp32", "bf16", "int8") if p != chosen and (p != "int8" or device == "cpu")]
+    if device == "cpu" and importlib.util.find_spec("openvino") is not None:  # the OpenVINO path (issue 47)
+        precs += ["openvino-bf16", "openvino-fp32"]
     for prec in precs:
         ours.predict(warm, precision=prec, show_progress=False)
 
@@ -363,7 +366,7 @@ def main() -> None:
         f"fastest peer within |dp| <= {TOLERANCE}: {best_peer.strip()} ({best_peer_rate:.1f} pairs/s): column x best peer\n"
     )
     head = (
-        f"| {'method':30} | prec | pairs/s | x (a) | x (b) | x best peer | % fp32 peak | % bf16 peak | % int8 peak "
+        f"| {'method':30} | {'prec':13} | pairs/s | x (a) | x (b) | x best peer | % fp32 peak | % bf16 peak | % int8 peak "
         "| max abs dp vs (a) |"
     )
     print(head)
@@ -375,7 +378,7 @@ def main() -> None:
         dp = float(np.abs(probs - ref).max())
         int8_share = f"{100 * gflops / peak['int8']:10.1f}%" if "int8" in peak else f"{'-':>11}"
         print(
-            f"| {name:30} | {prec:4} | {rate:7.1f} | {rate / naive_rate:5.2f} | {rate / st_rate:5.2f} | "
+            f"| {name:30} | {prec:13} | {rate:7.1f} | {rate / naive_rate:5.2f} | {rate / st_rate:5.2f} | "
             f"{rate / best_peer_rate:11.2f} | "
             f"{100 * gflops / peak['fp32']:10.1f}% | {100 * gflops / peak['bf16']:10.1f}% | {int8_share} | {dp:17.5f} |"
         )

@@ -1,8 +1,8 @@
 """A small sequence-pair classifier (cross-encoder): from_base / load / fit / predict / save.
 
 Inference is built for CPUs: identical pairs are scored once, pairs are tokenized once and batched by
-length with dynamic padding, under torch.inference_mode, at an explicit precision (fp32, bf16 autocast, or int8
-dynamic quantization of Linear layers); `auto` is the hardware's choice (encoders.hardware.probe_precision: flags, never a
+length with dynamic padding, under torch.inference_mode, at an explicit precision (fp32, bf16 autocast, int8
+dynamic quantization of Linear layers, or the OpenVINO path's openvino-bf16 / openvino-fp32); `auto` is the hardware's choice (encoders.hardware.probe_precision: flags, never a
 timing), and benchmarks/extraction.py says which precision is fastest on a machine.
 """
 
@@ -26,6 +26,7 @@ from medrank.encoders.cross_encoder_training import (
     check_pairs,
 )
 from medrank.encoders.low_precision import PrecisionCopies
+from medrank.encoders.openvino_path import PairLogitsAndPooled, is_openvino
 from medrank.encoders.models import (
     ENCODER_META,
     model_fingerprint,
@@ -332,13 +333,19 @@ class CrossEncoder(PrecisionCopies, CrossEncoderTraining):
             else:
                 mid = batches[len(batches) // 2]
                 precision = self.resolve_precision([unique[i] for i in mid])
-        model = self.inference_model(precision)
-        model.eval()
-        t0 = time.perf_counter()  # after the one-off probe: pairs/s is the steady rate
+        sink: list[torch.Tensor] = []
+        handle = None
+        if is_openvino(precision):  # (logits, pooled) from one compiled graph
+            example = lambda: (PairLogitsAndPooled(self.model.eval()), self._collate(enc, batches[0][:2]))
+            forward = self.openvino_model(precision, example)
+        else:
+            model = self.inference_model(precision)
+            model.eval()
+            handle = self._classifier_input_hook(model, sink) if return_embeddings else None
+            forward = lambda batch: (model(**batch).logits, sink[-1] if sink else None)
+        t0 = time.perf_counter()  # after the one-off probe and conversion: pairs/s is the steady rate
         probs = np.zeros((len(unique), self.num_labels), dtype=np.float32)
         embs = np.zeros((len(unique), hidden), dtype=np.float32) if return_embeddings else None
-        sink: list[torch.Tensor] = []
-        handle = self._classifier_input_hook(model, sink) if return_embeddings else None
         try:
             # one autocast region for every batch: it casts each fp32 weight to bf16 once and keeps the copy (a region
             # per batch re-cast all ~22M weights every batch); the casts are the same, so are the outputs' bits
@@ -348,12 +355,11 @@ class CrossEncoder(PrecisionCopies, CrossEncoderTraining):
                 tqdm(total=len(unique), unit="pair", desc="predict", disable=not show_progress, leave=False) as bar,
             ):
                 for idx in batches:
-                    batch = self._collate(enc, idx)
-                    logits = model(**batch).logits
+                    logits, pooled = forward(self._collate(enc, idx))
                     probs[idx] = self._probs(logits).cpu().numpy()
                     if embs is not None:
-                        embs[idx] = sink.pop().float().cpu().numpy()
-                        sink.clear()
+                        embs[idx] = pooled.float().cpu().numpy()
+                    sink.clear()
                     bar.update(len(idx))
         finally:
             if handle is not None:

@@ -24,6 +24,7 @@ from medrank.encoders.cache import PairCache, existing_precisions, namespace_nam
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import LocalPool, RayBackend, extract_pairs, pool_extract, ray_extract
 from medrank.encoders.sentence_encoder import SentenceEncoder
+from medrank.encoders.openvino_path import is_openvino
 from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def choose_precision(
         have = [
             p
             for p in existing_precisions(cache_root, kind, encoder.fingerprint, encoder.max_length)
-            if p != "int8" or encoder.device.type == "cpu"
+            if (p != "int8" or encoder.device.type == "cpu") and not is_openvino(p)  # auto never picks OpenVINO
         ]
         if not have:
             return encoder.resolve_precision(list(sample_pairs)[:256]) if isinstance(encoder, CrossEncoder) else "fp32"

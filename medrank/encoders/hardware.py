@@ -21,7 +21,8 @@ from medrank.core.errors import MedrankError
 log = logging.getLogger(__name__)
 
 
-PRECISIONS = ("fp32", "bf16", "int8")
+# torch's kernels (bf16 autocast, int8 dynamic quantization) and the OpenVINO path's (encoders.openvino_path)
+PRECISIONS = ("fp32", "bf16", "int8", "openvino-bf16", "openvino-fp32")
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -124,10 +125,10 @@ def probe_precision(
     dev = device if isinstance(device, torch.device) else resolve_device(str(device))
     flags = cpu_flags() if dev.type == "cpu" else []
     if requested not in ("auto", *PRECISIONS):
-        raise MedrankError(f"precision '{requested}': expected auto, fp32, bf16 or int8")
+        raise MedrankError(f"precision '{requested}': expected auto, {', '.join(PRECISIONS)}")
     if requested != "auto":
-        if requested == "int8" and dev.type != "cpu":
-            raise MedrankError("precision int8 (dynamic quantization) runs on CPU only")
+        if requested not in ("fp32", "bf16") and dev.type != "cpu":
+            raise MedrankError(f"precision {requested} runs on CPU only")
         return PrecisionReport(str(dev), requested, requested, cpu_flags=flags, reason="requested")
     choice = hardware_precision(dev)
     reason = (
@@ -165,9 +166,11 @@ def hardware_precision(device: str | torch.device, requested: str = "auto") -> s
     """fp32 or bf16: a requested one, or ('auto') bf16 where its flags say `device` computes it faster than fp32
     (`bf16_faster`), else fp32. Decided by the hardware, never by a timing inside a stage: load on shared cores flipped
     timed choices, and every stage downstream followed the flip. The choice is recorded in each stage's metrics."""
-    if requested not in ("auto", "fp32", "bf16"):
-        raise MedrankError(f"precision '{requested}': expected auto, fp32 or bf16")
+    if requested not in ("auto", "fp32", "bf16", "openvino-bf16", "openvino-fp32"):
+        raise MedrankError(f"precision '{requested}': expected auto, fp32, bf16, openvino-bf16 or openvino-fp32")
     if requested != "auto":
+        if requested.startswith("openvino") and torch.device(str(device)).type != "cpu":
+            raise MedrankError(f"precision {requested} runs on CPU only")
         return requested
     return "bf16" if bf16_faster(device) else "fp32"
 

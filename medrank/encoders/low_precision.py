@@ -228,11 +228,26 @@ def _weights_version(model: torch.nn.Module) -> tuple:
 class PrecisionCopies:
     """Mixin of the encoders: `inference_model(precision)` is `self.model`, or a copy made for the precision on first
     use: int8 (`quantize_int8`, kept until `_int8_model` is reset, after training or to free memory) or bf16
-    (`bf16_linears`, rebuilt when the weights have changed since, e.g. between evaluations during training)."""
+    (`bf16_linears`, rebuilt when the weights have changed since, e.g. between evaluations during training);
+    `openvino_model(precision, build)` the OpenVINO path's compiled model, rebuilt likewise."""
 
     model: torch.nn.Module
     _int8_model: torch.nn.Module | None = None
     _bf16_model: tuple[tuple, torch.nn.Module] | None = None
+    _openvino_models: dict[str, tuple[tuple, object]] | None = None
+
+    def openvino_model(self, precision: str, build: Callable[[], tuple[torch.nn.Module, dict]]):
+        """The OpenVINO path's compiled model for `precision` (encoders.openvino_path), converted from `build()`'s
+        (module, example batch) on first use and again when the weights have changed since."""
+        from medrank.encoders.openvino_path import openvino_model
+
+        version = _weights_version(self.model)
+        if self._openvino_models is None:
+            self._openvino_models = {}
+        cached = self._openvino_models.get(precision)
+        if cached is None or cached[0] != version:
+            cached = self._openvino_models[precision] = (version, openvino_model(precision, self.device, build))
+        return cached[1]
 
     def inference_model(self, precision: str) -> torch.nn.Module:
         if precision == "bf16":

@@ -39,6 +39,10 @@ def runtime_info(device: str | torch.device | None = None, **extra: Any) -> dict
     isa = {k: os.environ[k] for k in _ISA_ENV if os.environ.get(k)}
     if isa:
         info["isa_env"] = isa
+    if str(extra.get("precision") or "").startswith("openvino"):  # the OpenVINO path's kernels are its version's
+        from importlib.metadata import version
+
+        info["openvino"] = version("openvino")
     return {**info, **extra}
 
 

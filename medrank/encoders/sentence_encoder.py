@@ -13,6 +13,7 @@ import torch
 
 from medrank.encoders.hardware import resolve_device
 from medrank.encoders.low_precision import PrecisionCopies
+from medrank.encoders.openvino_path import LastHidden, is_openvino
 from medrank.encoders.models import (
     ENCODER_META,
     model_fingerprint,
@@ -74,19 +75,32 @@ class SentenceEncoder(PrecisionCopies):
             return out
         enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=False)
         ids = enc["input_ids"]
-        model = self.inference_model(precision)
+        batches = length_sorted_batches([len(x) for x in ids], batch_size, max_tokens=16384)
+
+        def collate(idx) -> dict[str, torch.Tensor]:
+            width = padded_width(max(len(ids[i]) for i in idx), self.max_length)
+            input_ids = np.zeros((len(idx), width), dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.int64)
+            for r, i in enumerate(idx):
+                input_ids[r, : len(ids[i])] = ids[i]
+                mask[r, : len(ids[i])] = 1
+            return {
+                "input_ids": torch.from_numpy(input_ids).to(self.device),
+                "attention_mask": torch.from_numpy(mask).to(self.device),
+            }
+
+        if is_openvino(precision):
+            compiled = self.openvino_model(precision, lambda: (LastHidden(self.model.eval()), collate(batches[0][:2])))
+            forward = lambda batch: compiled(batch)[0]
+        else:
+            model = self.inference_model(precision)
+            forward = lambda batch: model(**batch).last_hidden_state
         cast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
         with torch.inference_mode(), cast:
-            for idx in length_sorted_batches([len(x) for x in ids], batch_size, max_tokens=16384):
-                width = padded_width(max(len(ids[i]) for i in idx), self.max_length)
-                input_ids = np.zeros((len(idx), width), dtype=np.int64)
-                mask = np.zeros((len(idx), width), dtype=np.int64)
-                for r, i in enumerate(idx):
-                    input_ids[r, : len(ids[i])] = ids[i]
-                    mask[r, : len(ids[i])] = 1
-                t_ids = torch.from_numpy(input_ids).to(self.device)
-                t_mask = torch.from_numpy(mask).to(self.device)
-                hidden = model(input_ids=t_ids, attention_mask=t_mask).last_hidden_state.float()
+            for idx in batches:
+                batch = collate(idx)
+                t_mask = batch["attention_mask"]
+                hidden = forward(batch).float()
                 m = t_mask.unsqueeze(-1).float()
                 emb = (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
                 out[idx] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()

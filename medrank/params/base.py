@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 
 class _Section(BaseModel):
@@ -93,6 +93,28 @@ def _ray_installed(cls: type, backend: str) -> str:
     if backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ValueError("backend ray needs the package ray (pip install -e '.[ray]'), which is not installed")
     return backend
+
+
+def _openvino_installed(precision: str) -> str:
+    """The OpenVINO path needs its runtime: refused here (one line), not after DVC has deleted the stage's outputs."""
+    import importlib.util
+
+    if precision.startswith("openvino") and importlib.util.find_spec("openvino") is None:
+        raise ValueError(
+            f"precision {precision} needs the OpenVINO runtime (pip install -e '.[openvino]'), which is not installed"
+        )
+    return precision
+
+
+# Inference precision of an encoder: torch's kernels (fp32, bf16 autocast, int8 dynamic quantization) or the OpenVINO
+# path's (medrank.encoders.openvino_path); auto = the hardware's torch choice (flags, never a timing), never OpenVINO.
+# The name is part of every cache namespace, so each path keeps its own cached scores.
+PredictPrecision = Annotated[  # cross-encoders
+    Literal["auto", "fp32", "bf16", "int8", "openvino-bf16", "openvino-fp32"], AfterValidator(_openvino_installed)
+]
+EncodePrecision = Annotated[  # bi-encoders
+    Literal["auto", "fp32", "bf16", "openvino-bf16", "openvino-fp32"], AfterValidator(_openvino_installed)
+]
 
 
 # The models medrank.data.sources.MODEL_SOURCES pins (a test holds the two equal): importing it here would make the

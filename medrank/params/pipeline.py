@@ -22,6 +22,7 @@ from medrank.params.base import (
     MAX_TRAIN_BATCH,
     MAX_WIDTH,
     PinnedModel,
+    PredictPrecision,
     Workers,
     _ray_installed,
     _Section,
@@ -162,7 +163,7 @@ class FinetuneTaskParams(_Section):
     train_precision: Literal["auto", "fp32", "bf16"] = (
         "auto"  # auto = bf16 where the device computes it natively, else fp32
     )
-    predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    predict_precision: PredictPrecision = "auto"
     eval_batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
     # CPU threads for training; None = every core (the weights depend on the count: pinned = the same on any machine);
     # "probe" = time 1 vs all cores on a real step (faster on busy shared cores, weights then depend on load)
@@ -235,9 +236,7 @@ class RetrieveParams(_Section):
         default=50, ge=1, le=100_000
     )  # MedQuAD candidates per question, all scored (and cached) by RQE
     batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
-    precision: Literal["auto", "fp32", "bf16", "int8"] = (
-        "auto"  # auto: reuse the cache's, else the hardware's (no timing)
-    )
+    precision: PredictPrecision = "auto"  # auto: reuse the cache's, else the hardware's (no timing)
     shard_size: int = Field(
         default=4096, ge=1, le=MAX_COUNT
     )  # pairs per cache shard (lost work on a kill is < 1 shard)
@@ -269,7 +268,7 @@ class EmbedParams(_Section):
     )  # train: best-ranked candidates used as entailed answers of lower ones; 0 = off
     batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
     bi_batch_size: int = Field(default=128, ge=1, le=MAX_BATCH)
-    precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    precision: PredictPrecision = "auto"
     precision_check_pairs: int = Field(
         default=256, ge=0, le=MAX_COUNT
     )  # sample for max |dp| of the chosen precision vs fp32

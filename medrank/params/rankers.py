@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import Field, ValidationError, model_validator
 from medrank.params.base import (
+    EncodePrecision,
+    PredictPrecision,
     MAX_BATCH,
     MAX_C,
     MAX_COUNT,
@@ -39,7 +41,7 @@ class _TrainKnobs(_Section):
     warmup_ratio: float = Field(default=0.1, ge=0, le=1)
     weight_decay: float = Field(default=0.01, ge=0, le=MAX_DECAY)
     train_precision: Literal["auto", "fp32", "bf16"] = "auto"
-    predict_precision: Literal["auto", "fp32", "bf16", "int8"] = "auto"
+    predict_precision: PredictPrecision = "auto"
     eval_batch_size: int = Field(default=32, ge=1, le=MAX_BATCH)
     threads: int | None = Field(
         default=None, ge=1, le=MAX_THREADS
@@ -266,7 +268,7 @@ class BiencParams(_Section):
     batch_size: int = Field(default=32, ge=1, le=MAX_BATCH)
     # auto: bf16 where the device computes it natively, else fp32 (the hardware decides, not a timing: every later stage
     # learns from these cosines); `medrank rank` resolves it the same way on its machine
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: EncodePrecision = "auto"
     # also score the judged LiveQA answers (baseline.judged_rows != none needs them; analysis/judged_rows.py scores
     # them itself): ~45% of the texts, which the default systems never read
     judged: bool = False

@@ -1,0 +1,129 @@
+"""Bi-encoder (all-mpnet-base-v2, stage bienc / passages) encoding speed on real MEDIQA answers: sentence-transformers at
+its best against medrank's paths, side by side in one process.
+
+Peers: sentence-transformers' SentenceTransformer on the same weights at fp32 and with its weights cast to bf16, at
+batch 32 and 64. medrank: SentenceEncoder.encode at fp32, bf16 (torch autocast over bf16 Linear copies) and, where
+OpenVINO is installed, openvino-bf16 / openvino-fp32. Methods take turns on slices of the texts (best of --repeats
+per slice), so load from other processes hits them alike. Prints texts/s, the ratio to the fastest peer within the
+cosine tolerance, the share of the bf16 / fp32 matmul peak, and max |1 - cos| against medrank fp32.
+
+    python benchmarks/bienc.py [--texts 256] [--max-length 256] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from extraction import matmul_peak  # noqa: E402
+
+from medrank.core import layout  # noqa: E402
+from medrank.encoders.hardware import cpu_flags  # noqa: E402
+from medrank.encoders.models import resolve_model_path  # noqa: E402
+from medrank.encoders.sentence_encoder import SentenceEncoder  # noqa: E402
+
+TOLERANCE = 0.02  # max |1 - cos| against fp32 a path may show and still count
+
+
+def flops_per_text(config, tokens: np.ndarray) -> float:
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    t = tokens.astype(np.float64)
+    return float(np.mean(layers * (2 * t * (4 * h * h + 2 * h * i) + 4 * t * t * h)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--texts", type=int, default=256)
+    ap.add_argument("--model", default="all-mpnet-base-v2")
+    ap.add_argument("--max-length", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    answers = pd.read_parquet(layout.NORMALIZED / "answers.parquet", columns=["answer_norm"])["answer_norm"]
+    rng = np.random.default_rng(13)
+    texts = answers.fillna("").iloc[rng.choice(len(answers), args.texts, replace=False)].tolist()
+
+    ours = SentenceEncoder(args.model, device="cpu", max_length=args.max_length)
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    # the model card's pipeline (transformer, mean pooling, L2 normalisation), built from its modules: the packaged
+    # folder's pooling config predates this sentence-transformers' keyword names
+    body = Transformer(str(resolve_model_path(args.model)), max_seq_length=args.max_length)
+    st = SentenceTransformer(modules=[body, Pooling(ours.hidden, "mean"), Normalize()], device="cpu")
+    st_cast = copy.deepcopy(st).to(torch.bfloat16)  # the peer at its own bf16: weights cast
+    tokens = np.array([len(x) for x in ours.tokenizer(texts, truncation=True, max_length=args.max_length)["input_ids"]])
+    fpt = flops_per_text(ours.model.config, tokens)
+    peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    load = os.getloadavg()
+
+    def st_encode(model, ts, batch):
+        return np.asarray(model.encode(ts, batch_size=batch, normalize_embeddings=True), dtype=np.float32)
+
+    methods = {"medrank fp32": ("fp32", lambda ts: ours.encode(ts, "fp32", 32))}
+    peers = set()
+    for batch in (32, 64):
+        for name, model, prec in ((f"ST fp32 b{batch}", st, "fp32"), (f"ST bf16-cast b{batch}", st_cast, "bf16")):
+            methods[name] = (prec, lambda ts, m=model, b=batch: st_encode(m, ts, b))
+            peers.add(name)
+    ours_precs = ["bf16"] + (["openvino-bf16", "openvino-fp32"] if importlib.util.find_spec("openvino") else [])
+    for prec in ours_precs:
+        methods[f"medrank {prec}"] = (prec, lambda ts, p=prec: ours.encode(ts, p, 32))
+    for _, fn in methods.values():
+        fn(texts[:8])  # warm: weights cast, graphs compiled
+    seconds = {k: 0.0 for k in methods}
+    outs: dict[str, list] = {k: [] for k in methods}
+    step = -(-len(texts) // args.rounds)
+    for s in range(0, len(texts), step):
+        part = texts[s : s + step]
+        best = {k: float("inf") for k in methods}
+        for rep in range(args.repeats):
+            for name, (_, fn) in methods.items():
+                t = time.perf_counter()
+                r = fn(part)
+                best[name] = min(best[name], time.perf_counter() - t)
+                if rep == 0:
+                    outs[name].append(r)
+        for name in methods:
+            seconds[name] += best[name]
+    ref = np.concatenate(outs["medrank fp32"])
+    rows = []
+    for name, (prec, _) in methods.items():
+        v = np.concatenate(outs[name])
+        rows.append((name, prec, len(texts) / seconds[name], float(np.abs((v * ref).sum(1) - 1).max())))
+    best_peer_rate, best_peer = max((r, n) for n, _, r, d in rows if n in peers and d <= TOLERANCE)
+    load_end = os.getloadavg()
+    print(
+        f"{len(texts)} MEDIQA answers (mean {tokens.mean():.1f} tokens, max_length {args.max_length}); model {args.model}; "
+        f"CPU flags {','.join(cpu_flags())}; threads {threads}; load average at start {load[0]:.2f}, at end {load_end[0]:.2f}"
+    )
+    print(
+        f"matmul peak: fp32 {peak['fp32']:.1f} GFLOP/s, bf16 {peak['bf16']:.1f} GFLOP/s; useful forward "
+        f"{fpt / 1e9:.2f} GFLOP/text; fastest peer within |1 - cos| <= {TOLERANCE}: {best_peer} ({best_peer_rate:.2f} texts/s)\n"
+    )
+    print(
+        "| method | precision | texts/s | x best peer | % of its precision's peak | max abs (1 - cos) vs medrank fp32 |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name, prec, rate, d in rows:
+        share = 100 * rate * fpt / 1e9 / peak["fp32" if prec.endswith("fp32") else "bf16"]
+        print(f"| {name} | {prec} | {rate:.2f} | {rate / best_peer_rate:.2f} | {share:.1f}% | {d:.5f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The OpenVINO inference path (precision openvino-bf16 / openvino-fp32) on tiny models: within tolerance of torch's
+fp32, the same bits on a repeat, its own cache namespace, never picked by auto, and one error line without its
+runtime."""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+import pytest
+
+from medrank.core.errors import MedrankError
+from medrank.encoders.cross_encoder import CrossEncoder
+from medrank.encoders.extract import cached_extract, choose_precision, open_cache
+from medrank.encoders.sentence_encoder import SentenceEncoder
+
+pytest.importorskip("openvino")
+pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
+
+PAIRS = [("a b c", "c d"), ("e f", "g h i j"), ("a b c", "c d"), ("k", "l m n o p q")]
+
+
+@pytest.fixture(scope="module")
+def nli(tiny_base) -> CrossEncoder:
+    """A 3-way head (seeded) on the tiny random BERT base."""
+    return CrossEncoder.from_base(str(tiny_base), 3, 48, device="cpu", precision="fp32")
+
+
+@pytest.mark.parametrize("precision", ["openvino-fp32", "openvino-bf16"])
+def test_cross_encoder_probs_and_pooled_vectors_within_tolerance_of_fp32(nli, precision):
+    ref, ref_emb = nli.predict(PAIRS, precision="fp32", return_embeddings=True, show_progress=False)
+    got, emb = nli.predict(PAIRS, precision=precision, return_embeddings=True, show_progress=False)
+    assert got.shape == ref.shape and emb.shape == ref_emb.shape and got.dtype == np.float32
+    tol = 1e-4 if precision == "openvino-fp32" else 0.02
+    assert np.abs(got - ref).max() <= tol
+    assert np.abs(emb - ref_emb).max() <= max(tol, 0.05 * np.abs(ref_emb).max())
+    again = nli.predict(PAIRS[::-1], precision=precision, show_progress=False)[::-1]
+    assert np.array_equal(again, got)  # the same bits whatever the order the pairs come in
+    assert nli.last_predict_stats["precision"] == precision
+
+
+def test_sentence_encoder_vectors_within_tolerance_of_fp32(tiny_base):
+    bi = SentenceEncoder(str(tiny_base), device="cpu", max_length=32)
+    texts = ["what causes anemia", "leg pain: a cramp or an injury", "x"]
+    ref = bi.encode(texts, "fp32")
+    got = bi.encode(texts, "openvino-bf16")
+    assert got.shape == ref.shape and np.abs((got * ref).sum(1) - 1).max() < 0.02
+    assert np.abs(bi.encode(texts, "openvino-fp32") - ref).max() < 1e-4
+
+
+def test_the_runtime_is_part_of_the_cache_namespace_and_auto_never_picks_it(tmp_path, nli):
+    torch_cache = open_cache(nli, "nli", tmp_path, "bf16")
+    ov_cache = open_cache(nli, "nli", tmp_path, "openvino-bf16")
+    assert torch_cache.dir != ov_cache.dir and ov_cache.dir.name.endswith("-openvino-bf16-L48")
+    out, stats = cached_extract(nli, PAIRS, ov_cache, "openvino-bf16", show_progress=False)
+    assert stats.computed == 3  # nothing read from the torch path's namespace
+    # auto reuses a cached precision, but never the OpenVINO path's: it is chosen only by name
+    assert choose_precision(nli, "auto", tmp_path, "nli", PAIRS) in ("fp32", "bf16")
+
+
+def test_a_missing_runtime_is_one_error_line(monkeypatch, tiny_base):
+    real_import = builtins.__import__
+
+    def no_openvino(name, *args, **kwargs):
+        if name == "openvino" or name.startswith("openvino."):
+            raise ImportError("No module named 'openvino'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_openvino)
+    fresh = CrossEncoder.from_base(str(tiny_base), 3, 48, device="cpu", precision="fp32")
+    with pytest.raises(MedrankError, match=r"^precision openvino-bf16 needs the OpenVINO runtime.*medrank\[openvino\]"):
+        fresh.predict(PAIRS, precision="openvino-bf16", show_progress=False)
+
+
+def test_params_refuse_openvino_without_its_runtime(monkeypatch):
+    import importlib.util
+
+    from medrank.params import EmbedParams
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "openvino" else find_spec(n, *a))
+    with pytest.raises(ValueError, match="precision openvino-bf16 needs the OpenVINO runtime"):
+        EmbedParams(precision="openvino-bf16")
+    assert EmbedParams(precision="bf16").precision == "bf16"
+
+
+def test_openvino_runs_on_the_cpu_only():
+    import torch
+
+    from medrank.encoders.hardware import hardware_precision, probe_precision
+
+    with pytest.raises(MedrankError, match="precision openvino-bf16 runs on CPU only"):
+        probe_precision(torch.device("cuda"), "openvino-bf16")
+    with pytest.raises(MedrankError, match="precision openvino-fp32 runs on CPU only"):
+        hardware_precision(torch.device("cuda"), "openvino-fp32")
