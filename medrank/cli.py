@@ -76,7 +76,7 @@ def _report_arguments(p: argparse.ArgumentParser) -> None:
         "--readme",
         default="README.md",
         metavar="PATH",
-        help="README whose headline and DAG blocks to refresh (default README.md)",
+        help="README whose headline block to refresh; the DAG block is docs/pipeline.md's beside it (default README.md)",
     )
     p.add_argument(
         "--results",
@@ -265,7 +265,7 @@ def printable(text: str) -> str:
 COMMANDS: dict[str, Command] = {
     "score": Command("score a MEDIQA submission against a gold file (official semantics)", _score_arguments, _score),
     "report": Command(
-        "refresh README.md's headline table and DAG, RESULTS.md's tables and the model cards (docs/model_cards/) from metrics/*.json, "
+        "refresh README.md's headline table, docs/pipeline.md's DAG, RESULTS.md's tables and the model cards (docs/model_cards/) from metrics/*.json, "
         "dvc.yaml and dvc.lock",
         _report_arguments,
         _report,

@@ -1,9 +1,9 @@
-"""README.md and RESULTS.md blocks and the model cards, rendered from the repo itself (never typed by hand).
+"""README.md, docs/pipeline.md and RESULTS.md blocks and the model cards, rendered from the repo itself (never typed by hand).
 
-README.md holds the headline table (`headline` block) and `dvc dag --md` (`dag` block); RESULTS.md holds every other
-table (`results` block) and the stages' seconds (`timings` block: machine-dependent, refreshed by `update_docs`, never
-part of the drift check). Each block sits between `<!-- NAME:start -->` and `<!-- NAME:end -->`; the prose around
-the markers is hand-written and left alone. The model cards (docs/model_cards/, medrank/reporting/cards.py) are whole
+README.md holds the headline table (`headline` block); docs/pipeline.md beside it holds `dvc dag --md` (`dag` block);
+RESULTS.md holds every other table (`results` block) and the stages' seconds (`timings` block: machine-dependent,
+refreshed by `update_docs`, never part of the drift check). Each block sits between `<!-- NAME:start -->` and
+`<!-- NAME:end -->`; the prose around the markers is hand-written and left alone. The model cards (docs/model_cards/, medrank/reporting/cards.py) are whole
 generated files, one per `artifacts:` entry of the README's repository's dvc.yaml.
 """
 
@@ -22,7 +22,7 @@ from medrank.reporting.timings import render_timings
 
 
 def render_dag(repo: str | Path = ".") -> str:
-    """`dvc dag --md` of the repo (the mermaid graph README shows)."""
+    """`dvc dag --md` of the repo (the mermaid graph docs/pipeline.md shows)."""
     import subprocess
     import sys
 
@@ -37,16 +37,17 @@ def render_dag(repo: str | Path = ".") -> str:
 REPO_YAML = ("dvc.yaml", "dvc.lock", "params.yaml", "analysis/dvc.yaml", "analysis/dvc.lock")
 
 # Which generated blocks each document must hold (the DAG is rendered in the README's own repository).
-README_BLOCKS = ("headline", "dag")
-
+README_BLOCKS = ("headline",)
+PIPELINE_DOC = Path("docs") / "pipeline.md"  # relative to the README's folder: the DAG and what each stage does
+PIPELINE_BLOCKS = ("dag",)
 
 RESULTS_BLOCKS = ("results", "timings")
 UNCHECKED_BLOCKS = frozenset({"timings"})  # what a re-run on another machine changes: refreshed, never a drift
 
 
-def _render(block: str, doc: Path, metrics_dir: str | Path) -> str:
+def _render(block: str, repo: Path, metrics_dir: str | Path) -> str:
     if block == "dag":
-        return render_dag(doc.resolve().parent)
+        return render_dag(repo.resolve())
     return {"headline": render_headline, "results": render_results, "timings": render_timings}[block](metrics_dir)
 
 
@@ -65,12 +66,12 @@ def _read(doc: Path) -> str:
     return read_repo_text(doc, "a document")  # a latin-1 byte is one line naming the file and the byte's offset
 
 
-def _refreshed(doc: Path, blocks: tuple[str, ...], metrics_dir: str | Path) -> tuple[str, str]:
-    """(current text, text with every block in `blocks` re-rendered)."""
+def _refreshed(doc: Path, blocks: tuple[str, ...], repo: Path, metrics_dir: str | Path) -> tuple[str, str]:
+    """(current text, text with every block in `blocks` re-rendered; `repo`: the README's folder)."""
     text = new = _read(doc)
     for block in blocks:
         head, tail = _split(doc, new, block)
-        new = f"{head}\n{_render(block, doc, metrics_dir)}{tail}"
+        new = f"{head}\n{_render(block, repo, metrics_dir)}{tail}"
     return text, new
 
 
@@ -78,19 +79,20 @@ def _pending(
     readme: str | Path, results: str | Path, metrics_dir: str | Path, cards: str | Path | None, check: bool = False
 ) -> list[tuple[Path, str | None]]:
     """(document, its re-rendered text) for each document whose generated text is out of date; (card, None) for a
-    generated card whose artifact left dvc.yaml. Cards: `cards`, else docs/model_cards/ beside the README. `check`:
-    the drift check, blind to the UNCHECKED_BLOCKS."""
+    generated card whose artifact left dvc.yaml. Cards: `cards`, else docs/model_cards/ beside the README; the DAG:
+    docs/pipeline.md beside the README. `check`: the drift check, blind to the UNCHECKED_BLOCKS."""
 
     check_metrics_dir(metrics_dir)
+    repo = Path(readme).parent
     out: list[tuple[Path, str | None]] = []
-    for doc, blocks in ((Path(readme), README_BLOCKS), (Path(results), RESULTS_BLOCKS)):
+    docs = ((Path(readme), README_BLOCKS), (repo / PIPELINE_DOC, PIPELINE_BLOCKS), (Path(results), RESULTS_BLOCKS))
+    for doc, blocks in docs:
         compared = tuple(b for b in blocks if not (check and b in UNCHECKED_BLOCKS))
-        text, new = _refreshed(doc, compared, metrics_dir)
+        text, new = _refreshed(doc, compared, repo, metrics_dir)
         for block in sorted(set(blocks) - set(compared)):
             _split(doc, text, block)  # not compared, but its markers must be there
         if new != text:
             out.append((doc, new))
-    repo = Path(readme).parent
     return out + pending_cards(repo, Path(cards) if cards else repo / CARDS_DIR, metrics_dir)
 
 
@@ -100,8 +102,8 @@ def stale_docs(
     metrics_dir: str | Path = "metrics",
     cards: str | Path | None = None,
 ) -> list[Path]:
-    """The documents whose generated text differs from metrics/ (or from dvc.yaml / dvc.lock: the DAG, the cards),
-    missing cards included; the timings block is not compared (it only has to be there)."""
+    """The documents whose generated text differs from metrics/ (or from dvc.yaml / dvc.lock: the DAG in
+    docs/pipeline.md, the cards), missing cards included; the timings block is not compared (it only has to be there)."""
     return [doc for doc, _ in _pending(readme, results, metrics_dir, cards, check=True)]
 
 
@@ -111,8 +113,8 @@ def update_docs(
     metrics_dir: str | Path = "metrics",
     cards: str | Path | None = None,
 ) -> list[Path]:
-    """Re-render README's headline and DAG blocks, RESULTS.md's results and timings blocks and the model cards (a card whose
-    artifact is gone is removed); returns the files that changed."""
+    """Re-render README's headline block, docs/pipeline.md's DAG block, RESULTS.md's results and timings blocks and the
+    model cards (a card whose artifact is gone is removed); returns the files that changed."""
     pending = _pending(readme, results, metrics_dir, cards)
     for doc, new in pending:
         if new is None:

@@ -58,7 +58,7 @@ def final_line(final: dict, short: bool = False, nested: dict | None = None) -> 
     noise = (
         f" Noise band (seed spread): accuracy {band['accuracy']:.3f}, order score {band['order']:.3f}." if band else ""
     )
-    how = "Chosen by the written rule (below)." if short else f"Rule: {rule}"
+    how = "Chosen by the written rule (above)." if short else f"Rule: {rule}"
     if final.get("system") == "baseline":  # said plainly: the paper's system does not beat the simpler one here
         how += mtl_verdict(nested)
     return [

@@ -133,7 +133,9 @@ def test_an_artifact_added_to_dvc_yaml_gets_a_card(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(documents, "render_dag", lambda repo: "graph\n")
     repo = _repo(tmp_path, artifacts={"mtl-reranker": ARTIFACTS["mtl-reranker"]}, stages=STAGES, metrics={"mtl": {}})
     readme, results = repo / "README.md", repo / "RESULTS.md"
-    readme.write_text("# r\n<!-- headline:start -->\n<!-- headline:end -->\n<!-- dag:start -->\n<!-- dag:end -->\n")
+    readme.write_text("# r\n<!-- headline:start -->\n<!-- headline:end -->\n")
+    (repo / "docs").mkdir(exist_ok=True)
+    (repo / "docs/pipeline.md").write_text("# pipeline\n<!-- dag:start -->\n<!-- dag:end -->\n")
     results.write_text(
         "# results\n<!-- results:start -->\n<!-- results:end -->\n<!-- timings:start -->\n<!-- timings:end -->\n"
     )
@@ -207,7 +209,9 @@ def test_report_refuses_a_wrong_folder_before_writing_anything(tmp_path, monkeyp
     repo = _repo(tmp_path, artifacts={"mtl-reranker": ARTIFACTS["mtl-reranker"]}, stages=STAGES, metrics={"mtl": {}})
     (repo / "empty").mkdir()
     readme, results = repo / "README.md", repo / "RESULTS.md"
-    readme.write_text("# r\n<!-- headline:start -->\n<!-- headline:end -->\n<!-- dag:start -->\n<!-- dag:end -->\n")
+    readme.write_text("# r\n<!-- headline:start -->\n<!-- headline:end -->\n")
+    (repo / "docs").mkdir(exist_ok=True)
+    (repo / "docs/pipeline.md").write_text("# pipeline\n<!-- dag:start -->\n<!-- dag:end -->\n")
     results.write_text(
         "# results\n<!-- results:start -->\n<!-- results:end -->\n<!-- timings:start -->\n<!-- timings:end -->\n"
     )
