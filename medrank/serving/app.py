@@ -27,18 +27,17 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from medrank.core.errors import MedrankError
-from medrank.serving.rank import (
-    MAX_ANSWER_CHARS,
-    MAX_ANSWERS,
-    MAX_INPUT_BYTES,
-    MAX_QUESTION_CHARS,
-    MAX_TOTAL_CHARS,
-    MalformedInput,
-    RankInput,
-    load_json,
-    rank_input,
-)
 from medrank.serving.batching import Closed, Overloaded, Scheduler
+from medrank.serving.protocol import (
+    MAX_BATCH_QUESTIONS,
+    RequestError,
+    parse_batch,
+    parse_one,
+    rank_body_schema,
+    rank_result_schema,
+    read_body,
+)
+from medrank.serving.rank import MAX_INPUT_BYTES, MAX_TOTAL_CHARS, RankInput
 
 if TYPE_CHECKING:
     from medrank.serving.rank import Ranker
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("medrank.serving.access")
 
-MAX_BATCH_QUESTIONS = 16  # per /rank/batch call, and never more than the queue holds
 CONFIG_ENV = "MEDRANK_SERVE_CONFIG"  # the ServeConfig as JSON, for uvicorn's worker processes (app_from_env)
 
 
@@ -95,71 +93,6 @@ def warmup_input() -> RankInput:
         "What are the symptoms of glaucoma?",
         [("w1", "Glaucoma (Symptoms): " + symptoms * 12, ""), ("w2", "Cataract: " + cataract * 2, "")],
     )
-
-
-# ---------------------------------------------------------------- input
-
-
-class RequestError(Exception):
-    """An HTTP error answered as {"error": message} (one line), with optional headers."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.headers = status, " ".join(message.split()), headers or {}
-
-
-def parse_one(body: bytes) -> RankInput:
-    """POST /rank's body through `medrank rank`'s parser: 400 where it is not JSON, 422 where a field is wrong."""
-    try:
-        return rank_input(load_json(body, "body"), "body")
-    except MalformedInput as e:
-        raise RequestError(400, str(e)) from None
-    except MedrankError as e:
-        raise RequestError(422, str(e)) from None
-
-
-def parse_batch(body: bytes, max_questions: int) -> list[RankInput]:
-    """POST /rank/batch's body `{"questions": [<a /rank body>, ...]}`: each question under `medrank rank`'s caps and all
-    of them together under its per-call text cap (MAX_TOTAL_CHARS)."""
-    try:
-        obj = load_json(body, "body")
-    except MalformedInput as e:
-        raise RequestError(400, str(e)) from None
-    try:
-        if not isinstance(obj, dict) or set(obj) != {"questions"}:
-            raise MedrankError("body: expected a JSON object with one key, 'questions' (a list of /rank bodies)")
-        qs = obj["questions"]
-        if not isinstance(qs, list) or not qs:
-            raise MedrankError("body: 'questions' must be a non-empty list of objects with 'question' and 'answers'")
-        if len(qs) > max_questions:
-            raise MedrankError(f"body: {len(qs)} questions; at most {max_questions} per call")
-        out = [rank_input(q, f"body: questions[{i}]") for i, q in enumerate(qs)]
-    except MedrankError as e:
-        raise RequestError(422, str(e)) from None
-    total = sum(len(q.question) + sum(len(a.text) for a in q.answers) for q in out)
-    if total > MAX_TOTAL_CHARS:
-        raise RequestError(
-            422, f"body: {total} characters of questions and answers; at most {MAX_TOTAL_CHARS} per call"
-        )
-    return out
-
-
-async def read_body(request: Any, limit: int) -> bytes:
-    """The body, refused (413) once it passes `limit` bytes: by its Content-Length before a byte is read, else while
-    it streams in (chunked), so no more than the limit is ever held."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise RequestError(400, f"Content-Length {declared[:40]!r} is not a number of bytes")
-        if int(declared) > limit:
-            raise RequestError(413, f"body: {int(declared)} bytes; at most {limit} per request")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, f"body: more than {limit} bytes; at most {limit} per request")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 # ---------------------------------------------------------------- the service
@@ -358,7 +291,7 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
 
         return list(await asyncio.gather(*(one(i) for i in inputs)))
 
-    rank_schema = _rank_schema()
+    rank_schema = rank_body_schema()
 
     @app.post(
         "/rank",
@@ -367,7 +300,7 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
         "dropped ones. 400: not JSON; 413: body too large; 422: a field is wrong (the message names it); 503: at "
         "capacity (Retry-After) or not ready; 504: timed out.",
         openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": rank_schema}}}},
-        responses={200: {"content": {"application/json": {"schema": _result_schema()}}}},
+        responses={200: {"content": {"application/json": {"schema": rank_result_schema()}}}},
     )
     async def rank(request: Request) -> JSONResponse:
         check_ready()
@@ -490,53 +423,6 @@ def _version() -> str:
     from medrank import __version__
 
     return __version__
-
-
-def _rank_schema() -> dict:
-    """POST /rank's body as JSON schema, its bounds the parser's own caps (medrank.serving.rank.MAX_*)."""
-    answer = {
-        "type": "object",
-        "required": ["text"],
-        "additionalProperties": False,
-        "properties": {
-            "id": {"type": ["string", "integer"], "description": "default: the answer's position, from 1"},
-            "text": {"type": "string", "minLength": 1, "maxLength": MAX_ANSWER_CHARS},
-            "url": {"type": ["string", "null"]},
-        },
-    }
-    return {
-        "type": "object",
-        "required": ["question", "answers"],
-        "additionalProperties": False,
-        "properties": {
-            "question": {"type": "string", "minLength": 1, "maxLength": MAX_QUESTION_CHARS},
-            "answers": {"type": "array", "maxItems": MAX_ANSWERS, "items": answer},
-        },
-        "description": f"at most {MAX_TOTAL_CHARS} characters of question and answers, {MAX_INPUT_BYTES} bytes",
-    }
-
-
-def _result_schema() -> dict:
-    item = {
-        "type": "object",
-        "properties": {
-            "rank": {"type": ["integer", "null"], "description": "1.. for kept answers, null for dropped ones"},
-            "id": {"type": "string"},
-            "kept": {"type": "boolean"},
-            "filter_score": {"type": ["number", "null"], "description": "the filter's probability that it is correct"},
-            "rank_score": {"type": ["number", "null"], "description": "the ranker's score (higher: earlier)"},
-            "url": {"type": "string"},
-        },
-    }
-    return {
-        "type": "object",
-        "properties": {
-            "question": {"type": "string"},
-            "n_answers": {"type": "integer"},
-            "n_kept": {"type": "integer"},
-            "answers": {"type": "array", "items": item, "description": "kept in rank order, then the dropped"},
-        },
-    }
 
 
 def app_from_env() -> Any:
