@@ -16,10 +16,8 @@ from __future__ import annotations
 import logging
 import time
 
-import pyarrow as pa
-
 from medrank.core import layout
-from medrank.task3.answer_scores import BIENC_SCORES_COLUMNS, bienc_metrics, qtype_training_questions, score_answers
+from medrank.task3.answer_scores import BIENC_SCORES, bienc_metrics, qtype_training_questions, score_answers
 from medrank.data.judged import judged_answers, with_judged
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.task3.features import cap_questions
@@ -30,10 +28,6 @@ from medrank.core.runner import run
 from medrank.serving.steps import save_step
 
 log = logging.getLogger("stages.bienc")
-BIENC_SCORES = pa.schema(
-    [("split", pa.string()), ("qid", pa.string()), ("aid", pa.string())]
-    + [(c, pa.float64()) for c in BIENC_SCORES_COLUMNS]
-)
 
 
 def main(params_path: str = "params.yaml") -> None:

@@ -5,11 +5,9 @@ fine-tune no default system reads); RESULTS shows both in one table."""
 
 import json
 
-import torch
-
 from medrank.core import layout
 from medrank.core.io import read_parquet, write_json
-from medrank.models.cnn import CnnRanker, squad_comparison
+from medrank.models.cnn import CnnRanker, pin_threads, squad_comparison
 from medrank.params import load_params
 from medrank.core.runner import run
 
@@ -20,8 +18,7 @@ def _read_json(path) -> dict:
 
 def main(params_path: str = "params.yaml") -> None:
     p = load_params(params_path)
-    # the network is small: on 2 shared cores one thread was 10x faster than two (thread sync dominates)
-    torch.set_num_threads(1)
+    pin_threads()
     pairs = read_parquet(layout.SQUAD_SENTENCES)
     dev = pairs[pairs["split"] == "dev"].reset_index(drop=True)
     ranker = CnnRanker.load(layout.CNN_MODEL)

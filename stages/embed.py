@@ -5,18 +5,14 @@ higher-ranked candidates on train splits), writes data/processed/embeddings/nli_
 metrics/embed.json. Sentence pairs go through the content-addressed cache: only unseen pairs are computed.
 """
 
-from __future__ import annotations
-
 import logging
 import time
-
 
 from medrank.core import layout
 from medrank.encoders.runtime import set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import extraction_backend
-from medrank.encoders.extract import cached_precision_check
-from medrank.task3.grids import NLI_GRID, candidate_answers, check_sample, grid_metrics
+from medrank.task3.grids import NLI_GRID, candidate_answers, grid_metrics, precision_check
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.serving.steps.grid_step import GridStep
 from medrank.params import load_params
@@ -39,15 +35,12 @@ def main(params_path: str = "params.yaml") -> None:
     grids = step.transform(answers, retrieved, layout.CACHE_EMBED, shard_size=ep.shard_size, backend=backend)
     write_parquet(grids.rows, layout.NLI_GRID, NLI_GRID)
     step.save()
-
-    sample = check_sample(grids, ep.precision_check_pairs, p.seed)
-    check = cached_precision_check(model, sample, grids.precision, layout.CACHE_EMBED, ep.batch_size)
+    check = precision_check(grids, model, ep, p.seed, layout.CACHE_EMBED)
     metrics = grid_metrics(
         grids,
         model,
         check,
-        max_sentences=ep.max_sentences,
-        prefilter_top_k=ep.prefilter_top_k,
+        ep,
         threads=model.threads or threads,
         workers=getattr(backend, "workers", None),  # backend local: processes of 1 thread each (only with >= 2 shards)
         seconds=round(time.perf_counter() - t0, 2),

@@ -8,12 +8,11 @@ from medrank.core.runner import run
 def main(params_path: str = "params.yaml") -> None:
     # heavy imports (torch, transformers) inside main
     import numpy as np
-    import pandas as pd
 
     from medrank.core import layout
     from medrank.data.tasks import cap_pairs, load_task
     from medrank.encoders.cross_encoder_training import classification_metrics
-    from medrank.encoders.curves import fine_tune
+    from medrank.encoders.curves import fine_tune, training_record
     from medrank.core.io import write_json, write_text
     from medrank.params import load_params
 
@@ -36,27 +35,16 @@ def main(params_path: str = "params.yaml") -> None:
     speed = dict(model.last_predict_stats)  # steady-state rate on validation, after the precision probe
     metrics = {
         "task": task,
-        "base_model": tp.base_model,
-        "base_fingerprint": model.base_fingerprint,
-        "n_train_pairs": len(pairs),
-        "train_seconds": round(train_seconds, 1),
-        "train_precision": model.train_precision,
-        "threads": model.threads,
+        **training_record(tp, model, len(pairs), history, train_seconds),
         "predict_precision": speed["precision"],
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
         "val": classification_metrics(data.eval_labels, val_probs),
-        "history": history,
     }
     test_probs = model.predict(data.test_pairs, batch_size=tp.eval_batch_size) if data.test_pairs else None
     if test_probs is not None:
         speed["test"] = dict(model.last_predict_stats)
-    val_out, test_out = layout.NLI_SUBMISSIONS["val"], layout.NLI_SUBMISSIONS["test"]
-    names = np.asarray(data.label_names)
-    write_text(
-        val_out, pd.DataFrame({"pair_id": data.eval_ids, "label": names[val_probs.argmax(1)]}).to_csv(index=False)
-    )
-    preds = names[test_probs.argmax(1)] if test_probs is not None else []
-    write_text(test_out, pd.DataFrame({"pair_id": data.test_ids, "label": preds}).to_csv(index=False))
+    write_text(layout.NLI_SUBMISSIONS["val"], data.predictions_csv(data.eval_ids, val_probs))
+    write_text(layout.NLI_SUBMISSIONS["test"], data.predictions_csv(data.test_ids, test_probs))
     if data.test_labels is not None:
         # SICK's test labels are public (not a MEDIQA blind set): reported, never used for selection
         metrics["test"] = classification_metrics(data.test_labels, test_probs)

@@ -18,12 +18,9 @@ from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    import pandas as pd
-    from dvclive import Live
-
     from medrank.core import layout
     from medrank.core.io import write_json, write_parquet
-    from medrank.models import rqe_choice
+    from medrank.core.live import stage_live
     from medrank.models import rqe_training as R
     from medrank.params import load_params
     from medrank.task2.decisions import PROBS_SCHEMA
@@ -31,46 +28,16 @@ def main(params_path: str = "params.yaml") -> None:
     p = load_params(params_path)
     tp = p.finetune.rqe
     inputs = R.read_inputs(p, tp)
-    with Live(dir=str(layout.plots_dir("finetune_rqe")), dvcyaml=None, save_dvc_exp=False) as live:
-        live.log_params(tp.model_dump())
+    with stage_live("finetune_rqe", tp) as live:
         trainer = R.Trainer(p, tp, inputs.data, live)
         sel = trainer.select(inputs)
         final_ce, ce_recipe, final_bi = trainer.final_models(sel)
         live.log_metric("cv/accuracy", sel.rows[sel.chosen]["accuracy"], plot=False)
     test_prob, stack = R.test_probabilities(sel, inputs, trainer, final_ce, final_bi)
     write_parquet(R.task2_probs(sel, inputs, test_prob), layout.TASK2_PROBS, PROBS_SCHEMA)
-    chosen, data, qtypes = sel.rows[sel.chosen], inputs.data, inputs.qtypes
-    recipe = {
-        **sel.recipe.as_dict(),
-        "cross_encoder": {"extras": list(ce_recipe[0]), "val_stage": ce_recipe[1]},
-        "stack": stack,
-    }
-    metrics = {
-        "task": "rqe",
-        "base_model": tp.base_model,
-        "base_fingerprint": final_ce.base_fingerprint,
-        "chosen": sel.chosen,
-        # the rows this stage trains (finetune.rqe): analysis rqe_selection's choice must be among them
-        "trained": {"extra_sets": tp.extra_sets, "bi_encoder_sets": tp.bi_encoder_sets, "val_stages": tp.val_stages},
-        "recipe": recipe,
-        "selection_rule": R.SELECTION_RULE,
-        "cv": {k: chosen[k] for k in ("accuracy", "accuracy_sd", "auc", "same_focus", "by_overlap")},
-        "vs": rqe_choice.paired_differences(sel, data),
-        "rows": sel.rows,
-        "n_val_pairs": len(data.y),
-        "n_val_questions": int(pd.Series(data.chq).nunique()),
-        "n_pretrain_pairs": sel.pretrain_pairs,
-        "question_types": {
-            "types": qtypes.types,
-            "val_faq_types": pd.Series(qtypes.predict(data.faq)).value_counts().to_dict(),
-        },
-        "train_precision": trainer.precision,
-        "threads": final_ce.threads,
-        "seconds": trainer.seconds,
-        "predict_speed": dict(final_ce.last_predict_stats),
-        "test_mean_prob": round(float(test_prob.mean()), 4) if len(test_prob) else None,
-    }
-    meta = {"task": "rqe", "recipe": recipe, "cv_accuracy": chosen["accuracy"]}
+    recipe = R.final_recipe(sel, ce_recipe, stack)
+    metrics = R.final_metrics(sel, inputs, trainer, final_ce, recipe, test_prob)
+    meta = {"task": "rqe", "recipe": recipe, "cv_accuracy": sel.rows[sel.chosen]["accuracy"]}
     # the cross-encoder's save replaces the whole folder (no stale bi-encoder survives); the bi-encoder goes inside it
     metrics["model_fingerprint"] = final_ce.save(layout.finetuned_model("rqe"), extra_meta=meta)
     if final_bi is not None:

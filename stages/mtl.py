@@ -19,10 +19,9 @@ log = logging.getLogger("stages.mtl")
 
 def main(params_path: str = "params.yaml") -> None:
     import torch
-    from dvclive import Live
 
     from medrank.core import layout as L
-    from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
+    from medrank.core.live import stage_live
     from medrank.selection.evaluation import rounded
     from medrank.core.io import write_json, write_parquet
     from medrank.models import mtl
@@ -34,21 +33,7 @@ def main(params_path: str = "params.yaml") -> None:
     mp = p.mtl
     t_start = time.perf_counter()
     s = prepare(p, {"mtl.augment": mp}, params_path)
-    # deterministic kernels (on CUDA; CPU kernels already are at the fixed mtl.threads) and fixed BLAS threads
-    with deterministic_torch(), fixed_blas_threads():
-        report = mtl.run_recipe(
-            s.data,
-            s.train,
-            s.val,
-            s.test,
-            mp,
-            s.builder(mp),
-            seed=p.seed,
-            device=s.device,
-            live=Live(dir=str(L.plots_dir("mtl")), dvcyaml=None, save_dvc_exp=False),
-            sources=L.LABELLED_SPLITS,
-            workers=mp.workers,
-        )
+    report = s.recipe(mp, p.seed, stage_live("mtl"))
     meta = {"n_candidates": p.n_candidates}
     report.final_model.save(L.MTL_MODEL, extra_meta={"decision": report.decisions["final"], **meta})
     report.val_model.save(L.MTL_MODEL / "val", extra_meta={"decision": report.decisions["val"], **meta})

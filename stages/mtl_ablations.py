@@ -12,10 +12,8 @@ from medrank.core.runner import run
 
 def main(params_path: str = "params.yaml") -> None:
     from medrank.core import layout as L
-    from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
     from medrank.selection.evaluation import rounded
     from medrank.core.io import write_json
-    from medrank.models import mtl
     from medrank.models.mtl.setup import prepare
     from medrank.params import load_params, mtl_rows
 
@@ -24,17 +22,7 @@ def main(params_path: str = "params.yaml") -> None:
     t0 = time.perf_counter()
     rows = mtl_rows(mp, p.analysis.mtl.rows)
     s = prepare(p, {f"analysis.mtl.rows ({n})": r for n, (_, r) in rows.items()}, params_path)
-    with deterministic_torch(), fixed_blas_threads():
-        table = mtl.ablation_cv(
-            s.data,
-            s.labelled,
-            {n: (r, s.builder(r)) for n, (_, r) in rows.items()},
-            k=mp.cv_folds,
-            seed=p.seed,
-            device=s.device,
-            sources=L.LABELLED_SPLITS,
-            workers=mp.workers,
-        )
+    table = s.ablations({n: r for n, (_, r) in rows.items()}, mp, p.seed)
     for name, row in table.items():
         row["overrides"] = rows[name][0]
     out = {

@@ -13,11 +13,9 @@ from medrank.core.runner import run
 
 def main(params_path: str = "params.yaml") -> None:
     from medrank.core import layout as L
-    from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
     from medrank.core.errors import MedrankError
-    from medrank.selection.evaluation import confirm_table, rounded, selection_score
+    from medrank.selection.evaluation import confirm_table, rounded
     from medrank.core.io import write_json
-    from medrank.models import mtl
     from medrank.models.mtl.setup import prepare
     from medrank.params import load_params, mtl_rows
 
@@ -34,28 +32,7 @@ def main(params_path: str = "params.yaml") -> None:
     names = {"mtl.augment" if n == "default" else f"analysis.mtl.rows ({n})": r for n, (_, r) in rows.items()}
     s = prepare(p, names, params_path)
     seeds = [p.seed + i for i in range(p.analysis.confirm.seeds)]
-    by_row: dict[str, list[float]] = {n: [] for n in rows}  # each row's score per seed
-    per_seed = []
-    with deterministic_torch(), fixed_blas_threads():
-        for seed in seeds:  # one seed's rows side by side (same folds and initialisation for every row)
-            table = mtl.ablation_cv(
-                s.data,
-                s.labelled,
-                {n: (r, s.builder(r)) for n, (_, r) in rows.items()},
-                k=mp.cv_folds,
-                seed=seed,
-                device=s.device,
-                sources=L.LABELLED_SPLITS,
-                workers=mp.workers,
-            )
-            per_seed.append(
-                {
-                    n: {"cv_accuracy": t["accuracy"]["mean"], "loso_accuracy": t["loso"]["accuracy"]["mean"]}
-                    for n, t in table.items()
-                }
-            )
-            for n, t in table.items():
-                by_row[n].append(selection_score(t, t["loso"], "accuracy"))  # the written rule's, on accuracy
+    by_row, per_seed = s.confirm({n: r for n, (_, r) in rows.items()}, mp, seeds)
     out = confirm_table(by_row, seeds)
     for n, r in out["rows"].items():
         r["overrides"] = rows[n][0]

@@ -21,12 +21,10 @@ log = logging.getLogger("stages.noise_band")
 
 def main(params_path: str = "params.yaml") -> None:
     from medrank.core import layout as L
-    from medrank.encoders.runtime import deterministic_torch, fixed_blas_threads
     from medrank.task3.inputs import load_tables
     from medrank.core.io import write_json
     from medrank.models import baseline as B
     from medrank.models import baseline_protocols as BP
-    from medrank.models import mtl
     from medrank.models.mtl.setup import prepare
     from medrank.params import load_params
 
@@ -40,18 +38,7 @@ def main(params_path: str = "params.yaml") -> None:
     baseline = BP.spread_over_seeds(labelled, cfg, tfidf, L.LABELLED_SPLITS, len(seeds))
     t_base = time.perf_counter() - t0
     # the MTL: run_recipe's CV and LOSO fits under each seed (the same jobs: the first seed's are the mtl stage's)
-    m = prepare(p, {"mtl.augment": mp}, params_path)
-    with deterministic_torch(), fixed_blas_threads():
-        mtl_spread = mtl.spread_over_seeds(
-            m.data,
-            m.labelled,
-            mp,
-            m.builder(mp),
-            seeds=seeds,
-            sources=L.LABELLED_SPLITS,
-            device=m.device,
-            workers=mp.workers,
-        )
+    mtl_spread = prepare(p, {"mtl.augment": mp}, params_path).spread(mp, seeds)
     # timings apart: metrics/noise_band.json is an input of score, which a refresh with the same band must not change
     write_json(
         L.metrics_file("noise_band"),

@@ -15,10 +15,8 @@ from __future__ import annotations
 import logging
 import time
 
-import pyarrow as pa
-
 from medrank.core import layout
-from medrank.task3.answer_scores import auc_by_source, passage_scores
+from medrank.task3.answer_scores import PASSAGE_SCORES, auc_by_source, passage_scores
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.task3.features import cap_questions
 from medrank.core.io import read_parquet, write_json, write_parquet
@@ -27,10 +25,6 @@ from medrank.core.runner import run
 from medrank.serving.steps import save_step
 
 log = logging.getLogger("stages.passages")
-PASSAGE_SCORES = pa.schema(
-    [("split", pa.string()), ("qid", pa.string()), ("aid", pa.string())]
-    + [("passage_max_cos", pa.float64()), ("n_passages", pa.int64())]
-)
 
 
 def main(params_path: str = "params.yaml") -> None:

@@ -18,59 +18,37 @@ from __future__ import annotations
 import logging
 import time
 
-import pyarrow as pa
-
 from medrank.core import layout
-from medrank.task3.answer_scores import auc_by_source
-from medrank.data.judged import judged_answers
-from medrank.task3.features import cap_questions
 from medrank.core.io import read_parquet, write_json, write_parquet
-from medrank.models.qa_bienc import cross_fitted_cosines
-from medrank.params import load_params
+from medrank.core.live import stage_live
 from medrank.core.runner import run
+from medrank.data.judged import judged_answers
+from medrank.encoders.runtime import set_threads
+from medrank.models import qa_bienc as B
+from medrank.params import load_params
+from medrank.task3.answer_scores import QA_BIENC_SCORES
+from medrank.task3.features import cap_questions
 
 log = logging.getLogger("stages.qa_bienc")
-QA_BIENC_SCORES = pa.schema(
-    [("split", pa.string()), ("qid", pa.string()), ("aid", pa.string()), ("qa_bienc_cos", pa.float64())]
-)
 
 
 def main(params_path: str = "params.yaml") -> None:
-    import torch
-    from dvclive import Live
-
     p = load_params(params_path)
     qp = p.qa_bienc
     t0 = time.perf_counter()
-    torch.set_num_threads(qp.threads)
+    set_threads(qp.threads)
     answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
     judged = judged_answers(read_parquet(layout.JUDGED), answers) if qp.judged else answers.iloc[:0]
-    with Live(dir=str(layout.plots_dir("qa_bienc")), dvcyaml=None, save_dvc_exp=False) as live:
-        live.log_params(qp.model_dump())
-        fit = cross_fitted_cosines(answers, judged, p, live)
+    with stage_live("qa_bienc", qp) as live:
+        fit = B.cross_fitted_cosines(answers, judged, p, live)
     scores = answers[["split", "qid", "aid"]].assign(qa_bienc_cos=fit["score"])
     write_parquet(scores, layout.QA_BIENC_SCORES, QA_BIENC_SCORES)
-    # stage bienc's cosine (the default model) is beside these in RESULTS, from metrics/bienc.json: not read here, so a
-    # bienc option does not re-run this stage
-    columns = {
-        f"zero-shot {qp.base_model}": fit["zero_shot"],
-        "step one (MedQuAD)": fit["step_one"],
-        "cross-fitted (qa_bienc_cos)": fit["score"],
-    }
-    auc = auc_by_source(answers, columns)
+    metrics = B.report(answers, fit, qp)
     write_json(
         layout.metrics_file("qa_bienc"),
-        {
-            "auc": auc,
-            "n_triplets": fit["n_triplets"],
-            "fold_by": qp.fold_by,
-            "folds": fit["folds"],
-            "train_precision": qp.train_precision,
-            "threads": qp.threads,
-            "seconds": {**fit["seconds"], "total": round(time.perf_counter() - t0, 1)},
-        },
+        {**metrics, "seconds": {**fit["seconds"], "total": round(time.perf_counter() - t0, 1)}},
     )
-    log.info("qa_bienc: %s (%.0fs)", {k: v.get("pooled") for k, v in auc.items()}, time.perf_counter() - t0)
+    log.info("qa_bienc: %s (%.0fs)", {k: v.get("pooled") for k, v in metrics["auc"].items()}, time.perf_counter() - t0)
 
 
 if __name__ == "__main__":

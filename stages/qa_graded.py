@@ -16,37 +16,23 @@ from __future__ import annotations
 import logging
 import time
 
-import pyarrow as pa
-
 from medrank.core import layout
-from medrank.data.judged import judged_answers
-from medrank.core.errors import MedrankError
-from medrank.task3.features import cap_questions
 from medrank.core.io import read_parquet, write_json, write_parquet
+from medrank.core.live import stage_live
+from medrank.core.runner import run
 from medrank.models import qa_graded as G
 from medrank.params import load_params
-from medrank.core.runner import run
+from medrank.task3.answer_scores import QA_GRADED_SCORES
 
 log = logging.getLogger("stages.qa_graded")
-QA_GRADED_SCORES = pa.schema(
-    [("split", pa.string()), ("qid", pa.string()), ("aid", pa.string()), ("qa_graded_score", pa.float64())]
-)
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from dvclive import Live
-
     p = load_params(params_path)
     gp = p.qa_graded
     t0 = time.perf_counter()
-    answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
-    judged = judged_answers(read_parquet(layout.JUDGED), answers)
-    if judged.empty:
-        raise MedrankError(
-            f"{layout.JUDGED}: no judged answer of a train_liveqa question in {layout.ANSWERS} (nothing to learn the grades from)"
-        )
-    with Live(dir=str(layout.plots_dir("qa_graded")), dvcyaml=None, save_dvc_exp=False) as live:
-        live.log_params(gp.model_dump())
+    answers, judged = G.read_inputs(p)
+    with stage_live("qa_graded", gp) as live:
         fit = G.cross_fit(answers, judged, p, live)
     scores = answers[["split", "qid", "aid"]].assign(qa_graded_score=fit["score"])
     write_parquet(scores, layout.QA_GRADED_SCORES, QA_GRADED_SCORES)

@@ -11,11 +11,9 @@ import logging
 import time
 
 from medrank.core import layout
-from medrank.encoders.models import read_json
 from medrank.encoders.runtime import set_threads
-from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
+from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import extraction_backend
-from medrank.core.errors import MedrankError
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.serving.steps.retrieve_step import RetrieveStep
 from medrank.params import load_params
@@ -28,19 +26,13 @@ log = logging.getLogger("stages.retrieve")
 def main(params_path: str = "params.yaml") -> None:
     p = load_params(params_path)
     rp = p.retrieve
-    if p.n_candidates > rp.bm25_top_k:
-        raise MedrankError(
-            f"n_candidates ({p.n_candidates}) > retrieve.bm25_top_k ({rp.bm25_top_k}): nothing to choose from"
-        )
     t0 = time.perf_counter()
     threads = set_threads()
-    qcol = rp.question_column
     answers = read_parquet(layout.ANSWERS, columns=["split", "qid", "question", "question_norm"])
-    questions = R.questions_table(answers, qcol, p.max_questions_per_split)
+    questions = R.questions_table(answers, rp.question_column, p.max_questions_per_split)
     model = CrossEncoder.load(layout.RQE_MODEL, device=p.device, precision=rp.precision, lazy=True, task="rqe")
     step = RetrieveStep.fit(p, read_parquet(layout.MEDQUAD), model)
-    docs = step.docs
-    log.info("%d MEDIQA questions, %d MedQuAD question-answer pairs", len(questions), len(docs))
+    log.info("%d MEDIQA questions, %d MedQuAD question-answer pairs", len(questions), len(step.docs))
     backend = extraction_backend(rp.backend, rp.ray, rp.workers)
     scored = step.score(questions, layout.CACHE_RQE, shard_size=rp.shard_size, backend=backend)
     write_parquet(scored.table[R.CANDIDATES.names], layout.RQE_CANDIDATES, R.CANDIDATES)
@@ -48,17 +40,13 @@ def main(params_path: str = "params.yaml") -> None:
     schema = R.retrieved_schema(model.hidden_size)
     write_parquet(chosen[schema.names], layout.RETRIEVED, schema)
     step.save()
-
     metrics = R.retrieval_metrics(
-        p,
+        step,
         scored,
         chosen,
         n_questions=len(questions),
-        n_docs=len(docs),
         qrels=read_parquet(layout.CLEAN_LIVEQA_QRELS),
         judged_questions=read_parquet(layout.CLEAN_LIVEQA_QUESTIONS),
-        model=model,
-        recipe=read_json(layout.RQE_MODEL / META_FILE).get("recipe"),
         threads=threads,
         workers=getattr(backend, "workers", None),
         seconds_total=time.perf_counter() - t0,

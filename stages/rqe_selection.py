@@ -9,18 +9,16 @@ from medrank.core.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from dvclive import Live
-
     from medrank.core import layout
     from medrank.core.io import write_json
+    from medrank.core.live import stage_live
     from medrank.models import rqe_training as R
     from medrank.params import load_params
 
     p = load_params(params_path)
     tp = R.selection_params(p)
     inputs = R.read_inputs(p, tp)
-    with Live(dir=str(layout.plots_dir("rqe_selection")), dvcyaml=None, save_dvc_exp=False) as live:
-        live.log_params(tp.model_dump())
+    with stage_live("rqe_selection", tp) as live:
         trainer = R.Trainer(p, tp, inputs.data, live)
         sel = trainer.select(inputs)
         live.log_metric("cv/accuracy", sel.rows[sel.chosen]["accuracy"], plot=False)

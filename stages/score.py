@@ -21,7 +21,6 @@ log = logging.getLogger("stages.score")
 
 
 def main(params_path: str = "params.yaml") -> None:
-    from medrank.selection import evaluation as E
     from medrank.selection import final_system as F
     from medrank.core import layout as L
     from medrank.core.io import write_json
@@ -36,22 +35,9 @@ def main(params_path: str = "params.yaml") -> None:
     sel = F.select(inp, sp, weights, band)
     F.write_submissions(sel["decided"], inp.cand)
     metrics = F.task3_val_metrics(inp, sel, sp, p.seed, weights, band)
-    for name, row in (
-        ("task3_val_mtl", metrics["systems"]["mtl"]),
-        ("task3_val_ensemble", metrics["systems"]["final"]),
-    ):
-        write_json(L.metrics_file(name), {**row["val"], "cv": row["cv"], "loso": row["loso"]})
-    keep = {k: v for k, v in sel["fits"].items() if k in ("val", "test")}
-    write_json(
-        L.SYSTEM,
-        {
-            "system": E.system_name(sel["weight"]),
-            "mtl_weight": sel["weight"],
-            "keep": keep,
-            "keep_rule": sel["rule"],
-            "order": sel["order"],
-        },
-    )
+    for name, row in F.system_rows(metrics).items():
+        write_json(L.metrics_file(name), row)
+    write_json(L.SYSTEM, F.system_record(sel))
     write_json(L.metrics_file("task3_val"), metrics)  # an input of nested_loso: its timing apart
     write_json(L.metrics_file("score_seconds"), {"total": round(time.perf_counter() - t0, 1)})
     F.write_error_analysis(sel["decided"], inp.cand)

@@ -56,6 +56,11 @@ class TaskData:
             cut(self.test_labels),
         )
 
+    def predictions_csv(self, ids: list[str], probs: np.ndarray | None) -> str:
+        """`pair_id,label` of `ids` (eval_ids or test_ids), each pair's most probable label (no label without `probs`)."""
+        labels = np.asarray(self.label_names)[probs.argmax(1)] if probs is not None else []
+        return pd.DataFrame({"pair_id": ids, "label": labels}).to_csv(index=False)
+
 
 def _pairs(df: pd.DataFrame, a: str, b: str) -> list[Pair]:
     return list(zip(df[a].astype(str), df[b].astype(str)))

@@ -94,3 +94,17 @@ def fine_tune(
     )
     history, seconds = fit_with_curves(model, *train, *evaluation, knobs, seed=seed, live_dir=live_dir)
     return model, history, seconds
+
+
+def training_record(knobs: Any, model: CrossEncoder, n_train_pairs: int, history: list[dict], seconds: float) -> dict:
+    """The training part of a `fine_tune` run's metrics (finetune_nli, qa): base model and its fingerprint, pairs,
+    seconds, training precision and threads, the per-epoch history."""
+    return {
+        "base_model": knobs.base_model,
+        "base_fingerprint": model.base_fingerprint,
+        "n_train_pairs": n_train_pairs,
+        "train_seconds": round(seconds, 1),
+        "train_precision": model.train_precision,
+        "threads": model.threads,
+        "history": history,
+    }

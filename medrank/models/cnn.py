@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -49,6 +49,21 @@ class CnnConfig:
     n_features: int = len(FEATURE_NAMES)
     max_tokens: int = 80
     train_embeddings: bool = False
+
+
+# the CnnConfig fields params.yaml's `cnn` section sets (vocab_size and emb_dim come from the word vectors)
+ARCH_KNOBS = ("overlap_dim", "conv_width", "n_filters", "hidden_size", "dropout", "max_tokens", "train_embeddings")
+
+
+def architecture(c) -> dict:
+    """The architecture knobs of a `cnn` params section (CnnRanker.create's `cfg_kwargs`)."""
+    return {k: getattr(c, k) for k in ARCH_KNOBS}
+
+
+def pin_threads() -> None:
+    """One torch thread for the CNN stages: the network is small, and on 2 shared cores one thread was 10x faster than
+    two (thread sync dominates)."""
+    torch.set_num_threads(1)
 
 
 class SeverynMoschittiCNN(nn.Module):
@@ -230,6 +245,11 @@ class TrainConfig:
     epochs: int = 3
     batch_size: int = 50
     patience: int | None = None  # stop after this many epochs without a better validation score; None = all epochs
+
+    @classmethod
+    def of(cls, c) -> "TrainConfig":
+        """The training knobs of a `cnn` params section (each field by its name)."""
+        return cls(**{f.name: getattr(c, f.name) for f in fields(cls)})
 
 
 def make_optimizer(model: nn.Module, tc: TrainConfig) -> torch.optim.Optimizer:

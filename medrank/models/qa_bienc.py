@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from medrank.core import layout
-from medrank.task3.answer_scores import qa_pairs
+from medrank.task3.answer_scores import auc_by_source, qa_pairs
 from medrank.task3.crossfit import crossfit, folds_by_source
 from medrank.data.judged import question_folds
 from medrank.data.mining import medquad_qa_triplets
@@ -115,4 +115,24 @@ def cross_fitted_cosines(answers: pd.DataFrame, judged: pd.DataFrame, p, live) -
         "n_triplets": len(triplets),
         "folds": fold_stats,
         "seconds": seconds,
+    }
+
+
+def report(answers: pd.DataFrame, fit: dict, qp) -> dict:
+    """metrics/qa_bienc.json (without seconds): the AUC of each step's cosine on each labelled source beside the
+    zero-shot bi-encoder's, and the fit's triplets, folds, precision and threads."""
+    # stage bienc's cosine (the default model) is beside these in RESULTS, from metrics/bienc.json: not read here, so a
+    # bienc option does not re-run this stage
+    columns = {
+        f"zero-shot {qp.base_model}": fit["zero_shot"],
+        "step one (MedQuAD)": fit["step_one"],
+        "cross-fitted (qa_bienc_cos)": fit["score"],
+    }
+    return {
+        "auc": auc_by_source(answers, columns),
+        "n_triplets": fit["n_triplets"],
+        "fold_by": qp.fold_by,
+        "folds": fit["folds"],
+        "train_precision": qp.train_precision,
+        "threads": qp.threads,
     }

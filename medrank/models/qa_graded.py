@@ -12,12 +12,27 @@ import pandas as pd
 
 from medrank.core import layout
 from medrank.task3.answer_scores import qa_pairs
-from medrank.data.judged import graded_targets, question_folds
+from medrank.data.judged import graded_targets, judged_answers, question_folds
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.curves import CURVES, live_step_logger
 from medrank.core.errors import MedrankError
 
 log = logging.getLogger(__name__)
+
+
+def read_inputs(p) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The MEDIQA answers (capped as every feature stage caps them) and the judged LiveQA answers of their train_liveqa
+    questions, which the grades are learned from (none: a MedrankError)."""
+    from medrank.core.io import read_parquet
+    from medrank.task3.features import cap_questions
+
+    answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
+    judged = judged_answers(read_parquet(layout.JUDGED), answers)
+    if judged.empty:
+        raise MedrankError(
+            f"{layout.JUDGED}: no judged answer of a train_liveqa question in {layout.ANSWERS} (nothing to learn the grades from)"
+        )
+    return answers, judged
 
 
 def graded_metrics(score: np.ndarray, grade: np.ndarray, qid: np.ndarray) -> dict:

@@ -260,6 +260,49 @@ def selection_metrics(sel: rqe_choice.Selection, data: rqe.CvData, seconds: dict
     }
 
 
+def final_recipe(sel: rqe_choice.Selection, ce_recipe: tuple, stack: dict | None) -> dict:
+    """The chosen recipe as the final models were trained: the row's recipe, the cross-encoder's extras and validation
+    stage, the stack's saved form (None: the cross-encoder alone)."""
+    return {
+        **sel.recipe.as_dict(),
+        "cross_encoder": {"extras": list(ce_recipe[0]), "val_stage": ce_recipe[1]},
+        "stack": stack,
+    }
+
+
+def final_metrics(
+    sel: rqe_choice.Selection, inputs: Inputs, trainer: Trainer, final_ce, recipe: dict, test_prob: np.ndarray
+) -> dict:
+    """metrics/finetune_rqe.json, less the saved models' fingerprints: the choice and its CV row, the rows this stage
+    trains, every row, the question types, and the final cross-encoder's training and speed."""
+    tp, data, qtypes, chosen = trainer.tp, inputs.data, inputs.qtypes, sel.rows[sel.chosen]
+    return {
+        "task": "rqe",
+        "base_model": tp.base_model,
+        "base_fingerprint": final_ce.base_fingerprint,
+        "chosen": sel.chosen,
+        # the rows this stage trains (finetune.rqe): analysis rqe_selection's choice must be among them
+        "trained": {"extra_sets": tp.extra_sets, "bi_encoder_sets": tp.bi_encoder_sets, "val_stages": tp.val_stages},
+        "recipe": recipe,
+        "selection_rule": SELECTION_RULE,
+        "cv": {k: chosen[k] for k in ("accuracy", "accuracy_sd", "auc", "same_focus", "by_overlap")},
+        "vs": rqe_choice.paired_differences(sel, data),
+        "rows": sel.rows,
+        "n_val_pairs": len(data.y),
+        "n_val_questions": int(pd.Series(data.chq).nunique()),
+        "n_pretrain_pairs": sel.pretrain_pairs,
+        "question_types": {
+            "types": qtypes.types,
+            "val_faq_types": pd.Series(qtypes.predict(data.faq)).value_counts().to_dict(),
+        },
+        "train_precision": trainer.precision,
+        "threads": final_ce.threads,
+        "seconds": trainer.seconds,
+        "predict_speed": dict(final_ce.last_predict_stats),
+        "test_mean_prob": round(float(test_prob.mean()), 4) if len(test_prob) else None,
+    }
+
+
 def test_probabilities(
     sel: rqe_choice.Selection, inputs: Inputs, trainer: Trainer, final_ce, final_bi
 ) -> tuple[np.ndarray, dict | None]:

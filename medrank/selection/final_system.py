@@ -90,6 +90,28 @@ def select(inp: Inputs, sp, weights: list[float], band: dict) -> dict:
     )
 
 
+def system_record(sel: dict) -> dict:
+    """models/system.json of `select`'s pick: the MTL weight (and the system it makes), the Keep fitted per target set
+    (val, test), the keep rule and the order."""
+    return {
+        "system": E.system_name(sel["weight"]),
+        "mtl_weight": sel["weight"],
+        "keep": {k: v for k, v in sel["fits"].items() if k in ("val", "test")},
+        "keep_rule": sel["rule"],
+        "order": sel["order"],
+    }
+
+
+def system_rows(metrics: dict) -> dict[str, dict]:
+    """metrics/task3_val_mtl.json and task3_val_ensemble.json: the MTL's and the final system's validation scores, with
+    their CV and LOSO rows (from `task3_val_metrics`)."""
+    out = {}
+    for name, system in (("task3_val_mtl", "mtl"), ("task3_val_ensemble", "final")):
+        row = metrics["systems"][system]
+        out[name] = {**row["val"], "cv": row["cv"], "loso": row["loso"]}
+    return out
+
+
 def write_submissions(chosen: pd.DataFrame, cand: pd.DataFrame) -> None:
     """submissions/task3_{val,test}.csv of the chosen rows, questions in table order."""
     from medrank.core.errors import MedrankError

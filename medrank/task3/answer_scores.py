@@ -1,7 +1,8 @@
 """Per-answer scores that stages bienc and qa compute and `medrank rank` computes the same way for a new question:
 the zero-shot bi-encoder cosines of groups bienc (question, answer) and heading (question, the answer's
 "focus (aspect)" title), the question-type agreement of group qtype (what the question asks vs what the heading
-answers), and the (question, answer) pairs the qa cross-encoder scores."""
+answers), the (question, answer) pairs the qa cross-encoder scores, and the schemas of the per-answer score tables the
+stages write (bienc, passages, qa, qa_bienc, qa_graded)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from medrank.core.errors import MedrankError
 
@@ -374,3 +376,18 @@ def bienc_metrics(answers: pd.DataFrame, labelled: pd.DataFrame, table: pd.DataF
         "qtype_mean": _means({k: table[k].to_numpy()[mediqa] for k in ("qtype_agree", "qtype_match")}),
         "runtime": runtime_info(resolve_device(p.device), precision=stats.get("precision"), blas_threads=BLAS_THREADS),
     }
+
+
+# ---------------------------------------------------------------- the per-answer score tables (data/processed/*.parquet)
+
+
+def answer_scores_schema(*columns: tuple[str, pa.DataType]) -> pa.Schema:
+    """A per-answer score table: the answer's key (split, qid, aid), then its `columns`."""
+    return pa.schema([("split", pa.string()), ("qid", pa.string()), ("aid", pa.string()), *columns])
+
+
+BIENC_SCORES = answer_scores_schema(*((c, pa.float64()) for c in BIENC_SCORES_COLUMNS))  # stage bienc
+PASSAGE_SCORES = answer_scores_schema(("passage_max_cos", pa.float64()), ("n_passages", pa.int64()))  # stage passages
+QA_SCORES = answer_scores_schema(("qa_score", pa.float64()))  # stage qa
+QA_BIENC_SCORES = answer_scores_schema(("qa_bienc_cos", pa.float64()))  # stage qa_bienc
+QA_GRADED_SCORES = answer_scores_schema(("qa_graded_score", pa.float64()))  # stage qa_graded

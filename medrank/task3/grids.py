@@ -23,6 +23,7 @@ from medrank.encoders.distributed import LocalPool, RayBackend
 from medrank.encoders.extract import (
     ExtractStats,
     cached_extract,
+    cached_precision_check,
     cached_sentence_embeddings,
     choose_precision,
     open_cache,
@@ -289,11 +290,17 @@ def check_sample(grids: Grids, n: int, seed: int) -> list[Pair]:
     return [grids.plan.cells[i] for i in idx]
 
 
-def grid_metrics(
-    grids: Grids, model: CrossEncoder, check: dict, *, max_sentences: int, prefilter_top_k: int | None, **extra: Any
-) -> dict:
-    """metrics/embed.json: the grids' size, the precision and its check against fp32, where they were computed, the
-    extraction passes' cache hits and speed, ANLI per split (+ `extra`: threads, workers, seconds)."""
+def precision_check(grids: Grids, model: CrossEncoder, ep, seed: int, cache_root: str | os.PathLike) -> dict:
+    """The grids' precision against fp32 on `ep.precision_check_pairs` cells (`check_sample`), kept under
+    `cache_root` (`cached_precision_check`: an experiment with the same sample reads it back)."""
+    sample = check_sample(grids, ep.precision_check_pairs, seed)
+    return cached_precision_check(model, sample, grids.precision, cache_root, ep.batch_size)
+
+
+def grid_metrics(grids: Grids, model: CrossEncoder, check: dict, ep, **extra: Any) -> dict:
+    """metrics/embed.json: the grids' size, `ep`'s (the embed section's) sentence cap and prefilter, the precision and its
+    check against fp32, where they were computed, the extraction passes' cache hits and speed, ANLI per split (+
+    `extra`: threads, workers, seconds)."""
     from medrank.encoders.runtime import runtime_info
 
     grid = grids.rows
@@ -302,8 +309,8 @@ def grid_metrics(
         "answer_pairs": int(len(grid)),
         "answer_pairs_by_kind": grid["entailed_kind"].value_counts().to_dict(),
         "grid_cells": int(len(grids.plan.cells)),
-        "max_sentences": max_sentences,
-        "prefilter_top_k": prefilter_top_k,
+        "max_sentences": ep.max_sentences,
+        "prefilter_top_k": ep.prefilter_top_k,
         "nli_model_fingerprint": model.fingerprint,
         "precision": grids.precision,
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,

@@ -26,6 +26,7 @@ from medrank.core.errors import MedrankError
 
 if TYPE_CHECKING:
     from medrank.params import Params
+    from medrank.serving.steps.retrieve_step import RetrieveStep
 
 log = logging.getLogger(__name__)
 
@@ -308,25 +309,33 @@ def judged_retrieval(
     return out
 
 
+def check_candidate_depth(p: Params) -> None:
+    """`n_candidates` entailed questions are chosen among the `retrieve.bm25_top_k` BM25 candidates: never more."""
+    if p.n_candidates > p.retrieve.bm25_top_k:
+        raise MedrankError(
+            f"n_candidates ({p.n_candidates}) > retrieve.bm25_top_k ({p.retrieve.bm25_top_k}): nothing to choose from"
+        )
+
+
 def retrieval_metrics(
-    p: Params,
+    step: RetrieveStep,
     scored: ScoredCandidates,
     chosen: pd.DataFrame,
     *,
     n_questions: int,
-    n_docs: int,
     qrels: pd.DataFrame,
     judged_questions: pd.DataFrame,
-    model: CrossEncoder,
-    recipe: dict | None,
     threads: int,
     workers: int | None,
     seconds_total: float,
 ) -> dict:
-    """metrics/retrieve.json: coverage per T, what N and T selected, the retrieval quality against the judged LiveQA
-    answers (`qrels` of `judged_questions`: `judged_retrieval`), and where and how fast the RQE scores were computed."""
+    """metrics/retrieve.json of `step` (its params, MedQuAD documents and RQE model): coverage per T, what N and T
+    selected, the retrieval quality against the judged LiveQA answers (`qrels` of `judged_questions`:
+    `judged_retrieval`), the RQE model's fingerprint and recipe (as saved with it), and where and how fast the RQE
+    scores were computed."""
     from medrank.encoders.runtime import runtime_info
 
+    p, model, n_docs = step.p, step.rqe, len(step.docs)
     rp = p.retrieve
     per_q = chosen.groupby(["split", "qid"]).size()
     return {
@@ -341,7 +350,7 @@ def retrieval_metrics(
         "judged": judged_retrieval(scored.table, chosen, qrels, judged_questions),
         "rqe_model_fingerprint": model.fingerprint,
         # its training sources: a model trained on the LiveQA summaries has seen the judged questions (`judged` flatters)
-        "rqe_recipe": recipe,
+        "rqe_recipe": model.meta.get("recipe"),
         "precision": scored.precision,
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
         "threads": model.threads or threads,

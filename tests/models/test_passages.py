@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from medrank.core import layout
-from medrank.task3.answer_scores import answer_passages, passage_scores
+from medrank.task3.answer_scores import PASSAGE_SCORES, answer_passages, passage_scores
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.task3.features import FeatureBuilder, answer_table, read_answer_scores
 from tests.conftest import write_params
@@ -93,7 +93,7 @@ def test_stage_passages_writes_group_passage(tmp_path, monkeypatch, tiny_base):
     monkeypatch.chdir(tmp_path)
     stage.main()
     table = pq.read_table(tmp_path / layout.PASSAGE_SCORES)
-    assert table.schema.equals(stage.PASSAGE_SCORES, check_metadata=False)
+    assert table.schema.equals(PASSAGE_SCORES, check_metadata=False)
     metrics = json.loads((tmp_path / layout.metrics_file("passages")).read_text())
     assert metrics["windows"] == 4 and metrics["answers_read_past_the_first_window"] == 1
     assert set(metrics["auc"]) == {"bienc_cos", "passage_max_cos"}

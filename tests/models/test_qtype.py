@@ -12,6 +12,7 @@ import pytest
 
 from medrank.core import layout
 from medrank.task3.answer_scores import (
+    BIENC_SCORES,
     answer_qtype_scores,
     aspect_type,
     heading_question,
@@ -133,8 +134,8 @@ def test_stage_bienc_writes_the_qtype_columns(tmp_path, monkeypatch, tiny_base):
     monkeypatch.chdir(tmp_path)
     stage.main()
     table = pq.read_table(tmp_path / layout.BIENC)
-    assert table.schema.equals(stage.BIENC_SCORES, check_metadata=False)
-    assert {"qtype_agree", "qtype_match"} <= set(stage.BIENC_SCORES.names)
+    assert table.schema.equals(BIENC_SCORES, check_metadata=False)
+    assert {"qtype_agree", "qtype_match"} <= set(BIENC_SCORES.names)
     expected = answer_qtype_scores(ANSWERS, QuestionTypes(MEDQUAD, seed=0))
     np.testing.assert_allclose(table.column("qtype_agree").to_numpy(), expected["qtype_agree"])
     metrics = json.loads((tmp_path / layout.metrics_file("bienc")).read_text())

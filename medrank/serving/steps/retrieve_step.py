@@ -30,8 +30,10 @@ class RetrieveStep:
 
     @classmethod
     def fit(cls, p: Params, medquad: pd.DataFrame, rqe: Any) -> "RetrieveStep":
-        from medrank.task3.retrieval import medquad_documents, saved_documents
+        """The step of `p` over the MedQuAD table; `n_candidates` beyond `retrieve.bm25_top_k` is refused."""
+        from medrank.task3.retrieval import check_candidate_depth, medquad_documents, saved_documents
 
+        check_candidate_depth(p)
         qcol = p.retrieve.question_column
         return cls(p, saved_documents(medquad_documents(medquad, qcol, "answer_norm"), qcol), rqe)
 
