@@ -47,10 +47,9 @@ def fit_with_curves(
     """`model.fit` with the training knobs of a params section (epochs, lr, batch_size, warmup_ratio, weight_decay,
     train_precision, threads, eval_every), the section logged as dvclive params and CURVES at `live_dir`.
     Returns the per-epoch history and the training seconds."""
-    from dvclive import Live
+    from medrank.core.live import open_live
 
-    with Live(dir=str(live_dir), dvcyaml=None, save_dvc_exp=False) as live:
-        live.log_params(knobs.model_dump())
+    with open_live(live_dir, knobs) as live:
         t0 = time.perf_counter()
         history = model.fit(
             pairs,
