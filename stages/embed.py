@@ -32,7 +32,7 @@ def main(params_path: str = "params.yaml") -> None:
     backend = extraction_backend(ep.backend, ep.ray, ep.workers)
     model = CrossEncoder.load(layout.NLI_MODEL, device=p.device, precision=ep.precision, task="nli")
     step = GridStep.fit(p, model, p.device)
-    grids = step.transform(answers, retrieved, layout.CACHE_EMBED, shard_size=ep.shard_size, backend=backend)
+    grids = step.grids(answers, retrieved, layout.CACHE_EMBED, shard_size=ep.shard_size, backend=backend)
     write_parquet(grids.rows, layout.NLI_GRID, NLI_GRID)
     step.save()
     check = precision_check(grids, model, ep, p.seed, layout.CACHE_EMBED)

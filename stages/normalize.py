@@ -37,7 +37,7 @@ def main(params_path: str = "params.yaml") -> None:
     for name, spec in TABLES.items():
         t1 = time.perf_counter()
         df = read_parquet(layout.CLEAN / f"{name}.parquet")
-        out, stats = step.transform(df, spec, coref, desc=name)
+        out, stats = step.normalize(df, spec, coref, desc=name)
         assert len(out) == len(df), f"{name}: {len(df)} rows in, {len(out)} out"
         write_parquet(out, layout.NORMALIZED / f"{name}.parquet", NORMALIZED_TABLES[name])
         n_texts = sum(stats[c]["texts"] for c in spec.texts)

@@ -1,6 +1,7 @@
 """One experiment for every system (PyTerrier's `Experiment` for medrank): a protocol cuts the questions into folds,
 a system fits on each fold's training questions and predicts its held-out ones, the system decides and scores each
-fold, and the protocol summarises the folds. The baseline, the MTL, the CNN and CHiQA all run through `experiment`;
+fold, and the protocol summarises the folds. The baseline, the MTL, the CNN, CHiQA and the deployed pipeline
+(`Deployed`: the composed steps `medrank rank` runs) all run through `experiment`;
 ablation rows are dicts of systems, seed spreads are protocols `reseeded`, a nested estimate adds a `Refit`.
 
 A system implements `run(tasks) -> one result per task` (the fits; a system may run them side by side) and
@@ -309,7 +310,6 @@ class FixedScores:
 
     def score(self, protocol: Protocol, tasks: Sequence[Task], results: Sequence[pd.DataFrame]) -> Scored:
         from medrank.selection.decision import decide_system
-        from medrank.selection.evaluation import evaluate_decided
 
         rows = pd.concat(results)
         rows = rows.loc[self.rows.index[self.rows.index.isin(rows.index)]].reset_index(drop=True)  # in table order
@@ -318,8 +318,44 @@ class FixedScores:
             part = "oof" if isinstance(protocol, CV) else "loso"
             cols = ["part", "fold", "gid", "aid", "prob", "rank_key"]
             fits, rows = decide_system(rows.assign(part=part)[cols], self.cand, train=[])
-        per_fold = {int(f): evaluate_decided(rows[rows["fold"] == f], self.cand) for f in sorted(rows["fold"].unique())}
-        return Scored({"base": per_fold}, rows, info={"keep_fits": fits})
+        return scored_as_decided(rows, self.cand, info={"keep_fits": fits})
+
+
+def scored_as_decided(rows: pd.DataFrame, cand: pd.DataFrame, info: dict | None = None) -> Scored:
+    """Decided rows (gid, aid, label, score, fold) scored fold by fold as they are (official Task 3 metrics)."""
+    from medrank.selection.evaluation import evaluate_decided
+
+    per_fold = {int(f): evaluate_decided(rows[rows["fold"] == f], cand) for f in sorted(rows["fold"].unique())}
+    return Scored({"base": per_fold}, rows, info=dict(info or {}))
+
+
+@dataclass
+class Deployed:
+    """A composed, fitted pipeline as `medrank rank` runs it (`InferencePipeline.load(...).steps`: a step
+    `transform(Frame) -> Frame`), evaluated as deployed: each task's held-out questions, their labels blanked, pass
+    through the pipeline, and its decided rows (its own keep rule and order) are scored as they are. It fits nothing
+    and its training folds go unused, so a protocol whose held-out questions the pipeline was fitted on gives an
+    in-sample figure: evaluate the `fit="val"` pipeline on the validation questions (`Refit(test=...)`)."""
+
+    pipeline: object  # medrank.serving.steps.frame.Step
+    answers: pd.DataFrame  # the labelled questions' cleaned answers (stage clean's answers table)
+    cand: pd.DataFrame  # their truth (answer_truth)
+
+    def run(self, tasks: Sequence[Task]) -> list[pd.DataFrame]:
+        from medrank.serving.steps.frame import Frame
+        from medrank.task3.features import question_key
+
+        hidden = {c: pd.Series(pd.NA, index=self.answers.index, dtype="Float64") for c in TRUTH_COLUMNS}
+        blind, key = self.answers.assign(**hidden), question_key(self.answers).to_numpy()
+        out = []
+        for t in tasks:
+            part = blind[np.isin(key, list(t.test))].reset_index(drop=True)
+            decided = self.pipeline.transform(Frame(part)).decided  # type: ignore[attr-defined]
+            out.append(decided[["gid", "aid", "prob", "rank_key", "label", "score"]].assign(fold=t.fold))
+        return out
+
+    def score(self, protocol: Protocol, tasks: Sequence[Task], results: Sequence[pd.DataFrame]) -> Scored:
+        return scored_as_decided(pd.concat(results, ignore_index=True), self.cand)
 
 
 def held_out_scores(rows: pd.DataFrame, cand: pd.DataFrame, sources: Sequence[str], k: int, seed: int) -> dict:
@@ -333,11 +369,12 @@ def held_out_scores(rows: pd.DataFrame, cand: pd.DataFrame, sources: Sequence[st
     return {"cv": rounded_summary(r["cv"].summary["base"]), "loso": r["loso"].summary["base"]}
 
 
+TRUTH_COLUMNS = ("label", "reference_rank", "reference_score")
+
+
 def answer_truth(answers: pd.DataFrame, splits: Sequence[str]) -> pd.DataFrame:
     """The truth table (gid = question_key) of the answers of `splits`."""
     from medrank.task3.features import question_key
 
     labelled = answers[answers["split"].isin(splits)]
-    return labelled[["split", "qid", "aid", "label", "reference_rank", "reference_score"]].assign(
-        gid=question_key(labelled)
-    )
+    return labelled[["split", "qid", "aid", *TRUTH_COLUMNS]].assign(gid=question_key(labelled))

@@ -73,6 +73,7 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
             and 0 <= acc["p_better"] + acc["p_worse"] <= 1
         )
     _rank_equals_validation_submission(tiny_repo)
+    _deployed_pipeline_scores_as_stage_score(tiny_repo, final)
     # a second repro has nothing to do (and `medrank rank` wrote nothing into the DVC-tracked caches)
     again = _dvc("repro", cwd=tiny_repo)
     assert again.returncode == 0
@@ -238,6 +239,32 @@ def _rank_equals_validation_submission(repo: Path) -> None:
     finally:
         os.chdir(cwd)
     assert checked, "no validation question with gap-free CHiQA ranks in the tiny profile"
+
+
+def _deployed_pipeline_scores_as_stage_score(repo: Path, final: dict) -> None:
+    """What is evaluated is what is deployed: the composed val-fit steps (`medrank rank --fit val`), evaluated by
+    `experiment` on the validation questions with their labels blanked, score what stage score reported."""
+    import os
+
+    import pandas as pd
+
+    from medrank.selection.experiment import Deployed, Refit, answer_truth, experiment, questions_of
+    from medrank.serving.steps.pipeline import InferencePipeline
+
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        clean = pd.read_parquet("data/interim/clean/answers.parquet")
+        val = clean[clean["split"] == "val"].reset_index(drop=True)
+        truth = answer_truth(val, ["val"])
+        questions = questions_of(truth)
+        deployed = Deployed(InferencePipeline.load("models", "val").steps, val, truth)
+        got = experiment({"d": deployed}, questions, [Refit(test=tuple(questions["gid"]))])["d"]["test"]
+    finally:
+        os.chdir(cwd)
+    assert got.summary["base"]["n_questions"] == len(questions) > 0
+    for m in ("accuracy", "precision", "mrr", "spearman"):
+        assert round(got.summary["base"][m], 4) == final[m], (m, got.summary["base"], final)
 
 
 def _default_remote(repo: Path) -> tuple[str, Path]:

@@ -1,15 +1,19 @@
 """The inference path's steps, one module each, shared by the stages that run them and `medrank rank`.
 
-    normalize_step  NormalizeStep   answers table -> normalized texts + sentences            stage normalize
-    retrieve_step   RetrieveStep    questions -> scored BM25 candidates -> the N entailed    stage retrieve
-    grid_step       GridStep        answers + entailed answers -> NLI grid rows              stage embed
-    score_step      AnswerScores    answers -> per-answer scores (bienc, passage, qtype, cnn, qa)  stages bienc, passages, cnn_mediqa (+ models)
-    system_step     SystemStep      grids + scores -> filter probability, keep, order        stages baseline / mtl / score
-    pipeline        InferencePipeline: the five, loaded from models/ (medrank rank)
+    frame           Frame (what flows between steps), Composable (`a >> b`), Pipeline
+    normalize_step  NormalizeStep   answers -> normalized texts + sentences                    stage normalize
+    retrieve_step   RetrieveStep    + the N entailed MedQuAD questions (BM25, RQE scores), N   stage retrieve
+    grid_step       GridStep        + NLI grid rows of (answer, entailed answer) pairs          stage embed
+    score_step      AnswerScores    + per-answer scores (bienc, passage, qtype, cnn, qa)        stages bienc, passages, cnn_mediqa (+ models)
+    system_step     SystemStep      + filter probability, keep, order (the decided rows)        stages baseline / mtl / score
+    pipeline        InferencePipeline: the five, loaded from models/ and composed (medrank rank)
 
-A stage builds its step (`fit` from its params and inputs), `save`s it and calls `transform` on every question,
-writing the extraction caches; `InferencePipeline.load(models/)` loads the same steps and runs them on one question,
-reading the caches when they are there (never writing them).
+Every step is `transform(frame) -> frame` and `>>` composes them (PyTerrier's transformers); what `medrank rank` runs
+is `normalize >> retrieve >> grids >> scores >> system`, and `selection.experiment.Deployed` evaluates that composed
+pipeline under the same protocols as the training recipes. A stage builds its step (`fit` from its params and
+inputs), `save`s it and calls the step's own method on every question (normalize, retrieve, grids, scores: they
+write the extraction caches and return the stage's statistics); a loaded step's `transform` reads the caches when
+they are there (never writing them).
 
 Saved form (this module): each stage writes models/steps/<step>/: step.json with the params keys it read
 (params.STEP_PARAMS; never params.yaml at rank time, never copied through another stage) and, where the step holds

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from medrank.core import layout
 from medrank.serving.steps import load_recipe, load_step, model_dir, save_step
+from medrank.serving.steps.frame import Composable, Frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class GridStep:
+class GridStep(Composable):
     """NLI sentence grids of every (candidate answer, entailed answer) pair (params.embed)."""
 
     p: Params  # embed
@@ -44,7 +45,7 @@ class GridStep:
         path = model_dir(Path(models_dir) / layout.NLI_MODEL.name, "nli", "finetune_nli")
         return cls.fit(p, CrossEncoder.load(path, device=device, precision=p.embed.precision, task="nli"), device)
 
-    def transform(self, answers: pd.DataFrame, retrieved: pd.DataFrame, cache_root: str | os.PathLike, **kw: Any):
+    def grids(self, answers: pd.DataFrame, retrieved: pd.DataFrame, cache_root: str | os.PathLike, **kw: Any):
         """medrank.task3.grids.Grids of `answers` (normalized answers: split, qid, aid, reference_rank, answer_sentences)
         against `retrieved` (the retrieve step's table: entailed_sentences); `kw`: read_only, show_progress,
         shard_size, backend."""
@@ -67,3 +68,12 @@ class GridStep:
             bi_batch_size=ep.bi_batch_size,
             **kw,
         )
+
+    def transform(self, frame: Frame) -> Frame:
+        """The frame with the NLI grid rows of its answers against its entailed answers (the cache: read only)."""
+        if frame.retrieved is None:
+            from medrank.core.errors import MedrankError
+
+            raise MedrankError("the grid step needs the retrieve step's entailed answers: compose retrieve >> grids")
+        grids = self.grids(frame.answers, frame.retrieved, layout.CACHE_EMBED, read_only=True, show_progress=False)
+        return frame.with_(grid=grids.rows)

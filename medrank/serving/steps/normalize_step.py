@@ -11,13 +11,14 @@ import pandas as pd
 
 from medrank.core import layout
 from medrank.serving.steps import SavedStep, load_recipe, load_step, save_step
+from medrank.serving.steps.frame import Composable, Frame
 
 if TYPE_CHECKING:
     from medrank.params import Params
 
 
 @dataclass
-class NormalizeStep:
+class NormalizeStep(Composable):
     """Abbreviations, preferred names and sentences (params.normalize; the vocabularies are its fitted state)."""
 
     p: Params
@@ -59,11 +60,17 @@ class NormalizeStep:
             state = normalizer_state(p.normalize)  # the licensed vocabulary, from the user's own file
         return cls(p, state)
 
-    def transform(self, table: pd.DataFrame, spec: Any, coref: Any = None, desc: str = "normalize"):
-        """(normalized table, stats) of one table (medrank.text.normalize.TABLES[name])."""
+    def normalize(self, table: pd.DataFrame, spec: Any, coref: Any = None, desc: str = "normalize"):
+        """(normalized table, stats) of one table (medrank.text.normalize.TABLES[name]): stage normalize's call."""
         from medrank.text.normalize import normalize_table
 
         return normalize_table(table, spec, self.normalizer, self.splitter, coref, desc=desc)
+
+    def transform(self, frame: Frame) -> Frame:
+        """The frame's answers normalized as stage normalize normalizes the answers table."""
+        from medrank.text.normalize import TABLES
+
+        return frame.with_(answers=self.normalize(frame.answers, TABLES["answers"], desc="rank")[0])
 
 
 def normalizer_state_tables(state) -> dict[str, pd.DataFrame]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from medrank.core import layout
+from medrank.serving.steps.frame import Frame, Pipeline
 from medrank.serving.steps.grid_step import GridStep
 from medrank.serving.steps.normalize_step import NormalizeStep
 from medrank.serving.steps.retrieve_step import RetrieveStep
@@ -50,20 +51,13 @@ class InferencePipeline:
             system,
         )
 
+    @property
+    def steps(self) -> Pipeline:
+        """The loaded steps composed (`>>`): only those the decided system reads."""
+        chain = [self.normalize, self.retrieve, self.grids, self.scores, self.system]
+        return Pipeline(tuple(s for s in chain if s is not None))
+
     def transform(self, answers: pd.DataFrame) -> pd.DataFrame:
         """Decided rows of a cleaned answers table (medrank.serving.rank.answers_table): the caches under data/cache are read
         when the working folder has them (the very values the stages computed), else every pair is computed."""
-        from medrank.text.normalize import TABLES
-
-        answers, _ = self.normalize.transform(answers, TABLES["answers"], desc="rank")
-        retrieved = grid = None
-        if self.retrieve is not None:
-            retrieved = self.retrieve.transform(answers, layout.CACHE_RQE, read_only=True, show_progress=False)
-        if self.grids is not None:
-            grid = self.grids.transform(
-                answers, retrieved, layout.CACHE_EMBED, read_only=True, show_progress=False
-            ).rows
-        scores = self.scores.transform(answers)
-        # without retrieval no entailed-answer column is built, so N plays no part (answer_table's rqe_1..N)
-        n_candidates = self.retrieve.p.n_candidates if self.retrieve is not None else 0
-        return self.system.transform(answers, retrieved, grid, scores, n_candidates)
+        return self.steps.transform(Frame(answers)).decided

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from medrank.core import layout
 from medrank.serving.steps import load_recipe, load_step, model_dir, save_step
+from medrank.serving.steps.frame import Composable, Frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class RetrieveStep:
+class RetrieveStep(Composable):
     """BM25 candidates from MedQuAD scored by the RQE cross-encoder; the N entailed (score >= T, else the top-1)."""
 
     p: Params  # n_candidates, rqe_threshold, retrieve
@@ -79,7 +80,13 @@ class RetrieveStep:
         chosen = select_entailed(scored, self.p.n_candidates, self.p.rqe_threshold)
         return attach_entailed(chosen, self.docs, self.question_col)
 
-    def transform(self, answers: pd.DataFrame, cache_root: str | os.PathLike, **kw: Any) -> pd.DataFrame:
+    def retrieve(self, answers: pd.DataFrame, cache_root: str | os.PathLike, **kw: Any) -> pd.DataFrame:
+        """The entailed MedQuAD questions of the normalized answers' questions (`score`, then `entailed`)."""
         from medrank.task3.retrieval import questions_table
 
         return self.entailed(self.score(questions_table(answers, self.question_col, None), cache_root, **kw).table)
+
+    def transform(self, frame: Frame) -> Frame:
+        """The frame with its questions' entailed MedQuAD questions and this step's N (the RQE cache: read only)."""
+        retrieved = self.retrieve(frame.answers, layout.CACHE_RQE, read_only=True, show_progress=False)
+        return frame.with_(retrieved=retrieved, n_candidates=self.p.n_candidates)

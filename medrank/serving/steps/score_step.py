@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from medrank.core import layout
 from medrank.serving.steps import load_recipe, load_step, model_dir
+from medrank.serving.steps.frame import Composable, Frame
 
 if TYPE_CHECKING:
     import numpy as np
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class AnswerScores:
+class AnswerScores(Composable):
     """The per-answer scores the final system's feature groups read: bienc / heading cosines and question-type
     agreement (stage bienc's step), the best answer window's cosine (stage passages' step), the CNN's answer score
     (cnn_mediqa's step + models/cnn), the QA cross-encoder's (models/qa: analysis stage qa, whose knobs are not saved:
@@ -62,7 +63,11 @@ class AnswerScores:
             out.qa = CrossEncoder.load(path, device=device, precision=p.qa.predict_precision, task="qa")
         return out
 
-    def transform(
+    def transform(self, frame: Frame) -> Frame:
+        """The frame with the per-answer scores of the groups the system reads (the caches under data/cache: read only)."""
+        return frame.with_(scores={**frame.scores, **self.scores(frame.answers)})
+
+    def scores(
         self,
         answers: pd.DataFrame,
         cache_root: str | os.PathLike = layout.CACHE_BIENC,

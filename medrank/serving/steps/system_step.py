@@ -6,13 +6,11 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from medrank.core import layout
 from medrank.core.errors import MedrankError
-
-if TYPE_CHECKING:
-    import pandas as pd
+from medrank.serving.steps.frame import Composable, Frame
 
 
 Fit = Literal["final", "val"]
@@ -50,7 +48,7 @@ def read_system(models_dir: str | os.PathLike = layout.MODELS) -> dict:
 
 
 @dataclass
-class SystemStep:
+class SystemStep(Composable):
     """Stage score's decision (models/system.json) over the baseline's and / or the MTL's fitted models."""
 
     system: dict
@@ -98,16 +96,17 @@ class SystemStep:
             mtl, meta = MTLBag.load(mtl_dir / "val" if fit == "val" else mtl_dir)
         return cls(system, fit, baseline, mtl, meta)
 
-    def transform(
-        self,
-        answers: pd.DataFrame,
-        retrieved: pd.DataFrame | None,
-        grid: pd.DataFrame | None,
-        scores: dict,
-        n_candidates: int,
-    ) -> pd.DataFrame:
-        """apply_decision's rows (aid, prob, rank_key, label, score) of the answers; `retrieved` / `grid` may be None
-        where the system does not read them (reads_retrieval, reads_grids)."""
+    def transform(self, frame: Frame) -> Frame:
+        """The frame with apply_decision's rows (gid, aid, prob, rank_key, label, score) of its answers, read from
+        what the steps before added: retrieval (with the retrieve step's N) and grids only where the system reads
+        them (reads_retrieval, reads_grids)."""
+        if (frame.retrieved is None and self.reads_retrieval) or (frame.grid is None and self.reads_grids):
+            raise MedrankError(
+                "the decided system reads the retrieve step's entailed answers and the NLI grids: compose "
+                "normalize >> retrieve >> grids >> scores >> system (InferencePipeline.load does)"
+            )
+        answers, retrieved, grid, scores = frame.answers, frame.retrieved, frame.grid, frame.scores
+        n_candidates = frame.n_candidates
         from medrank.selection.decision import Keep, apply_decision, combine_systems, decide
         from medrank.task3.features import answer_table
         from medrank.models.mtl import build_mtl_data, ensemble
@@ -136,4 +135,4 @@ class SystemStep:
         else:
             rows = part(systems[name])
         keep = Keep.from_json(self.system["keep"]["val" if self.fit == "val" else "test"])
-        return apply_decision(rows, keep, self.system["order"])
+        return frame.with_(decided=apply_decision(rows, keep, self.system["order"]))
