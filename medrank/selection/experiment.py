@@ -337,12 +337,12 @@ class Deployed:
     and its training folds go unused, so a protocol whose held-out questions the pipeline was fitted on gives an
     in-sample figure: evaluate the `fit="val"` pipeline on the validation questions (`Refit(test=...)`)."""
 
-    pipeline: object  # medrank.serving.steps.frame.Step
+    pipeline: object  # medrank.core.frame.Step
     answers: pd.DataFrame  # the labelled questions' cleaned answers (stage clean's answers table)
     cand: pd.DataFrame  # their truth (answer_truth)
 
     def run(self, tasks: Sequence[Task]) -> list[pd.DataFrame]:
-        from medrank.serving.steps.frame import Frame
+        from medrank.core.frame import Frame
         from medrank.task3.features import question_key
 
         hidden = {c: pd.Series(pd.NA, index=self.answers.index, dtype="Float64") for c in TRUTH_COLUMNS}

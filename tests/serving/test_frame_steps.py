@@ -1,4 +1,4 @@
-"""The inference steps are frame -> frame and compose with `>>` (medrank.serving.steps.frame); N is the fitted
+"""The inference steps are frame -> frame and compose with `>>` (medrank.core.frame); N is the fitted
 retrieve step's, carried by the frame; `experiment` evaluates the composed pipeline as `medrank rank` runs it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from medrank.core.errors import MedrankError
 from medrank.serving.rank import answers_table
-from medrank.serving.steps.frame import Frame, Pipeline
+from medrank.core.frame import Frame, Pipeline
 from medrank.serving.steps.pipeline import InferencePipeline
 from tests.serving.test_lean_pipeline import _questions
 

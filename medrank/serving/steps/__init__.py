@@ -1,6 +1,5 @@
 """The inference path's steps, one module each, shared by the stages that run them and `medrank rank`.
 
-    frame           Frame (what flows between steps), Composable (`a >> b`), Pipeline
     normalize_step  NormalizeStep   answers -> normalized texts + sentences                    stage normalize
     retrieve_step   RetrieveStep    + the N entailed MedQuAD questions (BM25, RQE scores), N   stage retrieve
     grid_step       GridStep        + NLI grid rows of (answer, entailed answer) pairs          stage embed
@@ -8,7 +7,8 @@
     system_step     SystemStep      + filter probability, keep, order (the decided rows)        stages baseline / mtl / score
     pipeline        InferencePipeline: the five, loaded from models/ and composed (medrank rank)
 
-Every step is `transform(frame) -> frame` and `>>` composes them (PyTerrier's transformers); what `medrank rank` runs
+Every step is `transform(frame) -> frame` and `>>` composes them (medrank.core.frame: Frame, Composable, Pipeline;
+PyTerrier's transformers); what `medrank rank` runs
 is `normalize >> retrieve >> grids >> scores >> system`, and `selection.experiment.Deployed` evaluates that composed
 pipeline under the same protocols as the training recipes. A stage builds its step (`fit` from its params and
 inputs), `save`s it and calls the step's own method on every question (normalize, retrieve, grids, scores: they

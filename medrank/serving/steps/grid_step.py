@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from medrank.core import layout
 from medrank.serving.steps import load_recipe, load_step, model_dir, save_step
-from medrank.serving.steps.frame import Composable, Frame
+from medrank.core.frame import Composable, Frame
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -11,7 +11,7 @@ import pandas as pd
 
 from medrank.core import layout
 from medrank.serving.steps import SavedStep, load_recipe, load_step, save_step
-from medrank.serving.steps.frame import Composable, Frame
+from medrank.core.frame import Composable, Frame
 
 if TYPE_CHECKING:
     from medrank.params import Params

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from medrank.core import layout
-from medrank.serving.steps.frame import Frame, Pipeline
+from medrank.core.frame import Frame, Pipeline
 from medrank.serving.steps.grid_step import GridStep
 from medrank.serving.steps.normalize_step import NormalizeStep
 from medrank.serving.steps.retrieve_step import RetrieveStep

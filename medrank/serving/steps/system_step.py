@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from medrank.core import layout
 from medrank.core.errors import MedrankError
-from medrank.serving.steps.frame import Composable, Frame
+from medrank.core.frame import Composable, Frame
 
 
 Fit = Literal["final", "val"]
