@@ -1,11 +1,12 @@
 """What flows between the inference steps (medrank.serving.steps; PyTerrier's transformers over frames, for three grains).
 
-Every step is `transform(frame) -> frame` and steps compose with `>>` into a `Pipeline` (itself a step). A frame is
+Every step is `transform(frame) -> frame` and steps compose with `>>` into a `Pipeline` (itself a step). A frame holds
 one pandas table per grain, because the steps produce three: the candidate answers (one row each, input order; the
-normalize step adds their normalized texts and sentences, the answer-score step their score columns), the N entailed
-MedQuAD questions per question (retrieve) and the NLI grid rows per (answer, entailed answer) (grids). Nesting those
-into cells of the answers table would only be unnested again by every reader. N is the fitted retrieve step's: it
-writes it into the frame beside its table, and the system step reads it from there (never from a sibling step).
+normalize step adds their normalized texts and sentences, the answer-score step per-answer score arrays aligned with
+them), the N entailed MedQuAD questions per question (retrieve) and the NLI grid rows per (answer, entailed answer)
+(grids). Nesting the last two into cells of the answers table would only be unnested again by every reader. N is the
+fitted retrieve step's: it writes it into the frame beside its table, and the system step reads it from there (never
+from a sibling step). The system step adds the decided rows.
 """
 
 from __future__ import annotations
