@@ -63,6 +63,7 @@ def test_errors_are_one_line_exit_2(capsys, argv, expected):
     assert err.endswith("\n") and err.count("\n") == 1 and err.startswith("error: ") and expected in err
 
 
+@pytest.mark.checkout
 def test_malformed_submission_via_module_entry_point(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("1,1_A2,1\n1,1_A2,0\n")
@@ -120,6 +121,7 @@ def test_adding_a_subcommand_is_one_registry_entry(capsys, monkeypatch):
     assert code == 0 and seen == {"k": 7}
 
 
+@pytest.mark.checkout
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 @pytest.mark.parametrize("unbuffered", ["", "1"])
 def test_stdout_to_a_full_device_is_one_error_line(unbuffered):
@@ -140,6 +142,7 @@ def test_stdout_to_a_full_device_is_one_error_line(unbuffered):
     )  # unbuffered: it used to blame a temp file
 
 
+@pytest.mark.checkout
 def test_a_pipe_is_a_submission_file():
     """`medrank score GOLD /dev/stdin` (and `<(...)`) said "not found": a pipe is read up to the cap."""
     proc = subprocess.run(
@@ -181,6 +184,7 @@ def test_a_full_disk_while_writing_is_one_error_line(monkeypatch, capsys, tmp_pa
     assert (tmp_path / "out.txt").read_text() == "previous" and [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
 
+@pytest.mark.checkout
 def test_a_reader_that_leaves_early_is_no_error():
     proc = subprocess.run(
         f"{sys.executable} -m medrank.cli score {GOLD} {SUB} --json | head -c 1",

@@ -636,6 +636,7 @@ def test_read_only_retrieval_and_grids_match_and_write_nothing(tmp_path, tiny_mo
         pd.testing.assert_frame_equal(g.rows, w_grids.rows)
 
 
+@pytest.mark.checkout
 def test_ray_backend_names_an_address_without_a_cluster():
     """`ray.address: auto` with no Ray running: one error line naming the address, exit 2. Runs before `local_ray`
     below starts this module's Ray (`auto` would join that one)."""

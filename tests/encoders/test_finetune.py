@@ -301,6 +301,7 @@ def test_task_tables_validate():
         nli_task(bad)
 
 
+@pytest.mark.checkout
 def test_repo_dvc_yaml_declares_finetune_stages():
     dvc = yaml.safe_load((REPO / "dvc.yaml").read_text())
     for task in ("nli", "rqe"):

@@ -20,7 +20,11 @@ import yaml
 from tests.conftest import REPO
 from tests.helpers.deps import code_deps as _code_deps
 from tests.helpers.deps import is_code as _is_code
+from tests.helpers.checkout import unmarked_checkout_readers
 from tests.helpers.deps import needed_files as _needed_files
+
+# every test here reads the checkout's dvc.yaml / params.yaml / dvc.lock: the slow set runs them again in the tiny repo
+pytestmark = pytest.mark.checkout
 
 DVC = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))
 
@@ -213,3 +217,13 @@ def test_metrics_read_by_other_stages_hold_no_timings():
                 if dep.startswith("metrics/") and dep.endswith(".json"):
                     timed = {k for k in keys(json.loads((REPO / dep).read_text())) if "second" in k}
                     assert not timed, f"{dvc_file}:{name} reads {dep}, which holds timings {sorted(timed)}"
+
+
+def test_every_test_reading_the_checkout_is_marked_checkout():
+    """After its tiny `dvc repro` the slow set runs only the `checkout` tests inside the tiny repo (data/, models/,
+    metrics/ filled; its README refreshed): a test that reads the checkout's own files (REPO / ..., cwd=REPO, a
+    relative output path) must carry the marker, or the repro could break it unseen (tests/helpers/checkout.py)."""
+    tests = sorted((REPO / "tests").rglob("test_*.py"))
+    assert len(tests) > 30
+    unmarked = [line for path in tests for line in unmarked_checkout_readers(path)]
+    assert not unmarked, "\n".join(unmarked)

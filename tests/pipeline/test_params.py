@@ -12,6 +12,9 @@ from medrank.core.errors import MedrankError
 from medrank.params import NestedVariant, Params, load_params, mtl_rows
 from tests.conftest import REPO, error_lines, run_module
 
+# the checkout's params.yaml is the base of every case here: the slow set runs them again in the tiny repo
+pytestmark = pytest.mark.checkout
+
 
 def write(tmp_path: Path, text: str) -> Path:
     p = tmp_path / "params.yaml"

@@ -608,7 +608,9 @@ def test_the_readme_test_command_passes_after_the_tiny_repro(tiny_repo, tiny_rep
     """The newcomer's order: `dvc repro`, then the README's test command in the same checkout. Here: the tiny repo
     after every test above (its repro, the analysis pipeline, the pushes and re-runs), its documents refreshed from
     its own metrics (`medrank report`: the tiny profile's numbers are not the committed ones), then the fast tests
-    inside it, with the mirror beside it as CI has it (the slow ones would start this module again)."""
+    that read the checkout's own files (marker `checkout`, kept honest by test_layout's
+    test_every_test_reading_the_checkout_is_marked_checkout; the others run the same here as in any checkout) inside
+    it, with the mirror beside it as CI has it (the slow ones would start this module again)."""
     import os
 
     assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
@@ -625,7 +627,8 @@ def test_the_readme_test_command_passes_after_the_tiny_repro(tiny_repo, tiny_rep
     )
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "inner")],
+        [sys.executable, "-m", "pytest", "-q", "-m", "checkout and not slow", "-p", "no:cacheprovider"]
+        + ["--basetemp", str(tmp_path / "inner")],
         cwd=tiny_repo,
         env=env,
         capture_output=True,

@@ -322,6 +322,7 @@ def test_a_refusal_names_the_live_holder_never_a_dead_or_missing_pid(tmp_path, m
         os.close(fd)
 
 
+@pytest.mark.checkout
 def test_stage_start_gates_params_before_sweeping_or_running(tmp_path, monkeypatch, capsys):
     """`dvc repro -s X` and `python -m stages.X` skip check_params: each stage checks params.yaml itself, first."""
     from medrank.core.runner import run
@@ -461,6 +462,7 @@ def _raw_version(work: Path) -> str:
     raise AssertionError("data/raw is neither complete copy")
 
 
+@pytest.mark.checkout
 def test_acquire_killed_at_any_instant_keeps_a_complete_data_raw(tmp_path):
     work = _acquire_project(tmp_path)
     data = work / "data"
@@ -503,6 +505,7 @@ CLEAN_VERSIONS = {
 }
 
 
+@pytest.mark.checkout
 def test_clean_killed_during_its_writes_keeps_a_complete_folder(tmp_path):
     work = tmp_path / "work"
     make_raw_dir(work / "data")
@@ -552,6 +555,7 @@ def test_clean_killed_during_its_writes_keeps_a_complete_folder(tmp_path):
     assert version() == target
 
 
+@pytest.mark.checkout
 def test_clean_sweeps_the_temp_file_a_killed_pre_staging_run_left_inside_its_folder(tmp_path):
     work = tmp_path / "work"
     make_raw_dir(work / "data")
@@ -596,6 +600,7 @@ def test_clean_refuses_a_folder_holding_foreign_files(tmp_path):
 # ---------------------------------------------------------------- DVC does not delete the folder first
 
 
+@pytest.mark.checkout
 @pytest.mark.skipif(shutil.which("dvc") is None, reason="dvc not installed")
 def test_failed_dvc_repro_keeps_the_old_data_raw(tmp_path):
     """acquire's data/raw is `persist: true` in dvc.yaml: a failing `dvc repro acquire` leaves the old folder."""

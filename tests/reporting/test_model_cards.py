@@ -13,6 +13,7 @@ from medrank.reporting.cards import render_cards
 from tests.conftest import REPO
 
 
+@pytest.mark.checkout
 def test_a_current_card_per_artifact():
     artifacts = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["artifacts"]
     rendered = render_cards(REPO, REPO / "metrics")

@@ -13,6 +13,7 @@ from medrank.reporting import render_headline, render_results, stale_docs, updat
 from tests.conftest import REPO
 
 
+@pytest.mark.checkout
 def test_readme_and_results_blocks_match_metrics():
     stale = stale_docs(REPO / "README.md", REPO / "RESULTS.md", REPO / "metrics")
     assert not stale, (
@@ -20,6 +21,7 @@ def test_readme_and_results_blocks_match_metrics():
     )
 
 
+@pytest.mark.checkout
 def test_readme_holds_only_the_headline_table():
     """Issue 45: a newcomer reads the README on one walk: whole, at most 10,000 bytes. Its one generated block is the
     headline table (rendered from metrics/; after a tiny-profile repro it lists other systems), so the budget is split:
@@ -37,6 +39,7 @@ def test_readme_holds_only_the_headline_table():
     assert len(readme.encode()) <= 10_000
 
 
+@pytest.mark.checkout
 def test_readme_defines_its_terms_before_the_results_use_them():
     """Issue 45: the words of the headline block (nested LOSO, the written rule, noise band, shift-worst) are defined
     above it, and the first screen is what it is, the two commands and a tree of the packages."""
@@ -56,6 +59,7 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@pytest.mark.checkout
 def test_every_relative_link_of_the_documents_resolves():
     """A link in a tracked markdown file (README, RESULTS, docs/, model cards) names a file that exists and, into a
     markdown file, a heading it has. Links inside code blocks are examples, not links."""
@@ -105,6 +109,7 @@ def test_report_names_a_broken_metrics_file_in_one_line(tmp_path, capsys, data, 
     )
 
 
+@pytest.mark.checkout
 @pytest.mark.parametrize(
     "stem, key, value",
     [

@@ -384,6 +384,7 @@ def test_huge_input_is_fast(tiny_normalizer):
     assert r.text.count("myocardial infarction") == 30_000
 
 
+@pytest.mark.checkout
 def test_real_vocabularies_on_known_phrases():
     do = Path("data/raw/disease_ontology/doid-ebd679f.obo.gz")
     if not do.exists():
