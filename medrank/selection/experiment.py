@@ -11,12 +11,15 @@ A system implements `run(tasks) -> one result per task` (the fits; a system may 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Protocol as Interface, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol as Interface, Sequence
 
 import numpy as np
 import pandas as pd
 
 from medrank.core.errors import MedrankError
+
+if TYPE_CHECKING:
+    from medrank.core.frame import Step
 
 # ---------------------------------------------------------------- folds
 
@@ -337,7 +340,7 @@ class Deployed:
     and its training folds go unused, so a protocol whose held-out questions the pipeline was fitted on gives an
     in-sample figure: evaluate the `fit="val"` pipeline on the validation questions (`Refit(test=...)`)."""
 
-    pipeline: object  # medrank.core.frame.Step
+    pipeline: Step  # transform(Frame) -> Frame, e.g. InferencePipeline.load(...).steps
     answers: pd.DataFrame  # the labelled questions' cleaned answers (stage clean's answers table)
     cand: pd.DataFrame  # their truth (answer_truth)
 
@@ -350,7 +353,7 @@ class Deployed:
         out = []
         for t in tasks:
             part = blind[np.isin(key, list(t.test))].reset_index(drop=True)
-            decided = self.pipeline.transform(Frame(part)).decided  # type: ignore[attr-defined]
+            decided = self.pipeline.transform(Frame(part)).decided
             out.append(decided[["gid", "aid", "prob", "rank_key", "label", "score"]].assign(fold=t.fold))
         return out
 

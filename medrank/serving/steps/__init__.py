@@ -8,9 +8,8 @@
     pipeline        InferencePipeline: the five, loaded from models/ and composed (medrank rank)
 
 Every step is `transform(frame) -> frame` and `>>` composes them (medrank.core.frame: Frame, Composable, Pipeline;
-PyTerrier's transformers); what `medrank rank` runs
-is `normalize >> retrieve >> grids >> scores >> system`, and `selection.experiment.Deployed` evaluates that composed
-pipeline under the same protocols as the training recipes. A stage builds its step (`fit` from its params and
+PyTerrier's transformers): what `medrank rank` runs is `normalize >> retrieve >> grids >> scores >> system`, and
+`selection.experiment.Deployed` evaluates that composed pipeline under the same protocols as the training recipes. A stage builds its step (`fit` from its params and
 inputs), `save`s it and calls the step's own method on every question (normalize, retrieve, grids, scores: they
 write the extraction caches and return the stage's statistics); a loaded step's `transform` reads the caches when
 they are there (never writing them).
