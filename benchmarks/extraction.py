@@ -10,7 +10,8 @@ run back to back in one process:
   (c) medrank CrossEncoder.predict: dedup, length-sorted dynamic padding, inference_mode, the auto precision,
       with the pooled [CLS] vectors as well (what the embed stage stores); also at each precision, and on CPU
       int8 once more with the old recipe (torch.ao dynamic quantization of every Linear, per-tensor scales), and at the
-      auto choice on one-thread forked workers, one length-sorted shard each (the stages' `workers: auto` path)
+      auto choice on one-thread forked workers, one length-sorted shard each (the stages' `workers: auto` path);
+      and the OpenVINO path at bf16 on one stream of every thread (before its streams of one thread each)
 Methods take turns on slices of the pairs (best of --repeats per slice), so load from other processes on
 shared cores hits all of them alike. Prints pairs/s side by side, max |Δp| against (a), and the share of this CPU's measured matmul peak
 (useful FLOPs/pair from the real token counts x pairs/s / torch.matmul GFLOP/s, on CPU also / torch._int_mm GOP/s), and
@@ -75,6 +76,22 @@ def predict_with_int8_model(ours: CrossEncoder, int8_model: torch.nn.Module, pai
         return ours.predict(pairs, batch_size=64, return_embeddings=True, show_progress=False, precision="int8")[0]
     finally:
         ours._int8_model = saved
+
+
+def predict_on_one_stream(ours: CrossEncoder, pairs, precision: str = "openvino-bf16") -> np.ndarray:
+    """`ours.predict` on the OpenVINO path as it was before its streams: one stream of all torch's threads."""
+    from medrank.encoders.low_precision import _weights_version
+    from medrank.encoders.openvino_path import OpenVinoModel, PairLogitsAndPooled
+
+    saved = dict(ours._openvino_models or {})
+    if getattr(ours, "_one_stream", None) is None:
+        example = ours._collate(ours._encode(list(pairs[:2])), np.arange(min(2, len(pairs))))
+        ours._one_stream = OpenVinoModel(PairLogitsAndPooled(ours.model.eval()), example, precision, streams=1)
+    ours._openvino_models = {**saved, precision: (_weights_version(ours.model), ours._one_stream)}
+    try:
+        return ours.predict(pairs, batch_size=64, return_embeddings=True, show_progress=False, precision=precision)[0]
+    finally:
+        ours._openvino_models = saved
 
 
 def real_pairs(n: int, seed: int) -> list[tuple[str, str]]:
@@ -313,6 +330,9 @@ def main() -> None:
                 ps, batch_size=64, return_embeddings=True, show_progress=False, precision=prec
             )[0],
         )
+    if "openvino-bf16" in precs and threads > 1:  # the OpenVINO path before its streams, to compare
+        predict_on_one_stream(ours, warm)
+        methods["    medrank ov-bf16 1 stream"] = ("openvino-bf16", lambda ps: predict_on_one_stream(ours, ps))
     if (
         device == "cpu" and threads > 1
     ):  # the stages' default path (backend local, workers auto): shards on one-thread workers

@@ -335,14 +335,14 @@ class CrossEncoder(PrecisionCopies, CrossEncoderTraining):
                 precision = self.resolve_precision([unique[i] for i in mid])
         sink: list[torch.Tensor] = []
         handle = None
-        if is_openvino(precision):  # (logits, pooled) from one compiled graph
+        if is_openvino(precision):  # (logits, pooled) from one compiled graph, a batch per stream at once
             example = lambda: (PairLogitsAndPooled(self.model.eval()), self._collate(enc, batches[0][:2]))
-            forward = self.openvino_model(precision, example)
+            run = self.openvino_model(precision, example).map
         else:
             model = self.inference_model(precision)
             model.eval()
             handle = self._classifier_input_hook(model, sink) if return_embeddings else None
-            forward = lambda batch: (model(**batch).logits, sink[-1] if sink else None)
+            run = lambda keyed: ((idx, (model(**batch).logits, sink[-1] if sink else None)) for idx, batch in keyed)
         t0 = time.perf_counter()  # after the one-off probe and conversion: pairs/s is the steady rate
         probs = np.zeros((len(unique), self.num_labels), dtype=np.float32)
         embs = np.zeros((len(unique), hidden), dtype=np.float32) if return_embeddings else None
@@ -354,8 +354,7 @@ class CrossEncoder(PrecisionCopies, CrossEncoderTraining):
                 self._autocast(precision),
                 tqdm(total=len(unique), unit="pair", desc="predict", disable=not show_progress, leave=False) as bar,
             ):
-                for idx in batches:
-                    logits, pooled = forward(self._collate(enc, idx))
+                for idx, (logits, pooled) in run((idx, self._collate(enc, idx)) for idx in batches):
                     probs[idx] = self._probs(logits).cpu().numpy()
                     if embs is not None:
                         embs[idx] = pooled.float().cpu().numpy()

@@ -1,8 +1,11 @@
 """The OpenVINO inference path of the encoders (issue 47): precision `openvino-bf16` / `openvino-fp32`.
 
 The torch module is converted once per weights version (`openvino.convert_model`, dynamic batch and width) and
-compiled for the CPU at the precision's inference hint and at torch's thread count; the graph fuses attention and
-runs oneDNN's AMX / AVX-512 bf16 kernels. The same tokenized, length-sorted, padded batches go in as on the torch
+compiled for the CPU at the precision's inference hint; the graph fuses attention and runs oneDNN's AMX / AVX-512
+bf16 kernels. The stage's thread count runs as that many streams of one thread each, with one batch in flight per
+stream (`OpenVinoModel.map`): these encoders' matrices are too small to keep two threads busy on one batch (on 2
+cores 1.2-1.3x one 2-thread stream, benchmarks/results/extraction-openvino-streams-*), and a batch's outputs are
+the same bits whichever stream runs it. The same tokenized, length-sorted, padded batches go in as on the torch
 path, and the outputs come back as torch tensors, so pooling and probabilities are computed as before. The
 precision's name is part of each cache namespace (encoders.cache.namespace_name), so a cache written by the torch
 path is never read as this path's, and the choice is explicit in params.yaml (`auto` never picks it).
@@ -10,13 +13,16 @@ path is never read as this path's, and the choice is explicit in params.yaml (`a
 
 from __future__ import annotations
 
+import queue
 import warnings
-from typing import Callable
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 import torch
 
 from medrank.core.errors import MedrankError
+
+K = TypeVar("K")  # a batch's key: where its outputs go
 
 # precision name -> OpenVINO's INFERENCE_PRECISION_HINT
 OPENVINO_PRECISIONS = {"openvino-bf16": "bf16", "openvino-fp32": "f32"}
@@ -69,27 +75,68 @@ class LastHidden(torch.nn.Module):
 
 
 class OpenVinoModel:
-    """A compiled OpenVINO model of a torch module: call it with the torch path's batch (a dict of int64 tensors);
-    returns its outputs as float32 torch tensors."""
+    """A compiled OpenVINO model of a torch module on `streams` streams sharing `threads` threads (default: one
+    thread per stream, as many as torch's thread count, the stage's explicit choice). `map` runs keyed batches (dicts of int64 tensors), one in flight per stream;
+    calling it runs one batch. Outputs come back as float32 torch tensors."""
 
-    def __init__(self, module: torch.nn.Module, example: dict[str, torch.Tensor], precision: str) -> None:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        example: dict[str, torch.Tensor],
+        precision: str,
+        streams: int | None = None,
+        threads: int | None = None,
+    ) -> None:
         ov = require_openvino(precision)
         self.names = list(example)
+        threads = max(1, int(threads or torch.get_num_threads()))
+        self.streams = max(1, int(streams or threads))
         with torch.no_grad(), warnings.catch_warnings():
             # the trace fixes Python-level branches (padding, causal) that are constant for these encoders
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             graph = ov.convert_model(module.eval(), example_input={k: v.cpu() for k, v in example.items()})
         config = {
             "INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[precision],
-            "INFERENCE_NUM_THREADS": torch.get_num_threads(),  # the stage's explicit thread count, as torch's
-            "PERFORMANCE_HINT": "LATENCY",  # one stream: batches one after another, as on the torch path
+            "PERFORMANCE_HINT": "THROUGHPUT",
+            "NUM_STREAMS": self.streams,
+            "INFERENCE_NUM_THREADS": threads,  # one per stream unless asked otherwise (benchmarks/extraction.py)
         }
         self.compiled = ov.Core().compile_model(graph, "CPU", config)
-        self.request = self.compiled.create_infer_request()
+        self.streams = int(self.compiled.get_property("NUM_STREAMS"))  # capped at the cores there are
+        self.jobs = ov.AsyncInferQueue(self.compiled, self.streams)
+        self.n_outputs = len(self.compiled.outputs)
+
+    def map(self, batches: Iterable[tuple[K, dict[str, torch.Tensor]]]) -> Iterator[tuple[K, list[torch.Tensor]]]:
+        """(key, outputs) of each (key, batch), in the order they finish; up to `streams` batches run at once while
+        the caller collates the next and stores the last."""
+        finished: queue.SimpleQueue = queue.SimpleQueue()
+        # the request's buffers are reused: copy the outputs out in the callback
+        self.jobs.set_callback(
+            lambda req, key: finished.put(
+                (key, [np.array(req.get_output_tensor(i).data, dtype=np.float32) for i in range(self.n_outputs)])
+            )
+        )
+        sent = got = 0
+        for key, batch in batches:
+            self.jobs.start_async({k: batch[k].cpu().numpy() for k in self.names}, key)  # waits for a free stream
+            sent += 1
+            while not finished.empty():
+                got += 1
+                yield self._tensors(finished.get())
+        self.jobs.wait_all()
+        while not finished.empty():
+            got += 1
+            yield self._tensors(finished.get())
+        if got != sent:
+            raise MedrankError(f"OpenVINO returned {got} of {sent} batches")
+
+    @staticmethod
+    def _tensors(done: tuple[K, list[np.ndarray]]) -> tuple[K, list[torch.Tensor]]:
+        key, outputs = done
+        return key, [torch.from_numpy(o) for o in outputs]
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        got = self.request.infer({k: batch[k].cpu().numpy() for k in self.names})
-        return [torch.from_numpy(np.array(got[o], dtype=np.float32)) for o in self.compiled.outputs]
+        return next(iter(self.map([(0, batch)])))[1]
 
 
 def openvino_model(

@@ -43,6 +43,7 @@ def runtime_info(device: str | torch.device | None = None, **extra: Any) -> dict
         from importlib.metadata import version
 
         info["openvino"] = version("openvino")
+        info["openvino_streams"] = torch.get_num_threads()  # of one thread each (openvino_path.OpenVinoModel)
     return {**info, **extra}
 
 

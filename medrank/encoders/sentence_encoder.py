@@ -89,20 +89,18 @@ class SentenceEncoder(PrecisionCopies):
                 "attention_mask": torch.from_numpy(mask).to(self.device),
             }
 
-        if is_openvino(precision):
+        if is_openvino(precision):  # a batch per stream at once
             compiled = self.openvino_model(precision, lambda: (LastHidden(self.model.eval()), collate(batches[0][:2])))
-            forward = lambda batch: compiled(batch)[0]
+            run = lambda keyed: ((idx, outputs[0]) for idx, outputs in compiled.map(keyed))
         else:
             model = self.inference_model(precision)
-            forward = lambda batch: model(**batch).last_hidden_state
+            run = lambda keyed: ((idx, model(**batch).last_hidden_state) for idx, batch in keyed)
         cast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+        keyed = (((idx, batch["attention_mask"]), batch) for idx, batch in ((idx, collate(idx)) for idx in batches))
         with torch.inference_mode(), cast:
-            for idx in batches:
-                batch = collate(idx)
-                t_mask = batch["attention_mask"]
-                hidden = forward(batch).float()
+            for (idx, t_mask), hidden in run(keyed):
                 m = t_mask.unsqueeze(-1).float()
-                emb = (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+                emb = (hidden.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
                 out[idx] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
         return out
 

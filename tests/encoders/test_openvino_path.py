@@ -39,6 +39,29 @@ def test_cross_encoder_probs_and_pooled_vectors_within_tolerance_of_fp32(nli, pr
     assert nli.last_predict_stats["precision"] == precision
 
 
+def test_streams_give_the_same_bits_as_one_stream_in_any_finishing_order(nli):
+    """The stage's threads run as streams of one thread each, a batch in flight per stream: each batch's outputs
+    are the same bits as on one stream, and map returns every key once whatever order the batches finish in."""
+    import torch
+
+    from medrank.encoders.openvino_path import OpenVinoModel, PairLogitsAndPooled
+    from medrank.encoders.runtime import runtime_info
+
+    enc = nli._encode(PAIRS * 6)
+    batches = [np.arange(i, i + 3) for i in range(0, 24, 3)]
+    example = nli._collate(enc, batches[0][:2])
+    outputs = {}
+    for streams in (1, 2):
+        model = OpenVinoModel(PairLogitsAndPooled(nli.model.eval()), example, "openvino-bf16", streams=streams)
+        assert model.compiled.get_property("NUM_STREAMS") == streams
+        got = dict(model.map((b, nli._collate(enc, batches[b])) for b in range(len(batches))))
+        assert sorted(got) == list(range(len(batches)))
+        outputs[streams] = got
+    for b in range(len(batches)):
+        assert all(torch.equal(x, y) for x, y in zip(outputs[1][b], outputs[2][b]))
+    assert runtime_info("cpu", precision="openvino-bf16")["openvino_streams"] == torch.get_num_threads()
+
+
 def test_sentence_encoder_vectors_within_tolerance_of_fp32(tiny_base):
     bi = SentenceEncoder(str(tiny_base), device="cpu", max_length=32)
     texts = ["what causes anemia", "leg pain: a cramp or an injury", "x"]
