@@ -14,6 +14,7 @@ path is never read as this path's, and the choice is explicit in params.yaml (`a
 from __future__ import annotations
 
 import queue
+import threading
 import warnings
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -105,30 +106,34 @@ class OpenVinoModel:
         self.streams = int(self.compiled.get_property("NUM_STREAMS"))  # capped at the cores there are
         self.jobs = ov.AsyncInferQueue(self.compiled, self.streams)
         self.n_outputs = len(self.compiled.outputs)
+        self.busy = threading.Lock()  # one map at a time: the queue's callback and requests are shared
 
     def map(self, batches: Iterable[tuple[K, dict[str, torch.Tensor]]]) -> Iterator[tuple[K, list[torch.Tensor]]]:
         """(key, outputs) of each (key, batch), in the order they finish; up to `streams` batches run at once while
         the caller collates the next and stores the last."""
-        finished: queue.SimpleQueue = queue.SimpleQueue()
-        # the request's buffers are reused: copy the outputs out in the callback
-        self.jobs.set_callback(
-            lambda req, key: finished.put(
-                (key, [np.array(req.get_output_tensor(i).data, dtype=np.float32) for i in range(self.n_outputs)])
+        with self.busy:
+            finished: queue.SimpleQueue = queue.SimpleQueue()
+            # the request's buffers are reused: copy the outputs out in the callback
+            self.jobs.set_callback(
+                lambda req, key: finished.put(
+                    (key, [np.array(req.get_output_tensor(i).data, dtype=np.float32) for i in range(self.n_outputs)])
+                )
             )
-        )
-        sent = got = 0
-        for key, batch in batches:
-            self.jobs.start_async({k: batch[k].cpu().numpy() for k in self.names}, key)  # waits for a free stream
-            sent += 1
+            sent = got = 0
+            try:
+                for key, batch in batches:
+                    self.jobs.start_async({k: batch[k].cpu().numpy() for k in self.names}, key)  # waits for a stream
+                    sent += 1
+                    while not finished.empty():
+                        got += 1
+                        yield self._tensors(finished.get())
+            finally:  # also when the caller stops early: nothing still running into the next map's callback
+                self.jobs.wait_all()
             while not finished.empty():
                 got += 1
                 yield self._tensors(finished.get())
-        self.jobs.wait_all()
-        while not finished.empty():
-            got += 1
-            yield self._tensors(finished.get())
-        if got != sent:
-            raise MedrankError(f"OpenVINO returned {got} of {sent} batches")
+            if got != sent:
+                raise MedrankError(f"OpenVINO returned {got} of {sent} batches")
 
     @staticmethod
     def _tensors(done: tuple[K, list[np.ndarray]]) -> tuple[K, list[torch.Tensor]]:
@@ -136,7 +141,7 @@ class OpenVinoModel:
         return key, [torch.from_numpy(o) for o in outputs]
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        return next(iter(self.map([(0, batch)])))[1]
+        return dict(self.map([(0, batch)]))[0]
 
 
 def openvino_model(
