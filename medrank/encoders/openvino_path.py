@@ -90,7 +90,7 @@ class OpenVinoModel:
     ) -> None:
         ov = require_openvino(precision)
         self.names = list(example)
-        threads = max(1, int(threads or torch.get_num_threads()))
+        threads = max(1, int(threads or streams or torch.get_num_threads()))  # default: one per stream
         self.streams = max(1, int(streams or threads))
         with torch.no_grad(), warnings.catch_warnings():
             # the trace fixes Python-level branches (padding, causal) that are constant for these encoders
