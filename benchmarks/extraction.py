@@ -86,7 +86,9 @@ def predict_on_one_stream(ours: CrossEncoder, pairs, precision: str = "openvino-
     saved = dict(ours._openvino_models or {})
     if getattr(ours, "_one_stream", None) is None:
         example = ours._collate(ours._encode(list(pairs[:2])), np.arange(min(2, len(pairs))))
-        ours._one_stream = OpenVinoModel(PairLogitsAndPooled(ours.model.eval()), example, precision, streams=1)
+        ours._one_stream = OpenVinoModel(
+            PairLogitsAndPooled(ours.model.eval()), example, precision, streams=1, threads=torch.get_num_threads()
+        )
     ours._openvino_models = {**saved, precision: (_weights_version(ours.model), ours._one_stream)}
     try:
         return ours.predict(pairs, batch_size=64, return_embeddings=True, show_progress=False, precision=precision)[0]
