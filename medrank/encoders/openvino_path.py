@@ -4,7 +4,8 @@ The torch module is converted once per weights version (`openvino.convert_model`
 compiled for the CPU at the precision's inference hint; the graph fuses attention and runs oneDNN's AMX / AVX-512
 bf16 kernels. The stage's thread count runs as that many streams of one thread each, with one batch in flight per
 stream (`OpenVinoModel.map`): these encoders' matrices are too small to keep two threads busy on one batch (on 2
-cores 1.2-1.3x one 2-thread stream, benchmarks/results/extraction-openvino-streams-*), and a batch's outputs are
+cores 1.1x one 2-thread stream for the NLI cross-encoder, 1.0-1.3x for the mpnet bi-encoder:
+benchmarks/results/extraction-openvino-streams-*, bienc-streams-*), and a batch's outputs are
 the same bits whichever stream runs it. The same tokenized, length-sorted, padded batches go in as on the torch
 path, and the outputs come back as torch tensors, so pooling and probabilities are computed as before. The
 precision's name is part of each cache namespace (encoders.cache.namespace_name), so a cache written by the torch
@@ -77,8 +78,8 @@ class LastHidden(torch.nn.Module):
 
 class OpenVinoModel:
     """A compiled OpenVINO model of a torch module on `streams` streams sharing `threads` threads (default: one
-    thread per stream, as many as torch's thread count, the stage's explicit choice). `map` runs keyed batches (dicts of int64 tensors), one in flight per stream;
-    calling it runs one batch. Outputs come back as float32 torch tensors."""
+    thread per stream, as many as torch's thread count, the stage's explicit choice). `map` runs keyed batches
+    (dicts of int64 tensors), one in flight per stream; outputs come back as float32 torch tensors."""
 
     def __init__(
         self,
@@ -139,9 +140,6 @@ class OpenVinoModel:
     def _tensors(done: tuple[K, list[np.ndarray]]) -> tuple[K, list[torch.Tensor]]:
         key, outputs = done
         return key, [torch.from_numpy(o) for o in outputs]
-
-    def __call__(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        return dict(self.map([(0, batch)]))[0]
 
 
 def openvino_model(
