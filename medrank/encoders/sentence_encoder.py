@@ -96,9 +96,14 @@ class SentenceEncoder(PrecisionCopies):
             model = self.inference_model(precision)
             run = lambda keyed: ((idx, model(**batch).last_hidden_state) for idx, batch in keyed)
         cast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-        keyed = (((idx, batch["attention_mask"]), batch) for idx, batch in ((idx, collate(idx)) for idx in batches))
+
+        def keyed():  # each batch keyed by where its vectors go and its mask, for the pooling below
+            for idx in batches:
+                batch = collate(idx)
+                yield (idx, batch["attention_mask"]), batch
+
         with torch.inference_mode(), cast:
-            for (idx, t_mask), hidden in run(keyed):
+            for (idx, t_mask), hidden in run(keyed()):
                 m = t_mask.unsqueeze(-1).float()
                 emb = (hidden.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
                 out[idx] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
