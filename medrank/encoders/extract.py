@@ -23,6 +23,7 @@ from medrank.encoders.batching import dedup
 from medrank.encoders.cache import PairCache, existing_precisions, namespace_name, pair_key
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import LocalPool, RayBackend, extract_pairs, pool_extract, ray_extract
+from medrank.encoders.hardware import hardware_precision
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.encoders.openvino_path import is_openvino
 from medrank.core.errors import MedrankError
@@ -57,7 +58,10 @@ def choose_precision(
     kind: str,
     sample_pairs: Sequence[Pair],
 ) -> str:
-    """'auto' reuses the precision of an existing cache for this model (no recompute), else probes."""
+    """'auto' reuses the precision of an existing cache for this model (no recompute), else probes; 'openvino-auto'
+    is the OpenVINO path at the hardware's precision (flags)."""
+    if requested == "openvino-auto":
+        return hardware_precision(encoder.device, requested)
     chosen = requested
     if requested == "auto":
         have = [

@@ -124,8 +124,11 @@ def probe_precision(
     it (benchmarks/extraction.py measures every precision on your machine and says which is fastest)."""
     dev = device if isinstance(device, torch.device) else resolve_device(str(device))
     flags = cpu_flags() if dev.type == "cpu" else []
-    if requested not in ("auto", *PRECISIONS):
-        raise MedrankError(f"precision '{requested}': expected auto, {', '.join(PRECISIONS)}")
+    if requested not in ("auto", "openvino-auto", *PRECISIONS):
+        raise MedrankError(f"precision '{requested}': expected auto, openvino-auto, {', '.join(PRECISIONS)}")
+    if requested == "openvino-auto":
+        choice = openvino_auto(dev)
+        return PrecisionReport(str(dev), requested, choice, cpu_flags=flags, reason=f"requested: {choice} by the flags")
     if requested != "auto":
         if requested not in ("fp32", "bf16") and dev.type != "cpu":
             raise MedrankError(f"precision {requested} runs on CPU only")
@@ -166,13 +169,25 @@ def hardware_precision(device: str | torch.device, requested: str = "auto") -> s
     """fp32 or bf16: a requested one, or ('auto') bf16 where its flags say `device` computes it faster than fp32
     (`bf16_faster`), else fp32. Decided by the hardware, never by a timing inside a stage: load on shared cores flipped
     timed choices, and every stage downstream followed the flip. The choice is recorded in each stage's metrics."""
-    if requested not in ("auto", "fp32", "bf16", "openvino-bf16", "openvino-fp32"):
-        raise MedrankError(f"precision '{requested}': expected auto, fp32, bf16, openvino-bf16 or openvino-fp32")
+    if requested not in ("auto", "fp32", "bf16", "openvino-auto", "openvino-bf16", "openvino-fp32"):
+        raise MedrankError(
+            f"precision '{requested}': expected auto, fp32, bf16, openvino-auto, openvino-bf16 or openvino-fp32"
+        )
+    if requested == "openvino-auto":
+        return openvino_auto(device)
     if requested != "auto":
         if requested.startswith("openvino") and torch.device(str(device)).type != "cpu":
             raise MedrankError(f"precision {requested} runs on CPU only")
         return requested
     return "bf16" if bf16_faster(device) else "fp32"
+
+
+def openvino_auto(device: str | torch.device) -> str:
+    """'openvino-auto': the OpenVINO path at the hardware's precision on a CPU (openvino-bf16 where `bf16_faster` by
+    its flags, else openvino-fp32); on a GPU, where OpenVINO does not run, torch's 'auto' choice."""
+    dev = device if isinstance(device, torch.device) else torch.device(str(device))
+    torch_choice = "bf16" if bf16_faster(dev) else "fp32"
+    return f"openvino-{torch_choice}" if dev.type == "cpu" else torch_choice
 
 
 def pick_precision(device: str | torch.device, requested: str = "auto", **probe_kw: Any) -> str:

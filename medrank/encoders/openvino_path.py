@@ -41,7 +41,7 @@ def require_openvino(precision: str):
     except ImportError:
         raise MedrankError(
             f"precision {precision} needs the OpenVINO runtime, which is not installed: "
-            "pip install 'medrank[openvino]' (or choose fp32 / bf16)"
+            "pip install openvino (or choose fp32 / bf16)"
         ) from None
     return openvino
 

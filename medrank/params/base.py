@@ -101,19 +101,22 @@ def _openvino_installed(precision: str) -> str:
 
     if precision.startswith("openvino") and importlib.util.find_spec("openvino") is None:
         raise ValueError(
-            f"precision {precision} needs the OpenVINO runtime (pip install -e '.[openvino]'), which is not installed"
+            f"precision {precision} needs the OpenVINO runtime (pip install openvino), which is not installed"
         )
     return precision
 
 
 # Inference precision of an encoder: torch's kernels (fp32, bf16 autocast, int8 dynamic quantization) or the OpenVINO
-# path's (medrank.encoders.openvino_path); auto = the hardware's torch choice (flags, never a timing), never OpenVINO.
+# path's (medrank.encoders.openvino_path); auto = the hardware's torch choice (flags, never a timing), never OpenVINO;
+# openvino-auto = the OpenVINO path at the hardware's precision on a CPU (torch's auto on a GPU).
 # The name is part of every cache namespace, so each path keeps its own cached scores.
 PredictPrecision = Annotated[  # cross-encoders
-    Literal["auto", "fp32", "bf16", "int8", "openvino-bf16", "openvino-fp32"], AfterValidator(_openvino_installed)
+    Literal["auto", "fp32", "bf16", "int8", "openvino-auto", "openvino-bf16", "openvino-fp32"],
+    AfterValidator(_openvino_installed),
 ]
 EncodePrecision = Annotated[  # bi-encoders
-    Literal["auto", "fp32", "bf16", "openvino-bf16", "openvino-fp32"], AfterValidator(_openvino_installed)
+    Literal["auto", "fp32", "bf16", "openvino-auto", "openvino-bf16", "openvino-fp32"],
+    AfterValidator(_openvino_installed),
 ]
 
 

@@ -489,7 +489,7 @@ def test_hardware_precision_is_the_hardware_not_a_timing(monkeypatch):
     monkeypatch.setattr(hardware, "native_bf16", lambda device: False)
     assert hardware.hardware_precision("cpu") == "fp32"
     with pytest.raises(
-        MedrankError, match="precision 'int8': expected auto, fp32, bf16, openvino-bf16 or openvino-fp32"
+        MedrankError, match="precision .int8.: expected auto, fp32, bf16, openvino-auto, openvino-bf16 or openvino-fp32"
     ):
         hardware.hardware_precision("cpu", "int8")
 

@@ -81,6 +81,23 @@ def test_the_runtime_is_part_of_the_cache_namespace_and_auto_never_picks_it(tmp_
     assert choose_precision(nli, "auto", tmp_path, "nli", PAIRS) in ("fp32", "bf16")
 
 
+def test_openvino_auto_is_the_hardware_precision_on_the_openvino_path(monkeypatch, tmp_path, nli, tiny_base):
+    """openvino-auto: openvino-bf16 where bf16 is faster by the CPU's flags, else openvino-fp32; torch's auto choice
+    on a GPU (OpenVINO runs on the CPU only). The cache namespace is the resolved name, never "openvino-auto"."""
+    import torch
+
+    from medrank.encoders import hardware
+
+    for fast, want in [(True, "openvino-bf16"), (False, "openvino-fp32")]:
+        monkeypatch.setattr(hardware, "bf16_faster", lambda _dev, fast=fast: fast)
+        assert hardware.hardware_precision("cpu", "openvino-auto") == want
+        assert hardware.probe_precision("cpu", "openvino-auto").choice == want
+        assert choose_precision(nli, "openvino-auto", tmp_path, "nli", PAIRS) == want
+        assert hardware.hardware_precision(torch.device("cuda"), "openvino-auto") == ("bf16" if fast else "fp32")
+    ce = CrossEncoder.from_base(str(tiny_base), 3, 48, device="cpu", precision="openvino-auto")
+    assert ce.resolve_precision(PAIRS) == "openvino-fp32"
+
+
 def test_a_missing_runtime_is_one_error_line(monkeypatch, tiny_base):
     real_import = builtins.__import__
 
@@ -91,7 +108,9 @@ def test_a_missing_runtime_is_one_error_line(monkeypatch, tiny_base):
 
     monkeypatch.setattr(builtins, "__import__", no_openvino)
     fresh = CrossEncoder.from_base(str(tiny_base), 3, 48, device="cpu", precision="fp32")
-    with pytest.raises(MedrankError, match=r"^precision openvino-bf16 needs the OpenVINO runtime.*medrank\[openvino\]"):
+    with pytest.raises(
+        MedrankError, match=r"^precision openvino-bf16 needs the OpenVINO runtime.*pip install openvino"
+    ):
         fresh.predict(PAIRS, precision="openvino-bf16", show_progress=False)
 
 
