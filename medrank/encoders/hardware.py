@@ -186,7 +186,7 @@ def openvino_auto(device: str | torch.device) -> str:
     """'openvino-auto': the OpenVINO path at the hardware's precision on a CPU (openvino-bf16 where `bf16_faster` by
     its flags, else openvino-fp32); on a GPU, where OpenVINO does not run, torch's 'auto' choice."""
     dev = device if isinstance(device, torch.device) else torch.device(str(device))
-    torch_choice = "bf16" if bf16_faster(dev) else "fp32"
+    torch_choice = hardware_precision(dev)
     return f"openvino-{torch_choice}" if dev.type == "cpu" else torch_choice
 
 

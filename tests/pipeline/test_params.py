@@ -501,3 +501,15 @@ def test_the_params_file_is_size_checked_before_it_is_read(tmp_path, kind):
     msg = str(e.value)
     assert msg.startswith(f"{p}: ") and "\n" not in msg
     assert ("at most 1 MiB" in msg) if kind != "folder" else ("cannot be read as a params file" in msg)
+
+
+def test_the_locked_params_schema_is_the_one_the_code_writes():
+    """dvc.lock's data/params_schema.json is what stage check_params writes from today's medrank/params: a schema change
+    locked with `dvc commit -f` instead of a run of check_params would make a fresh clone's repro differ from the lock."""
+    import hashlib
+    import json
+
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text())["stages"]["check_params"]["outs"]
+    (out,) = [o for o in lock if o["path"] == "data/params_schema.json"]
+    text = json.dumps(Params.model_json_schema(), indent=1, sort_keys=True) + "\n"
+    assert hashlib.md5(text.encode()).hexdigest() == out["md5"], "re-run check_params: dvc repro -f -s check_params"
