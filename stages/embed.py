@@ -11,7 +11,7 @@ import time
 from medrank.core import layout
 from medrank.encoders.runtime import set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
-from medrank.encoders.distributed import extraction_backend
+from medrank.encoders.distributed import extraction_backend, forked_workers
 from medrank.task3.grids import NLI_GRID, candidate_answers, grid_metrics, precision_check
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.serving.steps.grid_step import GridStep
@@ -42,7 +42,7 @@ def main(params_path: str = "params.yaml") -> None:
         check,
         ep,
         threads=model.threads or threads,
-        workers=getattr(backend, "workers", None),  # backend local: processes of 1 thread each (only with >= 2 shards)
+        workers=forked_workers(backend, grids.precision),
         seconds=round(time.perf_counter() - t0, 2),
     )
     write_json(layout.metrics_file("embed"), metrics)

@@ -13,7 +13,7 @@ import time
 from medrank.core import layout
 from medrank.encoders.runtime import set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
-from medrank.encoders.distributed import extraction_backend
+from medrank.encoders.distributed import extraction_backend, forked_workers
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.serving.steps.retrieve_step import RetrieveStep
 from medrank.params import load_params
@@ -48,7 +48,7 @@ def main(params_path: str = "params.yaml") -> None:
         qrels=read_parquet(layout.CLEAN_LIVEQA_QRELS),
         judged_questions=read_parquet(layout.CLEAN_LIVEQA_QUESTIONS),
         threads=threads,
-        workers=getattr(backend, "workers", None),
+        workers=forked_workers(backend, scored.precision),
         seconds_total=time.perf_counter() - t0,
     )
     write_json(layout.metrics_file("retrieve"), metrics)

@@ -8,7 +8,8 @@ everything downstream, is the in-process path's (tests/encoders/test_embed_cache
 1.5x from 1 to 2 threads in one process (its small GEMMs and the attention, LayerNorm and GELU between them do not
 split well), yet on the 2-core development machine two one-thread processes computed only 3-6% more pairs/s than one
 two-thread process (retrieve 246 -> 262, embed 241 -> 247). A batch's outputs do not depend on the thread count, so
-the bits are the in-process path's (tests/encoders/test_embed_cache.py) whatever the number of cores.
+the bits are the in-process path's (tests/encoders/test_embed_cache.py) whatever the number of cores. The OpenVINO
+precisions never fork: one compiled model runs as many one-thread streams as torch has threads, in this process.
 
 `RayBackend`: each actor loads the saved model from its folder (weights verified against the driver's fingerprint),
 computes whole shards with the local batch size, and the driver writes the results into the same content-addressed
@@ -72,6 +73,14 @@ def extraction_backend(backend: str, ray: Any, workers: int | str) -> "LocalPool
     return LocalPool(max(1, int(workers)))
 
 
+def forked_workers(backend: "LocalPool | RayBackend", precision: str) -> int | None:
+    """What metrics report as `workers`: a LocalPool's processes on the torch path (each of 1 thread, used with >= 2
+    shards); None on the OpenVINO path (its streams run in one process, `runtime.openvino_streams`) and on Ray."""
+    from medrank.encoders.openvino_path import is_openvino
+
+    return None if is_openvino(precision) else getattr(backend, "workers", None)
+
+
 _POOL_STATE: dict = {}  # the forked workers' view of the encoder and shards (set before the fork: shared, not pickled)
 
 
@@ -93,8 +102,12 @@ def pool_extract(
 ) -> None:
     """Compute each (keys, pairs) shard and `put(keys, arrays)` its result, in shard order: on `pool.workers` forked
     processes when there are several shards on a CPU, else here (the caller's threads)."""
+    from medrank.encoders.openvino_path import is_openvino
+
     workers = min(pool.workers, len(shards))
-    if workers <= 1 or encoder.device.type != "cpu":  # CUDA cannot be forked; one shard needs no second process
+    # CUDA cannot be forked; one shard needs no second process; the OpenVINO path runs its own streams (one thread
+    # each) in this process: forked one-stream copies would each convert the model again and gain nothing
+    if workers <= 1 or encoder.device.type != "cpu" or is_openvino(precision):
         for keys, pairs in shards:
             put(keys, extract_pairs(encoder, pairs, precision, batch_size))
         return

@@ -81,6 +81,38 @@ def test_the_runtime_is_part_of_the_cache_namespace_and_auto_never_picks_it(tmp_
     assert choose_precision(nli, "auto", tmp_path, "nli", PAIRS) in ("fp32", "bf16")
 
 
+def test_a_local_pool_runs_the_openvino_path_in_this_process(tmp_path, nli, monkeypatch):
+    """Forked workers would each convert the model again for one stream: the OpenVINO path computes every shard in
+    this process (its streams are the parallelism), with the bits of no pool at all."""
+    from medrank.core import forking
+    from medrank.encoders.distributed import LocalPool, forked_workers
+
+    def no_fork(*_a, **_k):
+        raise AssertionError("the OpenVINO path forked")
+
+    monkeypatch.setattr(forking, "fork_pool", no_fork)
+    pairs = [(f"a {i} b", f"c d {i % 3}") for i in range(12)]
+    alone, _ = cached_extract(
+        nli,
+        pairs,
+        open_cache(nli, "nli", tmp_path / "a", "openvino-bf16"),
+        "openvino-bf16",
+        shard_size=4,
+        show_progress=False,
+    )
+    pooled, stats = cached_extract(
+        nli,
+        pairs,
+        open_cache(nli, "nli", tmp_path / "b", "openvino-bf16"),
+        "openvino-bf16",
+        shard_size=4,
+        show_progress=False,
+        backend=LocalPool(2),
+    )
+    assert stats.computed == 12 and all(np.array_equal(alone[k], pooled[k]) for k in alone)
+    assert forked_workers(LocalPool(2), "openvino-bf16") is None and forked_workers(LocalPool(2), "bf16") == 2
+
+
 def test_openvino_auto_is_the_hardware_precision_on_the_openvino_path(monkeypatch, tmp_path, nli, tiny_base):
     """openvino-auto: openvino-bf16 where bf16 is faster by the CPU's flags, else openvino-fp32; torch's auto choice
     on a GPU (OpenVINO runs on the CPU only). The cache namespace is the resolved name, never "openvino-auto"."""
