@@ -240,6 +240,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="slices the methods take turns on")
     ap.add_argument("--repeats", type=int, default=2, help="tries per method and slice; the fastest counts")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument(
+        "--skip-bf16",
+        action="store_true",
+        help="leave out every bf16 recipe: a CPU without bf16 instructions (AVX2) emulates them at ~1 GFLOP/s",
+    )
     ap.add_argument("--device", default="cpu", help="cpu | cuda | auto")
     ap.add_argument(
         "--ray", type=int, default=0, help="also time the cached extraction on a local Ray pool of N actors"
@@ -297,6 +302,8 @@ def main() -> None:
     precs = [chosen] + [p for p in ("fp32", "bf16", "int8") if p != chosen and (p != "int8" or device == "cpu")]
     if device == "cpu" and importlib.util.find_spec("openvino") is not None:  # the OpenVINO path (issue 47)
         precs += ["openvino-bf16", "openvino-fp32"]
+    if args.skip_bf16:
+        precs = [p for p in precs if "bf16" not in p]
     for prec in precs:
         ours.predict(warm, precision=prec, show_progress=False)
 
@@ -346,6 +353,9 @@ def main() -> None:
         old = legacy_int8(ours.model)
         predict_with_int8_model(ours, old, warm)
         methods["    medrank int8, old recipe"] = ("int8", lambda ps: predict_with_int8_model(ours, old, ps))
+    if args.skip_bf16:
+        methods = {k: v for k, v in methods.items() if "bf16" not in v[0]}
+        peers = {k: v for k, v in peers.items() if k in methods}
     # interleaved: each round runs every method on the same slice back to back, so a burst of load from
     # other processes on the shared cores hits all methods alike instead of whichever ran during it
     seconds = {k: 0.0 for k in methods}
