@@ -92,23 +92,13 @@ def test_a_local_pool_runs_the_openvino_path_in_this_process(tmp_path, nli, monk
 
     monkeypatch.setattr(forking, "fork_pool", no_fork)
     pairs = [(f"a {i} b", f"c d {i % 3}") for i in range(12)]
-    alone, _ = cached_extract(
-        nli,
-        pairs,
-        open_cache(nli, "nli", tmp_path / "a", "openvino-bf16"),
-        "openvino-bf16",
-        shard_size=4,
-        show_progress=False,
-    )
-    pooled, stats = cached_extract(
-        nli,
-        pairs,
-        open_cache(nli, "nli", tmp_path / "b", "openvino-bf16"),
-        "openvino-bf16",
-        shard_size=4,
-        show_progress=False,
-        backend=LocalPool(2),
-    )
+
+    def extract(folder: str, backend=None):
+        cache = open_cache(nli, "nli", tmp_path / folder, "openvino-bf16")
+        return cached_extract(nli, pairs, cache, "openvino-bf16", shard_size=4, show_progress=False, backend=backend)
+
+    alone, _ = extract("alone")
+    pooled, stats = extract("pooled", LocalPool(2))
     assert stats.computed == 12 and all(np.array_equal(alone[k], pooled[k]) for k in alone)
     assert forked_workers(LocalPool(2), "openvino-bf16") is None and forked_workers(LocalPool(2), "bf16") == 2
 
