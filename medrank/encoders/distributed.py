@@ -7,7 +7,9 @@ everything downstream, is the in-process path's (tests/encoders/test_embed_cache
 `LocalPool(workers)`: shards on `workers` forked processes, one torch thread each. A MiniLM cross-encoder gains only
 1.5x from 1 to 2 threads in one process (its small GEMMs and the attention, LayerNorm and GELU between them do not
 split well), yet on the 2-core development machine two one-thread processes computed only 3-6% more pairs/s than one
-two-thread process (retrieve 246 -> 262, embed 241 -> 247). A batch's outputs do not depend on the thread count, so
+two-thread process (retrieve 246 -> 262, embed 241 -> 247), and in later side-by-side runs fewer (benchmarks/
+extraction.py's "2 x 1-thread procs" row: 0.92x on the AMX Xeon at bf16, 0.76x on an AVX2-only EPYC at fp32): the
+`workers` choice moves speed only, never the bits. A batch's outputs do not depend on the thread count, so
 the bits are the in-process path's (tests/encoders/test_embed_cache.py) whatever the number of cores. The OpenVINO
 precisions never fork: one compiled model runs as many one-thread streams as torch has threads, in this process.
 

@@ -20,23 +20,19 @@ import sys
 
 import yaml
 
-from tests.helpers.deps import DVC_FILES, REPO
-
-CODE = ("medrank/", "stages/", "analysis/")
+from tests.helpers.deps import DVC_FILES, REPO, is_code
 
 
-def is_code(path: str) -> bool:
-    return path.startswith(CODE) and (path.endswith(".py") or (REPO / path).is_dir())
-
-
-def stale_code_deps(only: list[str] | None = None) -> dict[str, dict[str, list[tuple[dict, dict]]]]:
+def stale_code_deps(
+    only: list[str] | None = None, dvc_files: tuple[str, ...] = DVC_FILES
+) -> dict[str, dict[str, list[tuple[dict, dict]]]]:
     """{lock file: {stage: [(locked entry, today's entry)]}} for the code deps (of `only`, if given) whose hash
     differs."""
     from dvc.repo import Repo
 
     repo = Repo(str(REPO))
     out: dict = {}
-    for dvc_file in DVC_FILES:
+    for dvc_file in dvc_files:
         lock_path = REPO / dvc_file.replace("dvc.yaml", "dvc.lock")
         locked = (yaml.safe_load(lock_path.read_text()) or {}).get("stages", {})
         for stage in repo.index.stages:

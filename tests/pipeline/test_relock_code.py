@@ -1,0 +1,52 @@
+"""tests/helpers/relock_code.py: a code-only change is recorded in the locks without the outputs, and only where
+named; the committed dvc.lock records today's code for every stage of the main pipeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.relock_code import rewrite, stale_code_deps
+
+LOCK = """schema: '2.0'
+stages:
+  embed:
+    cmd: python -m stages.embed
+    deps:
+    - path: medrank/encoders
+      hash: md5
+      md5: aaa.dir
+      size: 10
+      nfiles: 2
+    - path: stages/embed.py
+      hash: md5
+      md5: bbb
+      size: 5
+  score:
+    cmd: python -m stages.score
+    deps:
+    - path: medrank/encoders
+      hash: md5
+      md5: aaa.dir
+      size: 10
+      nfiles: 2
+"""
+
+
+def test_rewrite_changes_the_named_stages_entries_only(tmp_path):
+    lock = tmp_path / "dvc.lock"
+    lock.write_text(LOCK)
+    entry = {"path": "medrank/encoders", "md5": "aaa.dir", "size": 10, "nfiles": 2}
+    rewrite(str(lock), {"embed": [(entry, {"md5": "ccc.dir", "size": 12, "nfiles": 3})]})
+    text = lock.read_text()
+    embed, score = text.split("  score:\n")
+    assert "md5: ccc.dir\n      size: 12\n      nfiles: 3\n" in embed and "md5: bbb\n      size: 5\n" in embed
+    assert score == LOCK.split("  score:\n")[1]  # the same dep of another stage is untouched
+    assert text.count("\n") == LOCK.count("\n")
+
+
+@pytest.mark.checkout
+def test_the_lock_records_todays_code_for_every_pipeline_stage():
+    """A code change that cannot move an output is relocked (`python -m tests.helpers.relock_code <paths>`), one
+    that can is a re-run: either way dvc.lock names today's code (analysis/dvc.lock's stale rows are listed apart)."""
+    stale = stale_code_deps(dvc_files=("dvc.yaml",))
+    assert not stale, f"stale code deps in dvc.lock: {stale}"
