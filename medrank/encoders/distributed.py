@@ -8,10 +8,10 @@ everything downstream, is the in-process path's (tests/encoders/test_embed_cache
 1.5x from 1 to 2 threads in one process (its small GEMMs and the attention, LayerNorm and GELU between them do not
 split well), yet on the 2-core development machine two one-thread processes computed only 3-6% more pairs/s than one
 two-thread process (retrieve 246 -> 262, embed 241 -> 247), and in later side-by-side runs fewer (benchmarks/
-extraction.py's "2 x 1-thread procs" row: 0.92x on the AMX Xeon at bf16, 0.76x on an AVX2-only EPYC at fp32): the
-`workers` choice moves speed only, never the bits. A batch's outputs do not depend on the thread count, so
-the bits are the in-process path's (tests/encoders/test_embed_cache.py) whatever the number of cores. The OpenVINO
-precisions never fork: one compiled model runs as many one-thread streams as torch has threads, in this process.
+extraction.py's "2 x 1-thread procs" row: 0.92x on the AMX Xeon at bf16, 0.76x on an AVX2-only EPYC at fp32).
+A batch's outputs do not depend on the thread count, so the bits are the in-process path's
+(tests/encoders/test_embed_cache.py) whatever the number of cores. The OpenVINO precisions never fork: one compiled
+model runs as many one-thread streams as torch has threads, in this process.
 
 `RayBackend`: each actor loads the saved model from its folder (weights verified against the driver's fingerprint),
 computes whole shards with the local batch size, and the driver writes the results into the same content-addressed

@@ -52,9 +52,14 @@ def stale_code_deps(
 
 def rewrite(lock_path: str, stages: dict[str, list[tuple[dict, dict]]]) -> None:
     """Replace each stale entry's lines inside its stage's block of the lock's text (the file's layout kept)."""
+    from medrank.core.io import write_text
+
     text = open(lock_path).read()
     for name, changes in stages.items():
-        start = re.search(rf"^  {re.escape(name)}:\n", text, re.M).end()
+        head = re.search(rf"^  {re.escape(name)}:\n", text, re.M)
+        if head is None:
+            raise SystemExit(f"{lock_path}: no stage '{name}' to rewrite")
+        start = head.end()
         end = re.search(r"^  \S", text[start:], re.M)
         stop = start + end.start() if end else len(text)
         block = text[start:stop]
@@ -65,7 +70,7 @@ def rewrite(lock_path: str, stages: dict[str, list[tuple[dict, dict]]]) -> None:
                 body = re.sub(rf"^      {key}: .*$", f"      {key}: {value}", body, flags=re.M)
             block = block[: old.start(1)] + body + block[old.end(1) :]
         text = text[:start] + block + text[stop:]
-    open(lock_path, "w").write(text)
+    write_text(lock_path, text)  # temp file, then rename
 
 
 def main() -> None:
