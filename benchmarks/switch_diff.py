@@ -30,8 +30,13 @@ ROWS = [  # (metrics file, system in the noise band, estimate path)
 
 def at(rev: str | None, path: str) -> str:
     if rev is None:
+        if not (REPO / path).is_file():
+            raise SystemExit(f"{path}: missing in the workspace (run the pipeline first)")
         return (REPO / path).read_text()
-    return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True)
+    if shown.returncode != 0:
+        raise SystemExit(f"{rev}:{path}: not in git ({shown.stderr.strip().splitlines()[-1:]})")
+    return shown.stdout
 
 
 def get(d: dict, dotted: str):

@@ -7,29 +7,25 @@ import pytest
 
 from tests.helpers.relock_code import rewrite, stale_code_deps
 
-LOCK = """schema: '2.0'
-stages:
-  embed:
-    cmd: python -m stages.embed
-    deps:
-    - path: medrank/encoders
+ENCODERS = """    - path: medrank/encoders
       hash: md5
       md5: aaa.dir
       size: 10
       nfiles: 2
-    - path: stages/embed.py
+"""  # the same dep in two stages: only the named stage's entry may change
+LOCK = f"""schema: '2.0'
+stages:
+  embed:
+    cmd: python -m stages.embed
+    deps:
+{ENCODERS}    - path: stages/embed.py
       hash: md5
       md5: bbb
       size: 5
   score:
     cmd: python -m stages.score
     deps:
-    - path: medrank/encoders
-      hash: md5
-      md5: aaa.dir
-      size: 10
-      nfiles: 2
-"""
+{ENCODERS}"""
 
 
 def test_rewrite_changes_the_named_stages_entries_only(tmp_path):
