@@ -11,6 +11,8 @@ with --cold also whether the fresh clone rebuilt the committed outputs bit for b
                                                                              # its DVC cache (no full repro)
     python benchmarks/experiment.py --profile default --cold                 # a fresh clone, an empty DVC cache: the
                                                                              # full `dvc repro` (~40 min), then the experiment
+    python benchmarks/experiment.py --paired NEW OLD [--runs 3]              # the experiment from two checkouts with
+                                                                             # outputs, taking turns: median totals
     python benchmarks/experiment.py --queue n_candidates=4 n_candidates=5    # two queued experiments: `dvc queue start
                                                                              # -j 1` vs `-j 2`, each in its own clone
 """
@@ -138,15 +140,15 @@ def scratch_cold(work: Path) -> Path:
     return work
 
 
-def scratch_isolated(work: Path) -> Path:
-    """A clone of this checkout whose DVC cache is a hard-linked copy of this one's (no bytes copied): the clone's
+def scratch_isolated(work: Path, repo: Path = REPO) -> Path:
+    """A clone of `repo` whose DVC cache is a hard-linked copy of its cache (no bytes copied): the clone's
     experiments add objects and run-cache entries to its own copy only, so a second clone does not find them."""
-    subprocess.run(["git", "clone", "-q", str(REPO), str(work)], check=True)
-    source = REPO / ".dvc" / "cache"
-    local = REPO / ".dvc" / "config.local"
+    subprocess.run(["git", "clone", "-q", str(repo), str(work)], check=True)
+    source = repo / ".dvc" / "cache"
+    local = repo / ".dvc" / "config.local"
     if local.is_file():
         got = subprocess.run(
-            [sys.executable, "-m", "dvc", "cache", "dir"], cwd=REPO, capture_output=True, text=True, check=True
+            [sys.executable, "-m", "dvc", "cache", "dir"], cwd=repo, capture_output=True, text=True, check=True
         ).stdout.strip()
         source = Path(got)
     cache = work.parent / f"{work.name}-cache"
@@ -188,6 +190,53 @@ def queue_experiments(overrides: list[str], work_root: Path) -> dict[str, dict]:
     return out
 
 
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").is_file() else "?"
+
+
+def paired_experiments(sources: list[Path], runs: int, overrides: list[str], work_root: Path) -> None:
+    """The same experiment from each source checkout (its committed outputs in its DVC cache), `runs` rounds taking
+    turns, each in a fresh clone with its own cache copy; per-stage seconds, the median total per source, the host's
+    speed around each run, and whether every run left the same output bits (a faster path must not change them)."""
+    args = [a for o in overrides for a in ("-S", o)]
+    rows, outs, notes = [], {}, []
+    for r in range(1, runs + 1):
+        for src in sources:
+            commit = subprocess.run(
+                [*GIT, "rev-parse", "--short", "HEAD"], cwd=src, capture_output=True, text=True, check=True
+            ).stdout.strip()
+            work = work_root / f"run{r}-{commit}"
+            scratch_isolated(work, src)
+            before, load0 = machine_speed(), load()
+            wall, stages = timed_dvc(["exp", "run", *args], work)
+            outs[(r, commit)] = lock_outs((work / "dvc.lock").read_text())
+            notes.append(
+                f"run {r} {commit}: machine speed (1-thread fp32 / bf16 matmul GFLOP/s): before {before}, after "
+                f"{machine_speed()}; load at start/end: {load0} / {load()}"
+            )
+            rows.append((r, commit, stages, wall))
+            print(f"run {r} {commit}: {wall:.1f} s", flush=True)
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(work.parent / f"{work.name}-cache", ignore_errors=True)
+    ran = [st for st in dict.fromkeys(k for _, _, stages, _ in rows for k in stages) if any(x[2].get(st) for x in rows)]
+    print(f"{'run':<6} {'commit':<9}" + "".join(f" {st[:9]:>9}" for st in ran) + f" {'total':>9}")
+    for r, commit, stages, wall in rows:
+        cells = "".join(f" {'-' if stages.get(st) is None else f'{stages[st]:.1f}':>9}" for st in ran)
+        print(f"{r:<6} {commit:<9}{cells} {wall:>9.1f}")
+    by = {}
+    for _, commit, _, wall in rows:
+        by.setdefault(commit, []).append(wall)
+    print("median total: " + ", ".join(f"{c} {sorted(w)[len(w) // 2]:.1f} s ({len(w)} runs)" for c, w in by.items()))
+    print("\n".join(notes))
+    first = next(iter(outs.values()))
+    differ = sorted({k for o in outs.values() for k in rebuilt(first, o)[1]})
+    print(
+        f"outputs after the experiment: {rebuilt(first, first)[0]} compared (metrics, plots, models/mtl and data/cache/ "
+        "hold timings or every namespace: not compared); "
+        + (f"differ between runs: {', '.join(differ)}" if differ else "the same bits in every run")
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", choices=("tiny", "default"), default="tiny")
@@ -208,7 +257,27 @@ def main() -> None:
     ap.add_argument(
         "--queue", nargs="+", metavar="KEY=VALUE", default=None, help="queue one experiment per value; -j 1 vs -j 2"
     )
+    ap.add_argument(
+        "--paired",
+        nargs="+",
+        type=Path,
+        metavar="CHECKOUT",
+        default=None,
+        help="default profile: the experiment from each checkout (outputs in its DVC cache), --runs rounds taking turns",
+    )
+    ap.add_argument("--runs", type=int, default=3, help="--paired: rounds (the median total per checkout)")
     args = ap.parse_args()
+    if args.paired:
+        work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-paired-"))
+        work_root.mkdir(parents=True, exist_ok=True)
+        try:
+            paired_experiments(
+                [s.resolve() for s in args.paired], args.runs, args.overrides or ["n_candidates=5"], work_root
+            )
+        finally:
+            if args.workdir is None:
+                shutil.rmtree(work_root, ignore_errors=True)
+        return
     if args.queue:
         work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-queue-"))
         try:
