@@ -4,16 +4,16 @@
 every backend computes a whole shard with `extract_pairs` (the same length-sorted batches), so the cache content, and
 everything downstream, is the in-process path's (tests/encoders/test_embed_cache.py, test_pipeline_smoke.py).
 
-`LocalPool(workers, threads)`: shards on `workers` forked processes of `threads` torch threads each. A MiniLM
-cross-encoder gains only 1.5x from 1 to 2 threads in one process (its small GEMMs and the attention, LayerNorm and
-GELU between them do not split well), yet two one-thread processes computed fewer pairs/s than one two-thread process
-in side-by-side runs on 2 cores (benchmarks/extraction.py's "2 x 1-thread procs" row: 0.92x on the AMX Xeon at bf16,
-0.76x on an AVX2-only EPYC at fp32), and the stages' paired experiment runs agree (benchmarks/results/
-experiment-default-*-paired-avx2.txt). So `workers: auto` is one process per two cores, each of two threads (on 2
-cores: this process, no fork); wider layouts than 2 cores were not measured here. A batch's outputs do not depend on
-the thread count, so the bits are the in-process path's (tests/encoders/test_embed_cache.py) whatever the layout.
-The OpenVINO precisions never fork: one compiled model runs as many one-thread streams as torch has threads, in this
-process.
+`LocalPool(workers)`: shards on `workers` forked processes, one torch thread each. A MiniLM cross-encoder gains only
+1.5x from 1 to 2 threads in one process (its small GEMMs and the attention, LayerNorm and GELU between them do not
+split well), yet on the 2-core development machine two one-thread processes computed only 3-6% more pairs/s than one
+two-thread process (retrieve 246 -> 262, embed 241 -> 247), and on an AVX2-only EPYC at fp32 embed's exp-run pass
+took 260-282 s on two one-thread processes against 322-333 s in one two-thread process, over three paired runs each
+(benchmarks/results/experiment-default-2026-11-29-paired-avx2.txt; an earlier benchmark row said the other way: it
+gave each worker one shard, the longest pairs all on one).
+A batch's outputs do not depend on the thread count, so the bits are the in-process path's
+(tests/encoders/test_embed_cache.py) whatever the number of cores. The OpenVINO precisions never fork: one compiled
+model runs as many one-thread streams as torch has threads, in this process.
 
 `RayBackend`: each actor loads the saved model from its folder (weights verified against the driver's fingerprint),
 computes whole shards with the local batch size, and the driver writes the results into the same content-addressed
@@ -60,32 +60,26 @@ class RayBackend:
 
 @dataclass(frozen=True)
 class LocalPool:
-    """Shards computed side by side by `workers` forked processes of `threads` torch threads each (CPU only)."""
+    """Shards computed side by side by `workers` forked processes with one torch thread each (CPU only)."""
 
     workers: int
-    threads: int = 1
-
-    @classmethod
-    def on_cores(cls, cores: int, workers: int | str = "auto") -> "LocalPool":
-        """`workers` processes sharing `cores` (auto: one per two cores, the faster layout measured on 2 cores)."""
-        n = max(1, cores // 2) if workers == "auto" else max(1, int(workers))
-        return cls(n, max(1, cores // n))
 
 
 def extraction_backend(backend: str, ray: Any, workers: int | str) -> "LocalPool | RayBackend":
-    """The backend an extraction params section names: `backend: local` with its `workers` sharing the cores this
-    process may use (`LocalPool.on_cores`), or `backend: ray` with its `ray` settings."""
+    """The backend an extraction params section names: `backend: local` with its `workers` (auto = every core this
+    process may use), or `backend: ray` with its `ray` settings."""
     if backend == "ray":
         return RayBackend(
             address=ray.address, actors=ray.actors, cpus_per_actor=ray.cpus_per_actor, gpus_per_actor=ray.gpus_per_actor
         )
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return LocalPool.on_cores(cores, workers)
+    if workers == "auto":
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return LocalPool(max(1, int(workers)))
 
 
 def forked_workers(backend: "LocalPool | RayBackend", precision: str) -> int | None:
-    """What metrics report as `workers`: a LocalPool's processes on the torch path (forked when >= 2, with >= 2
-    shards; 1: this process); None on the OpenVINO path (its streams run in one process, `runtime.openvino_streams`) and on Ray."""
+    """What metrics report as `workers`: a LocalPool's processes on the torch path (each of 1 thread, used with >= 2
+    shards); None on the OpenVINO path (its streams run in one process, `runtime.openvino_streams`) and on Ray."""
     from medrank.encoders.openvino_path import is_openvino
 
     return None if is_openvino(precision) else getattr(backend, "workers", None)
@@ -97,10 +91,8 @@ _POOL_STATE: dict = {}  # the forked workers' view of the encoder and shards (se
 def _pool_shard(i: int) -> tuple[int, dict[str, np.ndarray]]:
     import torch
 
-    encoder, shards, precision, batch_size, threads = (
-        _POOL_STATE[k] for k in ("encoder", "shards", "precision", "batch_size", "threads")
-    )
-    torch.set_num_threads(threads)
+    encoder, shards, precision, batch_size = (_POOL_STATE[k] for k in ("encoder", "shards", "precision", "batch_size"))
+    torch.set_num_threads(1)
     return i, extract_pairs(encoder, shards[i][1], precision, batch_size)
 
 
@@ -127,7 +119,7 @@ def pool_extract(
 
     # a lazily loaded encoder reads its weights here (and makes its copy for `precision`), once, before the fork shares them
     encoder.inference_model(precision)
-    _POOL_STATE.update(encoder=encoder, shards=shards, precision=precision, batch_size=batch_size, threads=pool.threads)
+    _POOL_STATE.update(encoder=encoder, shards=shards, precision=precision, batch_size=batch_size)
     try:
         with fork_pool(workers) as procs:  # workers die with this process
             for i, out in procs.imap(

@@ -35,7 +35,7 @@ MAX_RESAMPLES = 10**6  # bootstrap resamples
 
 PositiveInt = Annotated[int, Field(ge=1)]
 Width = Annotated[int, Field(ge=1, le=MAX_WIDTH)]  # a layer's width
-Workers = Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"]  # processes side by side; "auto": see each field
+Workers = Annotated[int, Field(ge=1, le=MAX_WORKERS)] | Literal["auto"]  # processes side by side; "auto" = every core
 MAX_LIST_BYTES = 64 * 2**20  # a user-supplied word list larger than this is a mistake (a wrong path, /dev/zero, a dump)
 
 

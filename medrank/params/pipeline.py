@@ -241,7 +241,7 @@ class RetrieveParams(_Section):
         default=4096, ge=1, le=MAX_COUNT
     )  # pairs per cache shard (lost work on a kill is < 1 shard)
     backend: Backend = "local"  # where the RQE pairs are computed: here, or a Ray Data actor pool (same cache)
-    workers: Workers = "auto"  # backend local: processes sharing the cores; auto = 1 per 2 cores (same bits)
+    workers: Workers = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
     ray: RayParams = RayParams()
     coverage_thresholds: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
         default_factory=lambda: [0.5, 0.7, 0.9], max_length=1000
@@ -274,7 +274,7 @@ class EmbedParams(_Section):
     )  # sample for max |dp| of the chosen precision vs fp32
     shard_size: int = Field(default=4096, ge=1, le=MAX_COUNT)
     backend: Backend = "local"  # where the NLI grid cells are computed: here, or a Ray Data actor pool (same cache)
-    workers: Workers = "auto"  # backend local: processes sharing the cores; auto = 1 per 2 cores (same bits)
+    workers: Workers = "auto"  # backend local: processes computing shards side by side, 1 thread each (same bits)
     ray: RayParams = RayParams()
     _ray = field_validator("backend")(_ray_installed)
     max_answers_per_question: int | None = Field(default=None, ge=1, le=MAX_COUNT)  # tiny profiles cap it; None = all

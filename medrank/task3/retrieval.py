@@ -354,7 +354,7 @@ def retrieval_metrics(
         "precision": scored.precision,
         "precision_probe": model.precision_report.as_dict() if model.precision_report else None,
         "threads": model.threads or threads,
-        "workers": workers,  # extraction processes (distributed.forked_workers; 1: this process)
+        "workers": workers,  # forked processes of 1 thread each (distributed.forked_workers)
         "runtime": runtime_info(model.device, precision=scored.precision),
         "extract": scored.extract.as_dict(),
         "seconds": {"bm25": round(scored.bm25_seconds, 2), "total": round(seconds_total, 2)},

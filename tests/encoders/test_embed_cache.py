@@ -776,25 +776,9 @@ def test_extraction_backend_from_params():
     from medrank.encoders.distributed import LocalPool, extraction_backend
     from medrank.params import RayParams
 
-    cores = len(os.sched_getaffinity(0))
-    assert extraction_backend("local", RayParams(), 3) == LocalPool(3, max(1, cores // 3))
-    assert extraction_backend("local", RayParams(), "auto") == LocalPool.on_cores(cores)
+    assert extraction_backend("local", RayParams(), 3) == LocalPool(3)
+    assert extraction_backend("local", RayParams(), "auto") == LocalPool(len(os.sched_getaffinity(0)))
     assert extraction_backend("ray", RayParams(actors=4), "auto") == RayBackend(actors=4)
-
-
-def test_auto_workers_are_one_process_per_two_cores_sharing_them():
-    """On 2 cores one two-thread process was faster than two one-thread processes on both CPU kinds measured
-    (benchmarks/results/extraction-*.txt), so auto forks only where there are cores for two-thread processes."""
-    from medrank.encoders.distributed import LocalPool
-
-    assert [LocalPool.on_cores(c) for c in (1, 2, 3, 4, 16)] == [
-        LocalPool(1, 1),
-        LocalPool(1, 2),
-        LocalPool(1, 3),
-        LocalPool(2, 2),
-        LocalPool(8, 2),
-    ]
-    assert LocalPool.on_cores(2, 2) == LocalPool(2, 1) and LocalPool.on_cores(16, 3) == LocalPool(3, 5)
 
 
 def test_ray_backend_needs_a_saved_model_and_the_extra(tmp_path, nli_model, monkeypatch):
