@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import shutil
@@ -191,7 +192,7 @@ def queue_experiments(overrides: list[str], work_root: Path) -> dict[str, dict]:
 
 
 def load() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").is_file() else "?"
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def paired_experiments(sources: list[Path], runs: int, overrides: list[str], work_root: Path) -> None:
@@ -268,6 +269,10 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3, help="--paired: rounds (the median total per checkout)")
     args = ap.parse_args()
     if args.paired:
+        if args.runs < 1:
+            sys.exit(f"--runs: at least 1, got {args.runs}")
+        if bad := [str(s) for s in args.paired if not (s / ".git").exists() or not (s / "dvc.lock").is_file()]:
+            sys.exit(f"--paired: not a checkout with a dvc.lock: {', '.join(bad)}")
         work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-paired-"))
         work_root.mkdir(parents=True, exist_ok=True)
         try:
