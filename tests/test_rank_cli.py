@@ -311,6 +311,40 @@ def test_doctored_decision_is_a_clear_error(workdir, monkeypatch, capsys, tmp_pa
     )
 
 
+@pytest.mark.parametrize("command", ["rank", "serve"])
+@pytest.mark.parametrize(
+    "doctor, says",
+    [
+        (lambda s: s.update(system="bogus"), "system 'bogus'"),
+        (lambda s: s.update(system="baseline"), "system 'baseline' (mtl_weight 1.0 makes 'mtl')"),  # edited alone
+        (lambda s: s.update(mtl_weight=1.5), "mtl_weight 1.5"),
+        (lambda s: s.update(mtl_weight="0"), "mtl_weight '0'"),
+    ],
+)
+def test_a_doctored_system_is_one_line_before_any_port_opens(
+    workdir, monkeypatch, capsys, tmp_path, doctor, says, command
+):
+    """Issue 64: `"system": "bogus"` was a KeyError traceback in `medrank rank`; `medrank serve` opened its port,
+    logged the traceback at warm-up and stayed up, never ready."""
+    from medrank.cli import main
+
+    root = tmp_path / "proj"
+    shutil.copytree(workdir / "models", root / "models")
+    system = json.loads((root / "models" / "system.json").read_text())
+    doctor(system)
+    (root / "models" / "system.json").write_text(json.dumps(system))
+    monkeypatch.chdir(workdir)
+    if command == "serve":
+        import uvicorn
+
+        monkeypatch.setattr(uvicorn, "run", lambda *a, **k: pytest.fail("serve opened its port"))
+    args = [str(FIXTURES / "rank_input.json")] if command == "rank" else ["--port", "8765"]
+    with pytest.raises(SystemExit) as e:
+        main([command, *args, "--models", str(root / "models")])
+    lines = error_lines(capsys.readouterr().err)
+    assert e.value.code == 2 and len(lines) == 1 and says in lines[0], lines
+
+
 def test_rank_command_is_registered():
     from medrank.cli import COMMANDS, build_parser
 

@@ -42,6 +42,8 @@ def _die_with(parent: int) -> None:
         except OSError:
             pass
     _HELD.clear()
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # the stage runner's unwinding handlers are for the parent alone
+        signal.signal(sig, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:

@@ -102,6 +102,13 @@ def metrics_file(name: str) -> Path:
     return METRICS / f"{name}.json"
 
 
+# outputs their stage reads back or swaps in itself (acquire, acquire_models and clean replace all of theirs
+# atomically, the caches grow): the stage runner never moves them aside (medrank.core.stash)
+KEPT_OUTPUTS = frozenset(
+    {RAW, BASE_MODELS, CLEAN, METRICS / "data.json", CACHE_RQE, CACHE_EMBED, CACHE_BIENC, CACHE_PASSAGES}
+)
+
+
 def plots_dir(name: str) -> Path:
     return PLOTS / name
 

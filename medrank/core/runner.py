@@ -30,18 +30,29 @@ def stage_name(main: Callable) -> str | None:
 
 def run(main: Callable[[], object]) -> None:
     """Call `main()`; exit 0 on success, 2 with a single clear line on MedrankError or a full device, 130 on Ctrl-C."""
+    from medrank.core import layout
     from medrank.core.errors import MedrankError
     from medrank.core.io import declared_outputs, sweep_leftovers
+    from medrank.core.stash import keep_last_good, restore
 
     setup_logging()
     flushing = False
     try:
         stage = stage_name(main)
+        if stage and main.__module__ == "__main__":  # a stage process (python -m stages.X), not a caller's test
+            die_with_parent()
         with stage_lock(stage) if stage else contextlib.nullcontext():
-            if stage:  # temp files / staging folders a killed run of this stage left beside or inside its outputs
+            if stage:
                 gate_params(stage)
-                sweep_leftovers(declared_outputs(stage))
-            main()
+                outputs = declared_outputs(stage)
+                stash = stash_dir(stage)
+                restore(stash)  # what a killed run of this stage moved aside: the last good outputs, back first
+                sweep_leftovers(outputs)  # temp files / staging folders a killed run left beside or inside them
+                kept = {p for p in outputs if p in layout.KEPT_OUTPUTS}
+                with keep_last_good(stash, [p for p in outputs if p not in kept]):
+                    main()
+            else:
+                main()
         flushing = True  # stdout is buffered: a full device or a closed pipe shows at this flush, not at the print
         sys.stdout.flush()
     except MedrankError as e:
@@ -63,6 +74,36 @@ def run(main: Callable[[], object]) -> None:
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def stash_dir(stage: str) -> Path:
+    """Where a running stage keeps its last good outputs (medrank.core.stash): beside the stage locks."""
+    return lock_dir().parent / "medrank-stash" / stage
+
+
+def die_with_parent(poll_s: float = 0.5) -> None:
+    """SIGTERM (and SIGHUP) unwind the stage, so its last good outputs go back (a plain SIGTERM would end it with no
+    clean-up), and the stage ends itself once its parent is gone: a `dvc repro` killed outright must not leave an
+    orphan that goes on to rewrite outputs dvc.lock will never record. The parent is polled from a daemon thread
+    (not prctl's PDEATHSIG, which fires when the forking *thread* of the parent ends)."""
+    import signal
+    import threading
+
+    def _unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _unwind)
+    parent, me = os.getppid(), os.getpid()
+
+    def _watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        if os.getpid() == me:
+            print("error: the process that started this stage is gone (killed?): stopping", file=sys.stderr)
+            os.kill(me, signal.SIGTERM)
+
+    threading.Thread(target=_watch, name="medrank-die-with-parent", daemon=True).start()
 
 
 def lock_dir() -> Path:

@@ -575,6 +575,15 @@ def test_bad_params_stop_dvc_repro_before_any_output_is_deleted(tiny_repo, tiny_
             r.stdout[-2000:] + r.stderr[-2000:]
         )
         assert "Running stage 'mtl'" not in r.stdout and before and _md5s(tiny_repo / "models/mtl") == before
+        # issue 64: `dvc repro -s mtl` skips check_params; DVC used to delete the stage's outputs (the uncached
+        # submissions too) before the stage's own gate ran
+        outs = [tiny_repo / p for p in ("models/mtl", "data/processed/mtl_predictions.parquet", "submissions")]
+        kept = {p.name: _md5s(p) if p.is_dir() else p.read_bytes() for p in outs}
+        lock = (tiny_repo / "dvc.lock").read_bytes()
+        r = _dvc("repro", "-s", "-f", "mtl", cwd=tiny_repo)
+        assert r.returncode != 0 and "mtl.alpha" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+        assert {p.name: _md5s(p) if p.is_dir() else p.read_bytes() for p in outs} == kept
+        assert (tiny_repo / "dvc.lock").read_bytes() == lock
     finally:
         params_file.write_bytes(saved)
 

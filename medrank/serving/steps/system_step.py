@@ -35,11 +35,18 @@ def read_system(models_dir: str | os.PathLike = layout.MODELS) -> dict:
         raise MedrankError(f"{path}: not a system file written by stage score (no {', '.join(missing)})")
     try:  # the saved decision, checked here: a doctored file stops with one line, not a traceback per question
         from medrank.selection.decision import ORDERS, Keep
+        from medrank.selection.evaluation import system_name
 
         for fit in ("val", "test"):
             Keep.from_json(system["keep"][fit])
         if system["order"] not in ORDERS:
             raise ValueError(f"order {system['order']!r}")
+        weight = system["mtl_weight"]
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 <= weight <= 1:
+            raise ValueError(f"mtl_weight {weight!r} (a number in [0, 1])")
+        expected = system_name(weight)  # the name follows from the weight: either edited alone is refused
+        if system["system"] != expected:
+            raise ValueError(f"system {system['system']!r} (mtl_weight {weight} makes {expected!r})")
     except (KeyError, TypeError, ValueError) as e:
         raise MedrankError(
             f"{path}: the saved keep rule / order is not one stage score writes ({type(e).__name__}: {e})"
