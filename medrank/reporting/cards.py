@@ -146,19 +146,49 @@ def pending_cards(
 ) -> list[tuple[Path, str | None]]:
     """(card file, its new text) for each card that is stale or missing; (file, None) for a generated card whose artifact is gone."""
     cards_dir = Path(cards_dir)
+    # `--cards README.md` (or README.md/cards, a dangling link) was a FileExistsError traceback at the first write
+    blocker = next((p for p in (cards_dir, *cards_dir.parents) if p.exists() or p.is_symlink()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = "a file" if blocker == cards_dir else f"{blocker} is a file"
+        raise MedrankError(f"{cards_dir}: {where}, not a model-cards folder {_DEFAULT}")
     wanted = {cards_dir / name: text for name, text in render_cards(repo_root, metrics_dir).items()}
     for p in wanted:  # `--cards .` would overwrite the README with the card index: only our own files are rewritten
-        if p.exists() and (not p.is_file() or MARK not in p.read_text(encoding="utf-8", errors="replace")):
+        if p.exists() and not _generated(p):
             raise MedrankError(
-                f"{p}: not a generated model card (no `{MARK}` line): {cards_dir} is not a model-cards folder "
-                f"(default {CARDS_DIR} beside the README); nothing written"
+                f"{p}: not a generated model card (no `{MARK}` line): {cards_dir} is not a model-cards folder {_DEFAULT}"
             )
+    _check_cards_content(cards_dir)
     out: list[tuple[Path, str | None]] = [
         (p, t)
         for p, t in wanted.items()
         if not p.is_file() or p.read_bytes() != t.encode("utf-8")  # a stray byte: stale
     ]
     for p in sorted(cards_dir.glob("*.md")) if cards_dir.is_dir() else []:
-        if p not in wanted and MARK in p.read_text(encoding="utf-8", errors="replace"):
+        if p not in wanted and _generated(p):
             out.append((p, None))
     return out
+
+
+_DEFAULT = f"(default {CARDS_DIR} beside the README); nothing written"
+
+
+def _generated(p: Path) -> bool:
+    return p.is_file() and MARK in p.read_text(encoding="utf-8", errors="replace")
+
+
+def _check_cards_content(cards_dir: Path) -> None:
+    """A cards folder holds our cards and hand-written notes (*.md) beside them, or nothing yet. The guard above sees
+    only the files it would overwrite, which `docs/` and `metrics/` lack: five cards went in among their files."""
+    if not cards_dir.is_dir():
+        return
+    # hidden names are skipped: a killed write's `.<name>.*.tmp`, an editor's swap file
+    entries = sorted(p for p in cards_dir.iterdir() if not p.name.startswith("."))
+    foreign = [p for p in entries if p.suffix != ".md" or not p.is_file()]
+    if foreign:
+        name = foreign[0].name + ("/" if foreign[0].is_dir() else "")
+        raise MedrankError(f"{cards_dir}: holds {name}, not a model card: not a model-cards folder {_DEFAULT}")
+    if entries and not any(_generated(p) for p in entries):
+        raise MedrankError(
+            f"{cards_dir}: no generated model card among its {len(entries)} *.md files (no `{MARK}` line): "
+            f"not a model-cards folder {_DEFAULT}"
+        )

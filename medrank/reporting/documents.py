@@ -82,8 +82,8 @@ def _pending(
     generated card whose artifact left dvc.yaml. Cards: `cards`, else docs/model_cards/ beside the README; the DAG:
     docs/pipeline.md beside the README. `check`: the drift check, blind to the UNCHECKED_BLOCKS."""
 
-    check_metrics_dir(metrics_dir)
     repo = Path(readme).parent
+    check_metrics_dir(metrics_dir, repo)
     out: list[tuple[Path, str | None]] = []
     docs = ((Path(readme), README_BLOCKS), (repo / PIPELINE_DOC, PIPELINE_BLOCKS), (Path(results), RESULTS_BLOCKS))
     for doc, blocks in docs:

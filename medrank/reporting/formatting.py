@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from collections import deque
 from pathlib import Path
@@ -106,7 +107,44 @@ def _tracked(obj, path: Path, key: str):
         return _TrackedDict({k: _tracked(v, path, _join(key, k)) for k, v in obj.items()}, path, key)
     if isinstance(obj, list):
         return _TrackedList([_tracked(v, path, _join(key, i)) for i, v in enumerate(obj)], path, key)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return _NonFinite(obj, path, key)
     return obj
+
+
+class _NonFinite(float):
+    """A NaN or ±Infinity of a metrics file (JSON `NaN`, `Infinity`, `1e999`): a stage may write one where the report
+    shows nothing, so it is refused only where the report formats it, naming the file and the key."""
+
+    __slots__ = ("where",)
+
+    def __new__(cls, value: float, path: Path, key: str) -> "_NonFinite":
+        obj = super().__new__(cls, value)
+        obj.where = (path, key)
+        return obj
+
+    def _refuse(self, *_):
+        path, key = self.where
+        raise MedrankError(
+            f"{path}: {key}: expected a finite number, got {json.dumps(float(self))}; restore it with "
+            f"`git checkout -- {path}` or re-run its stage (`dvc repro`)"
+        )
+
+    # every way a value reaches a table (`{v:.3f}`, str, rounding); repr is left alone for debugging
+    __format__ = __str__ = __round__ = __int__ = __trunc__ = __floor__ = __ceil__ = _refuse
+
+
+def _keeps_where(op: str):
+    def method(self, *other):
+        r = getattr(float, op)(self, *other)
+        return _NonFinite(r, *self.where) if isinstance(r, float) and not math.isfinite(r) else r
+
+    return method
+
+
+# a difference or a mean of a NaN (`{a - b:+.3f}`, `sum(...) / n`) is refused naming the NaN's key, not shown as nan
+for _op in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "neg", "pos", "abs"):
+    setattr(_NonFinite, f"__{_op}__", _keeps_where(f"__{_op}__"))
 
 
 def _is_number(v) -> bool:
@@ -248,15 +286,43 @@ def md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     )
 
 
-def check_metrics_dir(metrics_dir: str | Path) -> None:
-    """A metrics folder to render from: it exists and holds metrics JSON files. A typo (`--metrics-dir metric`) or an
-    empty folder would render every table empty and wipe the tracked documents, so it is refused before any write."""
+METRICS_DIR = Path("metrics")  # where dvc.yaml's stages write them; `--metrics-dir` may name a copy elsewhere
+MAX_NAMED = 10  # missing files named in the one error line
+
+
+def expected_metrics(repo: str | Path) -> list[str]:
+    """File names of the metrics/ files the stages of `repo`'s dvc.yaml write (none without a dvc.yaml)."""
+    stages = load_repo_yaml(Path(repo) / "dvc.yaml").get("stages") or {}
+    bodies = [s.get("do", s) for s in stages.values() if isinstance(s, dict)]  # a foreach stage's: its `do`
+    declared = [m for s in bodies if isinstance(s, dict) for m in s.get("metrics") or []]
+    paths = [Path(m if isinstance(m, str) else next(iter(m))) for m in declared if isinstance(m, (str, dict)) and m]
+    # a templated path (`foreach`, `${item}`) names no one file: not expected by name
+    return sorted({p.name for p in paths if p.parent == METRICS_DIR and "${" not in p.name})
+
+
+def check_metrics_dir(metrics_dir: str | Path, repo: str | Path | None = None) -> None:
+    """A metrics folder to render from: it exists and holds every metrics file `repo`'s dvc.yaml declares. A typo, an
+    empty folder or another folder of JSON files (`models`) rendered every table from nothing and wiped the documents."""
     d = Path(metrics_dir)
     if not d.is_dir():
         raise MedrankError(f"{d}: no such metrics folder (expected the folder of metrics/*.json files, e.g. metrics)")
     if not any(d.glob("*.json")):
         raise MedrankError(
             f"{d}: holds no metrics *.json file (run `dvc repro`, or `dvc pull`, first); nothing written"
+        )
+    # `dvc repro` writes each of these and the report reads each (headline, RESULTS, cards, timings): one missing is a
+    # section gone from the documents. analysis/dvc.yaml's are not required: that pipeline is run apart, and the
+    # report leaves out (or marks "not measured") what it lacks.
+    expected = expected_metrics(repo) if repo is not None else []
+    missing = [name for name in expected if not (d / name).exists()]
+    if missing:
+        named = ", ".join(missing[:MAX_NAMED]) + (
+            f" and {len(missing) - MAX_NAMED} more" if len(missing) > MAX_NAMED else ""
+        )
+        raise MedrankError(
+            f"{d}: not a complete metrics folder: lacks {len(missing)} of the {len(expected)} metrics files "
+            f"{Path(repo) / 'dvc.yaml'} declares ({named}); run their stages (`dvc repro`) or pass the folder they "
+            "write (e.g. metrics); nothing written"
         )
 
 

@@ -20,12 +20,12 @@ COLUMNS = (
 )
 
 
-def _first(flat: dict, keys: tuple[str, ...]) -> float | None:
+def _first(flat: dict, keys: tuple[str, ...]) -> int | float | None:
     """The first positive number under `keys` (0 pairs/s: everything came from a cache, nothing was timed)."""
     for k in keys:
         v = flat.get(k)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-            return float(v)
+            return v  # as read: an Infinity is refused where it is formatted, float() would print it as inf
     return None
 
 

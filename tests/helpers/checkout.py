@@ -1,8 +1,9 @@
 """Which tests read the checkout's own files (README, docs, metrics/, dvc.yaml, dvc.lock, params.yaml, data/,
 models/, or run a command in the checkout): they must carry the `checkout` marker, because the slow set runs exactly
 those again inside the tiny repo after its `dvc repro` (tests/pipeline/test_pipeline_smoke.py). Found from the source:
-`REPO / <path>` outside the code folders, `cwd=REPO`, and `Path("<output folder>/...")` in a module that never
-changes its working folder; a helper's finding counts for every test that calls it."""
+`REPO / <path>` outside the code folders, `cwd=REPO`, `checked_tree(...)` (tests/helpers/committed.py) and
+`Path("<output folder>/...")` in a module that never changes its working folder; a helper's finding counts for every
+test that calls it."""
 
 from __future__ import annotations
 
@@ -39,6 +40,12 @@ def _reads(node: ast.AST, names: set[str], relative: bool) -> list[str]:
                 out.append(ast.unparse(n))
         elif isinstance(n, ast.keyword) and n.arg == "cwd" and isinstance(n.value, ast.Name) and n.value.id in names:
             out.append(f"cwd={n.value.id}")
+        elif (  # tests/helpers/committed.py: the checkout's tree (or its HEAD), unless given another repo
+            isinstance(n, ast.Call)
+            and ast.unparse(n.func).split(".")[-1] == "checked_tree"
+            and not any(k.arg == "repo" for k in n.keywords)
+        ):
+            out.append("checked_tree()")
         elif (
             relative
             and isinstance(n, ast.Call)

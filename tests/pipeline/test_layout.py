@@ -21,6 +21,7 @@ from tests.conftest import REPO
 from tests.helpers.deps import code_deps as _code_deps
 from tests.helpers.deps import is_code as _is_code
 from tests.helpers.checkout import unmarked_checkout_readers
+from tests.helpers.committed import BAND, checked_tree, described
 from tests.helpers.deps import needed_files as _needed_files
 
 # every test here reads the checkout's dvc.yaml / params.yaml / dvc.lock: the slow set runs them again in the tiny repo
@@ -164,27 +165,29 @@ def test_mtl_analysis_stages_declare_the_mtl_section(stage):
     assert declared == {"mtl"}
 
 
-def test_noise_band_is_frozen_and_recorded_for_the_committed_params():
+def test_noise_band_is_frozen_and_recorded_for_the_committed_params(tmp_path):
     """Stage noise_band is frozen (experiments reuse the defaults' band); dvc.lock must record it for the params.yaml
     values of every key it declares, so a change of a default without `python -m stages.noise_band && dvc commit -f noise_band`
-    fails here instead of selecting with a stale band."""
-    stage = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["noise_band"]
+    fails here instead of selecting with a stale band. Read from HEAD after a user's own `dvc repro` of the committed
+    code and params (its data legitimately differs on another CPU kind) that left the band as committed
+    (tests/helpers/committed.py); from the working tree after any edit, or once the band is refreshed."""
+    root = checked_tree(tmp_path, claims=BAND, lock_stages=("noise_band",))
+    refresh = "refresh the band: python -m stages.noise_band && dvc commit -f noise_band" + described(root)
+    stage = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["noise_band"]
     assert stage.get("frozen") is True
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    lock = yaml.safe_load((REPO / "dvc.lock").read_text())["stages"]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     for key in stage["params"]:
         value = params
         for part in key.split("."):
             value = value[part]
         assert lock["noise_band"]["params"]["params.yaml"][key] == value, (
-            f"dvc.lock records noise_band for another {key}: refresh the band"
+            f"dvc.lock records noise_band for another {key}: {refresh}"
         )
     # and on the data the committed defaults read: each data input as the baseline / mtl stage recorded it
     seen = {d["path"]: d["md5"] for name in ("baseline", "mtl") for d in lock[name]["deps"]}
     data = [d for d in lock["noise_band"]["deps"] if d["path"].startswith("data/")]
-    assert data and all(seen[d["path"]] == d["md5"] for d in data), (
-        "noise_band was computed on other data: refresh the band"
-    )
+    assert data and all(seen[d["path"]] == d["md5"] for d in data), f"noise_band was computed on other data: {refresh}"
 
 
 def test_rqe_selection_declares_the_finetune_rqe_keys_it_reads():

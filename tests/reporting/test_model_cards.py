@@ -10,16 +10,21 @@ from medrank.reporting import documents
 from medrank.reporting import stale_docs, update_docs
 from medrank.reporting.card_base import CARDS_DIR, DATASETS, INDEX, NOT_MEASURED, dataset_files
 from medrank.reporting.cards import render_cards
-from tests.conftest import REPO
+from tests.helpers.committed import checked_tree, described
 
 
 @pytest.mark.checkout
-def test_a_current_card_per_artifact():
-    artifacts = yaml.safe_load((REPO / "dvc.yaml").read_text(encoding="utf-8"))["artifacts"]
-    rendered = render_cards(REPO, REPO / "metrics")
+def test_a_current_card_per_artifact(tmp_path):
+    """The cards as rendered from dvc.yaml, dvc.lock and metrics/: the working tree's, or HEAD's after a user's own
+    `dvc repro` of the committed code left the cards as committed (tests/helpers/committed.py)."""
+    root = checked_tree(tmp_path)
+    artifacts = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8"))["artifacts"]
+    rendered = render_cards(root, root / "metrics")
     assert set(rendered) == {INDEX} | {f"{name}.md" for name in artifacts}
     for name, text in rendered.items():
-        assert (REPO / CARDS_DIR / name).read_text(encoding="utf-8") == text, f"{name}: run `medrank report`"
+        assert (root / CARDS_DIR / name).read_text(encoding="utf-8") == text, (
+            f"{name}: run `medrank report`" + described(root)
+        )
     assert all(f"[{name}]({name}.md)" in rendered[INDEX] for name in artifacts)
     for name in artifacts:
         card = rendered[f"{name}.md"]
@@ -201,14 +206,36 @@ def test_an_artifact_added_to_dvc_yaml_gets_a_card(tmp_path, monkeypatch, capsys
         (["--metrics-dir", "{repo}/metric"], "{repo}/metric: no such metrics folder"),
         (["--metrics-dir", "{repo}/empty"], "{repo}/empty: holds no metrics *.json file"),
         (["--cards", "{repo}"], "{repo}/README.md: not a generated model card"),
+        # issue 64 #4: a file was a FileExistsError traceback; docs/ and metrics/ hold none of the files a card would
+        # overwrite, so five cards and an index went in among their files, exit 0
+        pytest.param(
+            ["--cards", "{repo}/README.md"], "{repo}/README.md: a file, not a model-cards folder", id="cards-a-file"
+        ),
+        pytest.param(
+            ["--cards", "{repo}/README.md/cards"],
+            "{repo}/README.md/cards: {repo}/README.md is a file, not a model-cards folder",
+            id="cards-inside-a-file",
+        ),
+        pytest.param(["--cards", "{repo}/docs"], "{repo}/docs: holds model_cards/, not a model card", id="cards-docs"),
+        pytest.param(
+            ["--cards", "{repo}/metrics"], "{repo}/metrics: holds mtl.json, not a model card", id="cards-metrics"
+        ),
+        pytest.param(
+            ["--cards", "{repo}/notes"],
+            "{repo}/notes: no generated model card among its 1 *.md files",
+            id="cards-only-hand-written",
+        ),
     ],
 )
 def test_report_refuses_a_wrong_folder_before_writing_anything(tmp_path, monkeypatch, capsys, extra, message):
-    """A typo in --metrics-dir, an empty metrics folder, or `--cards .` (the README's own folder) used to exit 0 after
-    wiping hundreds of generated lines or overwriting README.md with the card index: one line, exit 2, no file touched."""
+    """A typo in --metrics-dir, an empty metrics folder, or `--cards .` (the README's own folder), `docs` or `metrics`
+    used to exit 0 after wiping hundreds of generated lines or writing the cards among files that are not cards
+    (README.md overwritten with the card index): one line, exit 2, no file touched."""
     monkeypatch.setattr(documents, "render_dag", lambda repo: "graph\n")
     repo = _repo(tmp_path, artifacts={"mtl-reranker": ARTIFACTS["mtl-reranker"]}, stages=STAGES, metrics={"mtl": {}})
     (repo / "empty").mkdir()
+    (repo / "notes").mkdir()
+    (repo / "notes" / "todo.md").write_text("# written by hand\n")
     readme, results = repo / "README.md", repo / "RESULTS.md"
     readme.write_text("# r\n<!-- headline:start -->\n<!-- headline:end -->\n")
     (repo / "docs").mkdir(exist_ok=True)
