@@ -43,7 +43,7 @@ def run(main: Callable[[], object]) -> None:
             die_with_parent()
         with stage_lock(stage) if stage else contextlib.nullcontext():
             if stage:
-                gate_params(stage)
+                seen = gate_params(stage)
                 outputs = declared_outputs(stage)
                 stash = stash_dir(stage)
                 restore(stash)  # what a killed run of this stage moved aside: the last good outputs, back first
@@ -51,6 +51,7 @@ def run(main: Callable[[], object]) -> None:
                 kept = {p for p in outputs if p in layout.KEPT_OUTPUTS}
                 with keep_last_good(stash, [p for p in outputs if p not in kept]):
                     main()
+                    params_unchanged(stage, seen)
             else:
                 main()
         flushing = True  # stdout is buffered: a full device or a closed pipe shows at this flush, not at the print
@@ -196,14 +197,35 @@ def _has_open(pid: int, path: Path, own_fd: int) -> bool | None:
     return False
 
 
-def gate_params(stage: str) -> None:
+def gate_params(stage: str) -> bytes | None:
     """The check_params gate again at the stage's own start (`dvc repro -s X` and `python -m stages.X` skip the
-    check_params stage): params.yaml whole, every value the schema bounds, before anything is swept or written."""
+    check_params stage): params.yaml whole, every value the schema bounds, before anything is swept or written. The
+    bytes it checked (None without a params.yaml), for `params_unchanged` at the stage's end."""
     from medrank.core import layout
     from medrank.params import load_params
 
-    if stage != "check_params" and layout.PARAMS_FILE.is_file():
+    if not layout.PARAMS_FILE.is_file():
+        return None
+    seen = layout.PARAMS_FILE.read_bytes()
+    if stage != "check_params":
         load_params(layout.PARAMS_FILE)
+    return seen
+
+
+def params_unchanged(stage: str, seen: bytes | None) -> None:
+    """Refuse to end a stage whose params.yaml changed while it ran: DVC would record outputs computed from the old
+    values under the new ones. A second `dvc exp run` in the same workspace does this (DVC applies its `-S` while the
+    first run's stage runs: docs/reliability.md); the stage's last good outputs then go back."""
+    from medrank.core import layout
+    from medrank.core.errors import MedrankError
+
+    now = layout.PARAMS_FILE.read_bytes() if layout.PARAMS_FILE.is_file() else None
+    if now != seen:
+        raise MedrankError(
+            f"params.yaml changed while stage {stage} ran (a second `dvc exp run` in this workspace?): its outputs "
+            "would not match what dvc.lock records, so the last good ones are kept; queue experiments instead "
+            "(`dvc exp run --queue -S ...`, then `dvc queue start`)"
+        )
 
 
 def _fail(message: str) -> None:

@@ -3,6 +3,8 @@ inference recipe `medrank rank` reads back from models/system.json."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 from typing import Literal
@@ -42,6 +44,9 @@ from medrank.params.rankers import (
 
 
 MAX_PARAMS_BYTES = 2**20  # the repository's params.yaml is ~25 KB
+# mappings and lists inside one another, aliases expanded; the repository's params.yaml is 7 deep (the top-level mapping,
+# analysis, nested, variants, a variant, its baseline, features); PyYAML's composer recurses, out of stack at ~500
+MAX_PARAMS_DEPTH = 32
 
 
 class Params(_Section):
@@ -155,6 +160,100 @@ _UniqueKeyLoader.add_implicit_resolver(
 )
 
 
+def _check_depth(path: Path, events) -> None:
+    """Refuse nesting deeper than MAX_PARAMS_DEPTH from the parser's events (a state machine: it does not recurse), aliases
+    counted at the depth of what they stand for, before any reader builds the tree recursively."""
+    heights: dict[str, int] = {}  # anchor: levels of the mapping / list it names
+    stack: list[list] = []  # per open mapping / list: [its anchor, the levels of its deepest child]
+    for ev in events:
+        if isinstance(ev, yaml.CollectionStartEvent):
+            stack.append([ev.anchor, 0])
+            depth = len(stack)
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            anchor, below = stack.pop()
+            if anchor is not None:
+                heights[anchor] = below + 1
+            if stack:
+                stack[-1][1] = max(stack[-1][1], below + 1)
+            continue
+        elif isinstance(ev, yaml.AliasEvent):  # anchors, each a list of the one before, nest without indenting
+            depth = len(stack) + heights.get(ev.anchor, 0)
+            if stack:
+                stack[-1][1] = max(stack[-1][1], heights.get(ev.anchor, 0))
+        else:
+            continue
+        if depth > MAX_PARAMS_DEPTH:
+            raise MedrankError(
+                f"{path}: line {ev.start_mark.line + 1}: mappings and lists nested more than {MAX_PARAMS_DEPTH} deep "
+                "(the repository's params.yaml: 7)"
+            )
+
+
+def _same(a: object, b: object, at: tuple, seen: set) -> tuple | None:
+    """The first place where two readings of a file differ, type included (True is not 1): (key path, a's, b's, whether
+    it is a key); None where they agree. A subtree shared through an alias is compared once."""
+    if (id(a), id(b)) in seen:
+        return None
+    seen.add((id(a), id(b)))
+    if type(a) is not type(b):
+        return at, a, b, False
+    if isinstance(a, dict):
+        keys_a, keys_b = {(type(k), k) for k in a}, {(type(k), k) for k in b}
+        only_a, only_b = [k for k in a if (type(k), k) not in keys_b], [k for k in b if (type(k), k) not in keys_a]
+        if only_a or only_b:  # `on:` is the key True to YAML 1.1
+            return at, only_a[:1], only_b[:1], True
+        return next((d for k in a if (d := _same(a[k], b[k], (*at, k), seen))), None)
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return at, a, b, False
+        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := _same(x, y, (*at, i), seen))), None)
+    if isinstance(a, float) and math.isnan(a) and math.isnan(b):
+        return None  # `.nan` both ways (refused anyway: allow_inf_nan=False)
+    return None if a == b else (at, a, b, False)
+
+
+def _spell(value: object) -> str:
+    """`value` as YAML that every reader reads the same (a string double-quoted)."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else ("-.inf" if value < 0 else ".inf")
+    if isinstance(value, float) and "." not in repr(value):
+        return repr(value).replace("e", ".0e")  # 1e-05: YAML 1.1 wants the dot
+    return json.dumps(value) if isinstance(value, (bool, int, float, type(None))) else repr(value)
+
+
+def _as_dvc_reads(path: Path, text: str, raw: object) -> None:
+    """Refuse a value that YAML 1.1 (PyYAML: this loader, the reports) and YAML 1.2 (ruamel.yaml, as DVC parses params
+    files: dvc/utils/serialize/_yaml.py) read differently, e.g. `010`, `no`, `1:30`: one line naming the key."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        dvc = YAML(typ="safe").load(text)  # DVC's parse_yaml, the same call
+    except YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise MedrankError(f"{path}:{where} not valid YAML as DVC reads it ({problem})") from None
+    diff = _same(raw, dvc, (), set())
+    if diff is None:
+        return
+    at, mine, theirs, is_key = diff
+    key = ".".join(map(str, at)) or "<top level>"
+    if is_key:  # the first key each side has and the other lacks
+        t, m = (_spell(k[0]) if k else "(none)" for k in (theirs, mine))
+        ways = " or ".join(_spell(k) for k in theirs + mine)
+        raise MedrankError(
+            f"{path}: {key}: DVC (YAML 1.2) reads a key {t}, YAML 1.1 readers {m}; write {ways} so both read the same"
+        )
+    ways = " or ".join(dict.fromkeys(_spell(v) for v in (theirs, mine)))
+    raise MedrankError(
+        f"{path}: {key}: DVC (YAML 1.2) reads {_spell(theirs)}, YAML 1.1 readers {_spell(mine)}; "
+        f"write {ways} so both read the same"
+    )
+
+
 def _missing_keys(model: type[BaseModel], raw: dict, prefix: str = "") -> list[str]:
     """Dotted keys of `model` (sections recursed) that `raw` does not spell out."""
     out = []
@@ -186,6 +285,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
                 f"{path}: line {n}: a merge conflict marker ({line.split()[0]}); resolve the conflict first"
             )
     try:
+        _check_depth(path, yaml.parse(text, Loader=yaml.SafeLoader))
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -196,6 +296,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise MedrankError(f"{path}: empty (expected a mapping of sections, e.g. the repository's params.yaml)")
     if not isinstance(raw, dict):
         raise MedrankError(f"{path}: expected a mapping of sections at top level")
+    _as_dvc_reads(path, text, raw)
     try:
         params = Params.model_validate(raw)
     except ValidationError as e:

@@ -150,6 +150,8 @@ def main():
     Path("built/m/w.bin").write_text(mode)
     if mode == "refuse":
         raise MedrankError("models/in.bin: not a model folder")
+    if mode == "params":  # what a second `dvc exp run -S` in this workspace does while this stage runs
+        Path("params.yaml").write_text(Path("params.yaml").read_text().replace("seed: 13", "seed: 14"))
     if mode == "sleep":
         Path("sleeping").write_text("")
         time.sleep(60)
@@ -222,6 +224,19 @@ def test_bad_params_a_refused_input_or_an_error_keep_the_last_good_outputs(tmp_p
         assert r.returncode != 0, r.stdout
         assert _last_good(work) == good, mode
     assert not (work / ".dvc/tmp/medrank-stash/fake").exists()
+
+
+@pytest.mark.skipif(shutil.which("dvc") is None, reason="dvc not installed")
+def test_params_changed_while_the_stage_ran_keep_the_last_good_outputs(tmp_path):
+    """Two `dvc exp run` in one workspace: DVC writes the second run's `-S` into params.yaml while the first run's
+    stage runs (it gives up its repo lock during a stage command), and then locked outputs of the old values under the
+    new ones. The stage now refuses to end on a params.yaml other than the one its gate read."""
+    work, dvc = _dvc_project(tmp_path)
+    good = _last_good(work)
+    (work / "mode").write_text("params")
+    r = dvc("repro", "-s", "fake")
+    assert r.returncode != 0 and [ln for ln in error_lines(r.stderr) if "params.yaml changed while stage fake" in ln]
+    assert _last_good(work) == good
 
 
 def _wait_for(path: Path, timeout_s: float) -> bool:

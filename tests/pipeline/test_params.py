@@ -1,4 +1,5 @@
 import copy
+import json
 import os
 import re
 from pathlib import Path
@@ -513,3 +514,139 @@ def test_the_locked_params_schema_is_the_one_the_code_writes():
     (out,) = [o for o in lock if o["path"] == "data/params_schema.json"]
     text = json.dumps(Params.model_json_schema(), indent=1, sort_keys=True) + "\n"
     assert hashlib.md5(text.encode()).hexdigest() == out["md5"], "re-run check_params: dvc repro -f -s check_params"
+
+
+# ---------------------------------------------------------------- nesting depth, and YAML 1.1 vs 1.2 (issue 64 #6)
+
+
+def _nested(depth: int, style: str) -> str:
+    """A key `deep` holding `depth` mappings / lists one inside another (with the top-level mapping: depth + 1)."""
+    if style == "flow":
+        return "deep: " + "[" * depth + "]" * depth + "\n"
+    if style == "block":
+        return "deep:\n" + "".join("  " * (i + 1) + f"k{i}:\n" for i in range(depth - 1)) + "  " * depth + "v: 1\n"
+    # aliases: each anchor a list of the one before, at most 3 deep as written
+    return "deep:\n  a1: &a1 [1]\n" + "".join(f"  a{i}: &a{i} [*a{i - 1}]\n" for i in range(2, depth)) + "\n"
+
+
+PARAMS_TEXT = (REPO / "params.yaml").read_text()
+
+
+@pytest.mark.parametrize("style", ["flow", "block", "aliases"])
+def test_a_params_file_nested_500_deep_is_one_line(tmp_path, style):
+    """Nested 500 deep, params.yaml was a RecursionError traceback of ~3,000 lines (PyYAML's composer recurses)."""
+    p = write(tmp_path, PARAMS_TEXT + _nested(500, style))
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    assert re.fullmatch(
+        rf"{re.escape(str(p))}: line \d+: mappings and lists nested more than 32 deep \(.*\)", str(e.value)
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(depth=st.integers(1, 700), style=st.sampled_from(["flow", "block", "aliases"]))
+def test_any_nesting_depth_is_one_line(tmp_path_factory, depth, style):
+    """Up to the bound the file is read (the key is then unknown); beyond, refused by depth; never a traceback."""
+    p = write(tmp_path_factory.mktemp("params"), PARAMS_TEXT + _nested(depth, style))
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    deep = depth + 1 > 32  # the top-level mapping is a level
+    assert ("nested more than 32 deep" in str(e.value)) is deep and ("unknown key 'deep'" in str(e.value)) is not deep
+
+
+def test_check_params_exits_2_with_one_line_on_a_deep_file(tmp_path):
+    write(tmp_path, PARAMS_TEXT + _nested(600, "flow"))
+    r = run_module("stages.check_params", cwd=tmp_path)
+    assert r.returncode == 2 and error_lines(r.stderr) == [
+        f"error: params.yaml: line {PARAMS_TEXT.count(chr(10)) + 1}: mappings and lists nested more than 32 deep "
+        "(the repository's params.yaml: 7)"
+    ], r.stderr[-2000:]
+    assert not (tmp_path / "data").exists()
+
+
+def _spelled(key: str, spelling: str) -> str:
+    """The repository's params with `key` written as `spelling`, unquoted."""
+    return yaml.safe_dump(_with(REPO_PARAMS, key, "@V@")).replace("'@V@'", spelling)
+
+
+@pytest.mark.parametrize(
+    "key, spelling, dvc, pyyaml",
+    [
+        ("seed", "010", "10", "8"),  # YAML 1.1: octal
+        ("seed", "-010", "-10", "-8"),
+        ("seed", "09", "9", '"09"'),  # not octal: a string to YAML 1.1
+        ("seed", "0o15", "13", '"0o15"'),  # YAML 1.2's octal
+        ("seed", "1:30", '"1:30"', "90"),  # YAML 1.1: sexagesimal
+        ("n_candidates", "1:05", '"1:05"', "65"),
+        ("mtl.lr", "1:00.5", '"1:00.5"', "60.5"),
+        ("mtl.lr", "+.5", "0.5", '"+.5"'),
+        ("acquire.download", "no", '"no"', "false"),  # YAML 1.1: yes/no/on/off are booleans
+        ("acquire.download", "Yes", '"Yes"', "true"),
+        ("mtl.augment", "ON", '"ON"', "true"),
+        ("cnn.w2v_medquad", "off", '"off"', "false"),
+    ],
+)
+def test_a_value_yaml_1_1_and_dvc_read_differently_is_refused_naming_the_key(tmp_path, key, spelling, dvc, pyyaml):
+    """medrank read `seed: 010` as 8 and DVC as 10, `acquire.download: no` as false and DVC as "no", `seed: 1:30` as 90
+    and DVC as "1:30": the stages ran with a value DVC does not record. Now one line naming the key."""
+    from dvc.utils.serialize import parse_yaml
+
+    text = _spelled(key, spelling)
+    got = parse_yaml(text, "params.yaml")
+    for k in key.split("."):
+        got = got[k]
+    assert (got, type(got)) == (json.loads(dvc), type(json.loads(dvc)))  # the premise: what DVC itself reads
+    with pytest.raises(MedrankError) as e:
+        load_params(write(tmp_path, text))
+    assert str(e.value) == (
+        f"{tmp_path / 'params.yaml'}: {key}: DVC (YAML 1.2) reads {dvc}, YAML 1.1 readers {pyyaml}; "
+        f"write {dvc} or {pyyaml} so both read the same"
+    )
+
+
+def test_a_key_yaml_1_1_reads_as_a_boolean_is_refused_naming_it(tmp_path):
+    """`on:` is the key True to YAML 1.1, "on" to DVC."""
+    p = write(tmp_path, PARAMS_TEXT.replace("chiqa: {}", "chiqa: {on: 1}"))
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    assert str(e.value) == (
+        f'{p}: chiqa: DVC (YAML 1.2) reads a key "on", YAML 1.1 readers true; write "on" or true so both read the same'
+    )
+
+
+INT_KEYS = sorted(k for k, v in LEAVES.items() if type(v) is int and v > 0)
+BOOL_KEYS = sorted(k for k, v in LEAVES.items() if type(v) is bool)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_every_yaml_1_1_only_int_or_bool_spelling_is_refused_naming_the_key(tmp_path_factory, data):
+    """Any int key with leading zeros (octal or a string to YAML 1.1, decimal to DVC: refused unless both read the same
+    number, as 04 is), any bool key as yes / no / on / off in any case (booleans to YAML 1.1, strings to DVC)."""
+    kind = data.draw(st.sampled_from(["int", "bool"]))
+    if kind == "int":
+        key = data.draw(st.sampled_from(INT_KEYS))
+        spelling, dvc = "0" * data.draw(st.integers(1, 3)) + str(LEAVES[key]), str(LEAVES[key])
+    else:
+        key = data.draw(st.sampled_from(BOOL_KEYS))
+        word = data.draw(st.sampled_from(["yes", "no", "on", "off"]))
+        spelling = data.draw(st.sampled_from([word, word.upper(), word.capitalize()]))
+        dvc = f'"{spelling}"'
+    p = write(tmp_path_factory.mktemp("params"), _spelled(key, spelling))
+    if kind == "int" and LEAVES[key] < 8:  # one octal digit: the same number both ways
+        got = load_params(p)
+        for k in key.split("."):
+            got = getattr(got, k)
+        assert got == LEAVES[key]
+        return
+    with pytest.raises(MedrankError) as e:
+        load_params(p)
+    assert str(e.value).startswith(f"{p}: {key}: DVC (YAML 1.2) reads {dvc}, YAML 1.1 readers ")
+
+
+def test_what_medrank_reads_is_what_dvc_reads(tmp_path):
+    """The repository's params (and every file the gate passes): the same Params from DVC's own reading of the file."""
+    from dvc.utils.serialize import parse_yaml
+
+    for text in (PARAMS_TEXT, _spelled("seed", "0x0d"), _spelled("mtl.lr", "1e-3"), _spelled("seed", "1_3")):
+        assert load_params(write(tmp_path, text)) == Params.model_validate(parse_yaml(text, "params.yaml"))
