@@ -234,10 +234,9 @@ def cached_sentence_embeddings(
         step = shard_size or max(len(todo), 1)
         for s in range(0, len(todo), step):
             chunk = todo[s : s + step]
-            emb = bi.encode([unique[i] for i in chunk], precision, batch_size)
+            emb = bi.encode([unique[i] for i in chunk], precision, batch_size, progress=bar.update)  # per batch
             cache.put([keys[i] for i in chunk], {"emb": emb.astype(dtype)})
             stats.computed += len(chunk)
-            bar.update(len(chunk))
     stats.seconds = round(time.perf_counter() - t0, 2)
     stats.pairs_per_s = round(stats.computed / stats.seconds, 1) if stats.computed and stats.seconds > 0 else 0.0
     if not keys:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -68,8 +68,15 @@ class SentenceEncoder(PrecisionCopies):
             model = AutoModel.from_pretrained(str(self.path), use_safetensors=True)
         self._model = model.float().to(self.device).eval()
 
-    def encode(self, texts: Sequence[str], precision: str = "fp32", batch_size: int = 128) -> np.ndarray:
-        """(n, H) float32 unit vectors, in input order; length-sorted batches under inference_mode."""
+    def encode(
+        self,
+        texts: Sequence[str],
+        precision: str = "fp32",
+        batch_size: int = 128,
+        progress: Callable[[int], object] | None = None,
+    ) -> np.ndarray:
+        """(n, H) float32 unit vectors, in input order; length-sorted batches under inference_mode. `progress(k)` is
+        called as each batch of k texts is done (a tqdm bar's update: the callers' shards can be minutes long)."""
         out = np.zeros((len(texts), self.hidden), dtype=np.float32)
         if not texts:
             return out
@@ -107,6 +114,8 @@ class SentenceEncoder(PrecisionCopies):
                 m = t_mask.unsqueeze(-1).float()
                 emb = (hidden.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
                 out[idx] = torch.nn.functional.normalize(emb, dim=-1).cpu().numpy()
+                if progress is not None:
+                    progress(len(idx))
         return out
 
     # ------------------------------------------------------------------ fine-tuning (RQE: question pairs)

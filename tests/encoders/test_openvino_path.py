@@ -71,6 +71,39 @@ def test_sentence_encoder_vectors_within_tolerance_of_fp32(tiny_base):
     assert np.abs(bi.encode(texts, "openvino-fp32") - ref).max() < 1e-4
 
 
+@pytest.mark.parametrize("precision", ["fp32", "openvino-fp32"])
+def test_the_sentence_encoder_reports_progress_per_batch_the_openvino_path_too(
+    tiny_base, tmp_path, monkeypatch, precision
+):
+    """Issue 63: bienc showed no line for 11 minutes: its bar moved once per 16,384-text shard, after the shard."""
+    from medrank.encoders.extract import cached_sentence_embeddings
+
+    bi = SentenceEncoder(str(tiny_base), device="cpu", max_length=32)
+    texts = [f"text number {i} " + "word " * (i % 7) for i in range(40)]
+    done: list[int] = []
+    out = bi.encode(texts, precision, batch_size=8, progress=done.append)
+    assert len(done) == 5 and sum(done) == len(texts)  # one call per batch, as each is done
+    assert np.array_equal(out, bi.encode(texts, precision, batch_size=8))  # progress changes no bit
+    updates: list[int] = []
+
+    class Bar:  # the tqdm bar cached_sentence_embeddings moves
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            updates.append(n)
+
+    monkeypatch.setattr("medrank.encoders.extract.tqdm", Bar)
+    cached_sentence_embeddings(bi, texts, tmp_path, precision, 8, shard_size=None)
+    assert len(updates) == 5 and sum(updates) == len(texts)
+
+
 def test_the_runtime_is_part_of_the_cache_namespace_and_auto_never_picks_it(tmp_path, nli):
     torch_cache = open_cache(nli, "nli", tmp_path, "bf16")
     ov_cache = open_cache(nli, "nli", tmp_path, "openvino-bf16")
