@@ -23,7 +23,7 @@ log = logging.getLogger("stages.score")
 def main(params_path: str = "params.yaml") -> None:
     from medrank.selection import final_system as F
     from medrank.core import layout as L
-    from medrank.core.io import write_json
+    from medrank.core.io import write_json, write_sealed_json
     from medrank.params import load_params
 
     p = load_params(params_path)
@@ -37,7 +37,7 @@ def main(params_path: str = "params.yaml") -> None:
     metrics = F.task3_val_metrics(inp, sel, sp, p.seed, weights, band)
     for name, row in F.system_rows(metrics).items():
         write_json(L.metrics_file(name), row)
-    write_json(L.SYSTEM, F.system_record(sel))
+    write_sealed_json(L.SYSTEM, F.system_record(sel))  # record_sha256: an edited decision is refused at load
     write_json(L.metrics_file("task3_val"), metrics)  # an input of nested_loso: its timing apart
     write_json(L.metrics_file("score_seconds"), {"total": round(time.perf_counter() - t0, 1)})
     F.write_error_analysis(sel["decided"], inp.cand)

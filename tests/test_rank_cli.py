@@ -299,7 +299,8 @@ def test_doctored_decision_is_a_clear_error(workdir, monkeypatch, capsys, tmp_pa
     shutil.copytree(workdir / "models", root / "models")
     system = json.loads((root / "models" / "system.json").read_text())
     doctor(system)
-    (root / "models" / "system.json").write_text(json.dumps(system))
+    system.pop(RECORD_SHA256)
+    write_sealed_json(root / "models" / "system.json", system)  # re-sealed: the checks past the seal refuse it
     monkeypatch.chdir(workdir)
     with pytest.raises(SystemExit) as e:
         main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(root / "models")])
@@ -332,7 +333,8 @@ def test_a_doctored_system_is_one_line_before_any_port_opens(
     shutil.copytree(workdir / "models", root / "models")
     system = json.loads((root / "models" / "system.json").read_text())
     doctor(system)
-    (root / "models" / "system.json").write_text(json.dumps(system))
+    system.pop(RECORD_SHA256)
+    write_sealed_json(root / "models" / "system.json", system)  # re-sealed: the checks past the seal refuse it
     monkeypatch.chdir(workdir)
     if command == "serve":
         import uvicorn
@@ -343,6 +345,44 @@ def test_a_doctored_system_is_one_line_before_any_port_opens(
         main([command, *args, "--models", str(root / "models")])
     lines = error_lines(capsys.readouterr().err)
     assert e.value.code == 2 and len(lines) == 1 and says in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "target, edit",
+    [
+        ("system.json", lambda d: d["keep"]["test"].update(value=0.0)),  # keeps every answer
+        ("system.json", lambda d: d.update(system="ensemble", mtl_weight=0.5)),
+        ("system.json", lambda d: d.update(n_candidates=5)),
+        ("mtl/mtl.json", lambda d: d.update(pf_mean=[x + 5 for x in d["pf_mean"]])),
+        ("baseline/final.json", lambda d: d["filter"].update(coef=[[-10 * c for c in r] for r in d["filter"]["coef"]])),
+    ],
+    ids=["keep-value", "system", "n_candidates", "mtl-pf_mean", "baseline-coef"],
+)
+def test_a_model_json_used_as_edited_is_one_error_line(workdir, monkeypatch, capsys, tmp_path, target, edit):
+    """Issue 64: models/system.json, models/mtl/mtl.json and models/baseline/*.json were read with no checksum: an
+    edited keep value, system, scaling or coefficient made `medrank rank` exit 0 with other decisions. Each is sealed
+    (`record_sha256`) as the weights and step tables are."""
+    from medrank.cli import main
+
+    root = tmp_path / "proj"
+    shutil.copytree(workdir / "models", root / "models")
+    if target.startswith("baseline"):
+        from tests.helpers.tiny_project import use_tiny_baseline
+
+        use_tiny_baseline(root, workdir / "bert")
+    monkeypatch.chdir(workdir)
+    assert main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(root / "models")]) == 0  # as saved
+    capsys.readouterr()
+    path = root / "models" / target
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+    with pytest.raises(SystemExit) as e:
+        main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(root / "models")])
+    lines = error_lines(capsys.readouterr().err)
+    assert e.value.code == 2 and len(lines) == 1 and f"{target}: edited or damaged since it was saved" in lines[0], (
+        lines
+    )
 
 
 def test_rank_command_is_registered():

@@ -75,3 +75,32 @@ def test_seal_refuses_weights_that_differ_from_their_record(tiny_base, tmp_path)
     with pytest.raises(MedrankError, match="weights/config differ from the fingerprint"):
         seal_main([str(tmp_path / "m")])
     assert RECORD_SHA256 not in json.loads((tmp_path / "m" / META_FILE).read_text())
+
+
+def test_old_decision_files_are_refused_then_sealed(tmp_path, monkeypatch, capsys):
+    """Issue 64: models/system.json, models/mtl/mtl.json (its members' too) and models/baseline/*.json are sealed by
+    their stages; ones saved before are refused by `medrank rank` until sealed in place, which changes no decision."""
+    from medrank.cli import main
+    from tests.conftest import error_lines
+    from tests.helpers.tiny_project import FIXTURES, build_tiny_project, use_tiny_baseline
+
+    root = build_tiny_project(tmp_path / "proj")
+    use_tiny_baseline(root)  # system.json: the baseline; models/mtl stays beside it
+    models = root / "models"
+    monkeypatch.chdir(root)
+    rank = ["rank", str(FIXTURES / "rank_input.json"), "--models", str(models), "--all"]
+    assert main(rank) == 0
+    want = capsys.readouterr().out
+    old = [models / "system.json", *sorted((models / "mtl").rglob("mtl.json")), *sorted(models.glob("baseline/*.json"))]
+    for path in old:
+        _unseal(path)
+    with pytest.raises(SystemExit) as e:
+        main(rank)
+    assert e.value.code == 2 and "no record_sha256" in error_lines(capsys.readouterr().err)[0]
+    seal_main([str(models / "system.json"), str(models / "mtl"), str(models / "baseline")])
+    assert all(RECORD_SHA256 in json.loads(p.read_text()) for p in old)
+    assert main(rank) == 0 and capsys.readouterr().out == want
+    mtl_json = models / "mtl" / "mtl.json"
+    _unseal(mtl_json, model_sha256="0" * 64)  # weights that do not match their record: never sealed
+    with pytest.raises(MedrankError, match="model.pt: differs from the model_sha256"):
+        seal_main([str(models / "mtl")])

@@ -1,8 +1,10 @@
 """Seal model and step folders saved before their side files were checksummed (issue 46), instead of re-training:
 
-    python -m medrank.core.seal models/nli models/rqe models/cnn models/steps/*    (models/qa too where it exists)
+    python -m medrank.core.seal models/nli models/rqe models/cnn models/steps/* models/baseline models/mtl \
+        models/system.json    (models/qa too where it exists)
 
-Loading now refuses a `medrank_encoder.json`, a CNN `config.json` or a `step.json` without its `record_sha256`. This
+Loading now refuses a `medrank_encoder.json`, a CNN `config.json`, a `step.json`, the MTL's `mtl.json`, the baseline's
+`val.json` / `final.json` or `models/system.json` without its `record_sha256`. This
 adds the record (and the sha256 of the CNN's vocab/IDF and of each step table) to folders written before. Run it only
 on folders DVC reports unchanged (`dvc status` lists none of the stages that write them): the DVC cache's hashes are
 then what vouches for each side file, which this tool cannot see. What it checks itself: the weights against the
@@ -113,19 +115,75 @@ def seal_step(folder: Path) -> bool:
     return True
 
 
+def _seal_record(path: Path, load: callable) -> bool:
+    """Seal one plain JSON record in place, then read it back through its loader (`load()`)."""
+    raw = _read(path)
+    if RECORD_SHA256 in raw:
+        load()
+        return False
+    write_sealed_json(path, raw)
+    load()
+    return True
+
+
+def seal_system(path: Path) -> bool:
+    """Seal a models/system.json written before stage score sealed it."""
+    from medrank.serving.steps.system_step import read_system
+
+    return _seal_record(path, lambda: read_system(path.parent))
+
+
+def seal_baseline(folder: Path) -> bool:
+    """Seal models/baseline's val.json and final.json."""
+    from medrank.models.baseline import FittedBaseline
+
+    wrote = False
+    for name in ("val.json", "final.json"):
+        if (folder / name).is_file():
+            wrote = _seal_record(folder / name, lambda: FittedBaseline.load(folder / name)) or wrote
+    return wrote
+
+
+def seal_mtl(folder: Path) -> bool:
+    """Seal models/mtl's mtl.json (its members' and val/'s too): the weights must match each record's
+    model_sha256 first."""
+    from medrank.models.mtl import MTLBag
+
+    wrote = False
+    for meta_path in sorted(folder.rglob("mtl.json")):
+        meta = _read(meta_path)
+        if RECORD_SHA256 not in meta:
+            if meta.get("model_sha256") != sha256_file(meta_path.parent / "model.pt"):
+                raise MedrankError(
+                    f"{meta_path.parent}/model.pt: differs from the model_sha256 in {meta_path}; {_REFUSE}"
+                )
+            write_sealed_json(meta_path, meta)
+            wrote = True
+    for bag in (folder, folder / "val"):
+        if (bag / "mtl.json").is_file():
+            MTLBag.load(bag)
+    return wrote
+
+
 def seal(folder: str | Path) -> bool:
-    """Seal one folder by what it holds; True if a file was written."""
+    """Seal one folder (or models/system.json) by what it holds; True if a file was written."""
     from medrank.encoders.models import ENCODER_META
     from medrank.serving.steps import STEP_FILE
 
     folder = Path(folder)
+    if folder.name == "system.json" and folder.is_file():
+        return seal_system(folder)
     if (folder / ENCODER_META).is_file():
         return seal_encoder(folder)
     if (folder / STEP_FILE).is_file():
         return seal_step(folder)
     if (folder / "config.json").is_file() and (folder / "vocab.json").is_file():
         return seal_cnn(folder)
-    raise MedrankError(f"{folder}: not a saved encoder, CNN or step folder")
+    if (folder / "mtl.json").is_file():
+        return seal_mtl(folder)
+    if (folder / "final.json").is_file() or (folder / "val.json").is_file():
+        return seal_baseline(folder)
+    raise MedrankError(f"{folder}: not a saved encoder, CNN, step, MTL or baseline folder, nor a system.json")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -43,6 +43,9 @@ PREDICTIONS = pa.schema(
 )
 
 
+RESTORE_BASELINE = "re-run `dvc repro baseline`, or `dvc checkout baseline`"
+
+
 @dataclass(frozen=True)
 class BaselineConfig:
     """One baseline run: the params.yaml `baseline` section as is, plus what a run fixes beside it."""
@@ -256,11 +259,12 @@ class FittedBaseline:
 
     # ------------------------------------------------------------ persistence (plain JSON: no pickles)
     def save(self, path: str | Path) -> None:
-        """One JSON file: the run's params, feature builder state, LR and rank-SVM weights, threshold, prior."""
-        from medrank.core.io import write_json
+        """One JSON file: the run's params, feature builder state, LR and rank-SVM weights, threshold, prior; sealed
+        (`record_sha256`): an edited coefficient or threshold is refused at load."""
+        from medrank.core.io import write_sealed_json
 
         cfg = self.config
-        write_json(
+        write_sealed_json(
             path,
             {
                 "config": {
@@ -286,14 +290,14 @@ class FittedBaseline:
 
     @classmethod
     def load(cls, path: str | Path) -> "FittedBaseline":
-        """The model `save` wrote (predictions equal the saved model's bit for bit)."""
-        import json
+        """The model `save` wrote (predictions equal the saved model's bit for bit), its seal verified."""
+        from medrank.core.io import read_sealed_json
 
         path = Path(path)
         if not path.is_file():
             raise MedrankError(f"{path}: no trained baseline model (run the baseline stage)")
+        d = read_sealed_json(path, RESTORE_BASELINE)
         try:
-            d = json.loads(path.read_text(encoding="utf-8"))
             c = d["config"]
             cfg = BaselineConfig(
                 BaselineParams.model_validate(c["params"]),

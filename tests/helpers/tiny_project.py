@@ -92,7 +92,7 @@ def fake_training_data(seed: int = 0):
 def build_tiny_project(root: Path) -> Path:
     """`root`/models: the tiny project (system.json: the MTL); returns `root`."""
     from medrank.encoders.cross_encoder import CrossEncoder
-    from medrank.core.io import write_json
+    from medrank.core.io import write_sealed_json
     from medrank.models import mtl
     from medrank.params import Params, step_params
     from medrank.task3.retrieval import medquad_documents, saved_documents
@@ -152,7 +152,7 @@ def build_tiny_project(root: Path) -> Path:
     save_step("answer_scores", step_params(recipe, "answer_scores"), qtypes, models_dir=models)
     save_step("cnn_scores", step_params(recipe, "cnn_scores"), models_dir=models)
     keep = {"kind": "threshold", "value": 0.5, "min_keep": 0, "target_prior": None}
-    write_json(
+    write_sealed_json(
         models / "system.json",
         {
             "system": "mtl",
@@ -172,7 +172,7 @@ def use_tiny_baseline(
     """Make `root`'s decided system a baseline fitted on synthetic rows of `groups` (passage: filter only, as the
     real one), like the real decision: MTL weight 0, keep rule threshold with min_keep 1, order rank. `bert`: the
     tiny encoder `build_tiny_project` saved (default root/bert)."""
-    from medrank.core.io import write_json
+    from medrank.core.io import write_sealed_json
     from medrank.models.baseline import BaselineConfig, fit_baseline
     from medrank.params import BaselineParams, Params, step_params
     from medrank.serving.steps import save_step
@@ -211,7 +211,7 @@ def use_tiny_baseline(
     recipe = Params(device="cpu", n_candidates=2, bienc={"model": str(bert), "max_length": 32})
     save_step("passages", step_params(recipe, "passages"), models_dir=root / "models")
     keep = {"kind": "threshold", "value": 0.5, "min_keep": 1, "target_prior": None}
-    write_json(
+    write_sealed_json(
         root / "models" / "system.json",
         {
             "system": "baseline",

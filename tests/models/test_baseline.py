@@ -10,6 +10,7 @@ import scipy.sparse as sp
 from medrank.selection.decision import em_prior_shift, keep_labels, select_threshold, submission_score
 from medrank.selection.experiment import grouped_folds
 from medrank.core.errors import MedrankError
+from medrank.core.io import write_sealed_json
 from medrank.selection.evaluation import evaluate, ranked_rows
 from medrank.models.baseline import (
     BaselineConfig,
@@ -165,7 +166,10 @@ def test_saved_model_predicts_bit_for_bit(tmp_path):
     loaded = FittedBaseline.load(tmp_path / "m.json")
     pd.testing.assert_frame_equal(model.predict(test), loaded.predict(test), check_exact=True)
     assert loaded.config == model.config and loaded.threshold == model.threshold
-    (tmp_path / "bad.json").write_text('{"config": {}}')
+    (tmp_path / "bad.json").write_text('{"config": {}}')  # unsealed
+    with pytest.raises(MedrankError, match="bad.json: no record_sha256"):
+        FittedBaseline.load(tmp_path / "bad.json")
+    write_sealed_json(tmp_path / "bad.json", {"config": {}})  # sealed, but not a model
     with pytest.raises(MedrankError, match="bad.json: not a baseline model"):
         FittedBaseline.load(tmp_path / "bad.json")
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from medrank.core.errors import MedrankError
+from medrank.core.io import RECORD_SHA256, write_sealed_json
 from medrank.selection import decision as D
 from medrank.selection import evaluation as E
 from medrank.models import mtl
@@ -520,8 +521,14 @@ def test_corrupt_model_folder_is_one_error_line(data, tmp_path):
     )
     model.save(tmp_path / "m")
     good = (tmp_path / "m" / "mtl.json").read_text()
-    for i, text in enumerate([*_doctor_mtl_json(good), "\udcff"]):
+    for i, text in enumerate([*_doctor_mtl_json(good), "\udcff"]):  # as edited: the seal refuses each
         (tmp_path / "m" / "mtl.json").write_bytes(text.encode("utf-8", "surrogateescape"))
+        with pytest.raises(MedrankError, match=r"mtl\.json: (cannot read|not a JSON object|edited or damaged)") as e:
+            mtl.FittedMTL.load(tmp_path / "m")
+        assert "\n" not in str(e.value) and "dvc repro mtl" in str(e.value), i
+    for i, text in enumerate(_doctor_mtl_json(good)[2:-1]):  # re-sealed (valid JSON objects): each still one line
+        body = {k: v for k, v in json.loads(text).items() if k != RECORD_SHA256}
+        write_sealed_json(tmp_path / "m" / "mtl.json", body)
         with pytest.raises(MedrankError, match="not a model folder the mtl stage writes") as e:
             mtl.FittedMTL.load(tmp_path / "m")
         assert "\n" not in str(e.value), i
@@ -537,8 +544,9 @@ def test_corrupt_model_folder_is_one_error_line(data, tmp_path):
         ):
             mtl.FittedMTL.load(tmp_path / "m")
     (tmp_path / "m" / "model.pt").write_bytes(weights)
-    (tmp_path / "m" / "mtl.json").write_text(
-        json.dumps({k: v for k, v in json.loads(good).items() if k != "model_sha256"})
+    write_sealed_json(
+        tmp_path / "m" / "mtl.json",
+        {k: v for k, v in json.loads(good).items() if k not in ("model_sha256", RECORD_SHA256)},
     )
     with pytest.raises(MedrankError, match="no model_sha256 in mtl.json"):
         mtl.FittedMTL.load(tmp_path / "m")

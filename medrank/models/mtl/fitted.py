@@ -3,7 +3,6 @@ dict + JSON, no pickles), seed bags of them (MTLBag), and the batching of pair r
 
 from __future__ import annotations
 
-import json
 import logging
 import pickle
 import zipfile
@@ -184,7 +183,7 @@ class FittedMTL:
     # ------------------------------------------------------------ persistence
     def save(self, out_dir: str | Path, extra_meta: dict | None = None) -> None:
         """model.pt (state dict only) + mtl.json (config, dims, feature builder state, pair-value scaling)."""
-        from medrank.core.io import atomic_path, sha256_file, write_json
+        from medrank.core.io import atomic_path, sha256_file, write_sealed_json
 
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +203,7 @@ class FittedMTL:
             "history": [{k: v for k, v in h.items() if k != "seconds"} for h in self.history],
             **(extra_meta or {}),
         }
-        write_json(out_dir / "mtl.json", meta)
+        write_sealed_json(out_dir / "mtl.json", meta)  # record_sha256: an edited scaling or rule is refused at load
 
     @property
     def dims(self) -> dict:
@@ -221,10 +220,10 @@ class FittedMTL:
         path = Path(path)
         if not (path / "model.pt").exists() or not (path / "mtl.json").exists():
             raise MedrankError(f"{path}: no trained MTL model (model.pt + mtl.json; run the mtl stage)")
-        from medrank.core.io import sha256_file
+        from medrank.core.io import read_sealed_json, sha256_file
 
+        meta = read_sealed_json(path / "mtl.json", "re-run `dvc repro mtl`, or `dvc checkout mtl`")
         try:  # a truncated or doctored model folder is one line naming it, not a traceback
-            meta = json.loads((path / "mtl.json").read_text(encoding="utf-8"))
             if meta.get("model_sha256") != sha256_file(path / "model.pt"):  # flipped tensor bytes load fine otherwise
                 raise ValueError(
                     "no model_sha256 in mtl.json"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +25,11 @@ def read_system(models_dir: str | os.PathLike = layout.MODELS) -> dict:
     path = Path(models_dir) / layout.SYSTEM.name
     if not path.is_file():
         raise MedrankError(f"{path}: no trained system (run `dvc repro score`)")
-    try:
-        system = json.loads(path.read_text(encoding="utf-8"))
-        missing = [k for k in ("system", "mtl_weight", "keep", "order") if k not in system]
-    except (ValueError, TypeError) as e:
-        raise MedrankError(f"{path}: not a system file written by stage score ({type(e).__name__}: {e})") from None
+    from medrank.core.io import read_sealed_json
+
+    # sealed by stage score: an edited keep value, system or weight is refused here, before any port opens
+    system = read_sealed_json(path, "re-run `dvc repro score`, or `dvc checkout score`")
+    missing = [k for k in ("system", "mtl_weight", "keep", "order") if k not in system]
     if missing:
         raise MedrankError(f"{path}: not a system file written by stage score (no {', '.join(missing)})")
     try:  # the saved decision, checked here: a doctored file stops with one line, not a traceback per question
