@@ -105,11 +105,13 @@ def _report(args: argparse.Namespace) -> None:
 
 
 def _report_from_metrics(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
     from medrank.reporting import render_headline, render_results, stale_docs, update_docs
     from medrank.reporting.formatting import check_metrics_dir
 
     if args.print:
-        check_metrics_dir(args.metrics_dir)
+        check_metrics_dir(args.metrics_dir, Path(args.readme).parent)  # the README's repository, as the writes use
         emit(render_headline(args.metrics_dir) + "\n" + render_results(args.metrics_dir), end="")
     elif args.check:
         stale = stale_docs(args.readme, args.results, args.metrics_dir, args.cards)
@@ -210,26 +212,52 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout", type=float, default=120.0, help="seconds per request, waiting included; beyond, 504 (default 120)"
     )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds for a request's headers to arrive; beyond, 408 and the connection is closed (default 10)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds for a request's body to arrive once its headers have; beyond, 408 (default 30)",
+    )
 
 
 def _serve(args: argparse.Namespace) -> None:
     import dataclasses
+    import math
     import os
 
     # as stages/__init__.py: OpenMP threads that wait yield their core (read once, when torch loads: torch is not
     # loaded yet here); spinning ones collapse a pass when the cores are shared (docs/experiments.md)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from medrank.serving.app import CONFIG_ENV, ServeConfig, create_app, load_ranker
+    from medrank.serving.slow_clients import check_timeout, slow_client_protocol
 
     if not 0 < args.port < 65536:
         raise MedrankError(f"--port must be in 1..65535, got {args.port}")
-    if args.workers < 1:
-        raise MedrankError(f"--workers must be at least 1, got {args.workers}")
+    # every count and the timeout checked here, named as typed, before uvicorn or any model loads (`--threads 0` once
+    # fell through `args.threads or ...` to the default, and `--timeout inf` reached the server)
+    for flag, value in (
+        ("--workers", args.workers),
+        ("--threads", args.threads),
+        ("--max-batch", args.max_batch),
+        ("--max-queue", args.max_queue),
+    ):
+        if value is not None and value < 1:
+            raise MedrankError(f"{flag} must be at least 1, got {value}")
+    if not 0 < args.timeout < math.inf:  # NaN fails both comparisons
+        raise MedrankError(f"--timeout must be a positive number of seconds, got {args.timeout}")
+    check_timeout("--header-timeout", args.header_timeout)
+    check_timeout("--body-timeout", args.body_timeout)
     try:
         import uvicorn
     except ImportError:
         raise MedrankError("`medrank serve` needs fastapi and uvicorn: pip install -e '.[serve]'") from None
-    threads = args.threads or max(1, (os.cpu_count() or 1) // args.workers)
+    threads = args.threads if args.threads is not None else max(1, (os.cpu_count() or 1) // args.workers)
     config = ServeConfig(
         models=args.models,
         fit=args.fit,
@@ -237,12 +265,16 @@ def _serve(args: argparse.Namespace) -> None:
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         timeout_s=args.timeout,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
     )
     # the models load here first: a missing or damaged one stops with one line before any port is opened
     ranker = load_ranker(config)
     common = dict(host=args.host, port=args.port, log_config=None, access_log=False, timeout_graceful_shutdown=None)
     # a bound on open connections as the last guard (the queue answers 503 with Retry-After long before it)
     common["limit_concurrency"] = 4 * (args.max_queue + args.max_batch) + 16
+    # h11 with a deadline on the headers, evicting the slowest request at that limit (medrank.serving.slow_clients)
+    common["http"] = slow_client_protocol(config.header_timeout_s)
     if args.workers == 1:
         uvicorn.run(create_app(config, ranker), **common)
         return

@@ -244,3 +244,34 @@ def test_the_written_rule_reads_each_figure_at_its_worst_positive_rate():
 
 
 SHIFT = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65)
+
+
+def test_resampled_priors_for_the_pick_and_each_keep_rule_and_the_held_out_labels_only_score():
+    """analysis.nested.resample: the held-out source resampled to each rate, the pick's keep rule (and each rule
+    alone) re-run on each batch; the pick is made as before, the held-out labels only draw the batches and score."""
+    from medrank.selection.resampling import Resampling
+
+    cand = _cand()
+    mtl_rows, base_rows = _fake_models(cand, [])
+    rs = Resampling(priors=(0.2, 0.5), draws=2, seed=4)
+    rules = ("em",)  # batch-adaptive: re-fitted on every batch
+    got = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, SEL, per_rule=rules, resample=rs)
+    plain = nested.nested_loso(SOURCES, cand, mtl_rows, base_rows, SEL, per_rule=rules)
+    assert "resampled" not in plain and all("resampled" not in v for v in plain["by_keep_rule"].values())
+    # the existing keys are unchanged
+    without = {k: v for k, v in got.items() if k != "resampled"}
+    without["by_keep_rule"] = {
+        r: {k: v for k, v in f.items() if k != "resampled"} for r, f in got["by_keep_rule"].items()
+    }
+    assert without == plain
+    for r in (got, *got["by_keep_rule"].values()):
+        acc = r["resampled"]["accuracy"]
+        assert set(acc["by_prior"]) == {"0.2", "0.5"} and set(acc["by_fold"]) == set(SOURCES)
+        assert acc["band"]["worst"] <= acc["worst"] <= acc["mean"] and acc["band"]["worst_fold"] in SOURCES
+    source = "val"
+    flipped = cand.copy()
+    mask = flipped["split"] == source
+    flipped.loc[mask, "label"] = 1 - flipped.loc[mask, "label"]
+    again = nested.held_out_source(source, SOURCES, flipped, mtl_rows, base_rows, SEL, resample=rs)
+    mine = nested.held_out_source(source, SOURCES, cand, mtl_rows, base_rows, SEL, resample=rs)
+    assert again["chosen"] == mine["chosen"] and again["resampled"] != mine["resampled"]

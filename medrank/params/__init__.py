@@ -52,6 +52,7 @@ from medrank.params.rankers import (
     MtlAnalysisParams,
     NestedVariant,
     NestedAnalysisParams,
+    NestedResampleParams,
     ConfirmAnalysisParams,
     AnalysisParams,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "MtlAnalysisParams",
     "MtlParams",
     "NestedAnalysisParams",
+    "NestedResampleParams",
     "NestedVariant",
     "NoiseBandParams",
     "NormalizeParams",

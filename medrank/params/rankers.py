@@ -364,12 +364,31 @@ def nested_recipes(
     return out
 
 
+class NestedResampleParams(_Section):
+    """Resampled priors (medrank.selection.resampling) of the default and of each keep rule alone: each held-out
+    source's rows resampled to every rate of `priors` (answers dropped within questions), `draws` batches per rate
+    seeded by the top-level `seed`, the keep rule re-run on each batch; 0 draws = not computed."""
+
+    # the plausible positive rates of a new set (experiment.SHIFT_PRIORS: the labelled sources span 0.27-0.47)
+    priors: list[Annotated[float, Field(gt=0.0, lt=1.0)]] = Field(
+        default_factory=lambda: [round(0.2 + 0.05 * i, 2) for i in range(10)], min_length=1, max_length=MAX_STEPS
+    )
+    draws: int = Field(default=5, ge=0, le=MAX_STEPS)
+
+    @model_validator(mode="after")
+    def _priors_once(self) -> "NestedResampleParams":
+        if len(set(self.priors)) != len(self.priors):
+            raise ValueError("priors: each rate at most once")
+        return self
+
+
 class NestedAnalysisParams(_Section):
     """analysis/dvc.yaml stage nested_loso: the default's selection procedure under nested LOSO, these variants, and
-    each of `keep_rules` alone (the evidence score.keep_rules is chosen on)."""
+    each of `keep_rules` alone (the evidence score.keep_rules is chosen on), also under resampled priors (`resample`)."""
 
     variants: list[NestedVariant] = Field(default_factory=list)
     keep_rules: list[KeepRule] = Field(default_factory=lambda: list(get_args(KeepRule)), min_length=1)
+    resample: NestedResampleParams = NestedResampleParams()
 
 
 class ConfirmAnalysisParams(_Section):

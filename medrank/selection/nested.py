@@ -18,6 +18,7 @@ import pandas as pd
 
 from medrank.selection.evaluation import METRICS, candidate_systems, evaluate_decided, loso_summary, rounded_scores
 from medrank.selection.experiment import PriorShift
+from medrank.selection.resampling import Resampling
 
 # one system's held-out rows for a held-out source: (inner questions, inner sources, the held-out questions) ->
 # rows with part oof (inner CV), loso (fold = index in the inner sources), test (the held-out questions)
@@ -47,10 +48,12 @@ def held_out_source(
     sel: Selection,
     per_rule: Sequence[str] = (),
     per_weight: Sequence[float] = (),
+    resample: Resampling | None = None,
 ) -> dict:
     """Select on the sources other than `source`, score `source`: {"chosen", "selection_score", "scores" (official
-    metrics), "by_keep_rule" (each keep rule of `per_rule`: its scores when it is the only one the rule may pick),
-    "by_weight" (each MTL weight of `per_weight` alone: 0 the baseline, 1 the MTL, on the same folds)}."""
+    metrics), "shift", "by_keep_rule" (each keep rule of `per_rule`: its scores when it is the only one the rule may
+    pick), "by_weight" (each MTL weight of `per_weight` alone: 0 the baseline, 1 the MTL, on the same folds)}; with
+    `resample`, the pick and each keep rule alone also carry "resampled" (Resampling.fold_scores of `source`)."""
     split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
     inner = [s for s in sources if s != source]
     inner_gids = [g for g in pd.unique(cand["gid"]) if split_of[g] in inner]
@@ -60,10 +63,13 @@ def held_out_source(
         _check_isolation(name, rows, set(inner_gids), set(outer_gids))
     # the held-out source's rows carry no label into the choice: candidate_systems reads part oof / loso only,
     # and the truth it joins is cut to the inner questions for those parts (the test part is scored below)
-    out = _select_and_score(mine, theirs, cand, inner_gids, inner, sel)
+    # one key per held-out source: every rule facing it sees the same resampled batches (paired comparisons)
+    key = list(sources).index(source)
+    out = _select_and_score(mine, theirs, cand, inner_gids, inner, sel, resample, key)
     # each keep rule alone (weight and order still chosen inside): how it transfers to a source it never saw
     out["by_keep_rule"] = {
-        r: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, keep_rules=(r,))) for r in per_rule
+        r: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, keep_rules=(r,)), resample, key)
+        for r in per_rule
     }
     out["by_weight"] = {
         w: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, weights=(w,))) for w in per_weight
@@ -78,6 +84,8 @@ def _select_and_score(
     inner_gids: list[str],
     inner: list[str],
     sel: Selection,
+    resample: Resampling | None = None,
+    key: int = 0,
 ) -> dict:
     got = candidate_systems(
         mine,
@@ -94,13 +102,19 @@ def _select_and_score(
     )
     decided = got["decided"]
     test = decided[decided["part"] == "test"]
-    return {
+    out = {
         "chosen": {"mtl_weight": got["weight"], "keep_rule": got["rule"], "order": got["order"]},
         "selection_score": round(0.5 * (got["cv"]["accuracy"]["mean"] + got["loso"]["accuracy"]["mean"]), 4),
         "scores": rounded_scores(evaluate_decided(test, cand)),
         # the held-out source re-weighted to each plausible positive rate (its labels only score, never select)
         "shift": PriorShift().fold_scores(test, cand),
     }
+    if resample is not None:
+        # the held-out source resampled to each rate, the pick's keep rule re-fitted as decide_system fits the test
+        # part (on every inner CV row; a batch-adaptive rule also reads the batch): its labels only draw and score
+        oof = decided[decided["part"] == "oof"]
+        out["resampled"] = resample.fold_scores(oof, test, cand, got["rule"], got["order"], key)
+    return out
 
 
 def _check_isolation(name: str, rows: pd.DataFrame, inner: set[str], outer: set[str]) -> None:
@@ -118,29 +132,41 @@ def nested_loso(
     sel: Selection,
     per_rule: Sequence[str] = (),
     per_weight: Sequence[float] = (),
+    resample: Resampling | None = None,
 ) -> dict:
     """held_out_source for every source -> per source (chosen, scores) and loso_summary (mean, worst) per metric, and
-    the same per keep rule of `per_rule` alone and per MTL weight of `per_weight` alone."""
-    per = {s: held_out_source(s, sources, cand, mtl_rows, base_rows, sel, per_rule, per_weight) for s in sources}
+    the same per keep rule of `per_rule` alone and per MTL weight of `per_weight` alone; with `resample`, the pick
+    and each keep rule alone also carry "resampled" (Resampling.summary over the held-out sources)."""
+    per = {
+        s: held_out_source(s, sources, cand, mtl_rows, base_rows, sel, per_rule, per_weight, resample) for s in sources
+    }
     summary = loso_summary({s: r["scores"] for s, r in per.items()})
     shift = PriorShift()
 
     def alone(key: str, choice) -> dict:
         got = loso_summary({s: per[s][key][choice]["scores"] for s in sources})
-        return {
+        out = {
             **{m: got[m] for m in METRICS},
             "shift": shift.summary({s: per[s][key][choice]["shift"] for s in sources}),
         }
+        if "resampled" in per[sources[0]][key][choice]:
+            out["resampled"] = resample.summary({s: per[s][key][choice]["resampled"] for s in sources})
+        return out
 
+    resampled = {} if resample is None else {"resampled": resample.summary({s: r["resampled"] for s, r in per.items()})}
     return {
         "by_source": {
-            s: {k: v for k, v in r.items() if k not in ("by_keep_rule", "by_weight", "shift")} for s, r in per.items()
+            s: {k: v for k, v in r.items() if k not in ("by_keep_rule", "by_weight", "shift", "resampled")}
+            for s, r in per.items()
         },
         "by_keep_rule": {r: alone("by_keep_rule", r) for r in per_rule},
         "by_weight": {str(w): alone("by_weight", w) for w in per_weight},
         **{m: summary[m] for m in METRICS},
         # the held-out sources re-weighted to each plausible positive rate: the estimate as a band over priors
         "shift": shift.summary({s: r["shift"] for s, r in per.items()}),
+        # resampled to each rate, the keep rule re-run on each batch (a batch-adaptive rule adapts; re-weighting
+        # shows it the same batch at every rate)
+        **resampled,
     }
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from medrank.core import layout as L
 from medrank.selection import nested
+from medrank.selection.resampling import Resampling
 
 Recipe = tuple  # (the baseline section, the mtl section, select_on) of one row
 
@@ -105,6 +106,12 @@ class Refits:
         return mtl_rows, base_rows
 
 
+def resampling(p) -> Resampling | None:
+    """analysis.nested.resample as the protocol (seeded by the top-level seed); None with 0 draws."""
+    r = p.analysis.nested.resample
+    return Resampling(tuple(float(x) for x in r.priors), r.draws, p.seed) if r.draws else None
+
+
 def run_all(p, recipes_: dict[str, Recipe], band: dict, log) -> tuple[dict, dict, Refits]:
     """nested.nested_loso of every recipe (per-rule figures for the default); (results, seconds, the refits)."""
     groups = set().union(*(set(bp.features) | set(mp.feature_groups) for bp, mp, _ in recipes_.values()))
@@ -120,8 +127,17 @@ def run_all(p, recipes_: dict[str, Recipe], band: dict, log) -> tuple[dict, dict
         per_rule = p.analysis.nested.keep_rules if name == "default" else ()
         # each MTL weight alone, where the MTL differs from the default's (0: the baseline, 1: the MTL, same folds)
         per_weight = sp.mtl_weights if name == "default" or mp != p.mtl else ()
+        # resampled priors for the default's pick and its keep rules alone (draws x priors keep-rule runs each)
+        resample = resampling(p) if name == "default" else None
         results[name] = nested.nested_loso(
-            L.LABELLED_SPLITS, refits.cand, mtl_rows, base_rows, sel, per_rule=per_rule, per_weight=per_weight
+            L.LABELLED_SPLITS,
+            refits.cand,
+            mtl_rows,
+            base_rows,
+            sel,
+            per_rule=per_rule,
+            per_weight=per_weight,
+            resample=resample,
         )
         seconds[name] = round(time.perf_counter() - ts, 1)
         r = results[name]

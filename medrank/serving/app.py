@@ -38,6 +38,7 @@ from medrank.serving.protocol import (
     read_body,
 )
 from medrank.serving.rank import MAX_INPUT_BYTES, MAX_TOTAL_CHARS, RankInput
+from medrank.serving.slow_clients import BODY_TIMEOUT_S, HEADER_TIMEOUT_S, BodyDeadline, check_timeout
 
 if TYPE_CHECKING:
     from medrank.serving.rank import Ranker
@@ -61,6 +62,8 @@ class ServeConfig:
     timeout_s: float = 120.0  # per request, waiting + computing; beyond, 504
     max_body_bytes: int = MAX_INPUT_BYTES
     warmup: bool = True
+    header_timeout_s: float = HEADER_TIMEOUT_S  # the request headers within; beyond, 408 / closed (SlowClientProtocol)
+    body_timeout_s: float = BODY_TIMEOUT_S  # the body within, from the headers; beyond, 408 (BodyDeadline)
 
     def __post_init__(self) -> None:
         if self.fit not in ("final", "val"):
@@ -76,6 +79,8 @@ class ServeConfig:
             raise MedrankError(f"timeout must be positive, got {self.timeout_s}")
         if self.max_body_bytes < 1:
             raise MedrankError(f"max-body-bytes must be at least 1, got {self.max_body_bytes}")
+        check_timeout("header-timeout", self.header_timeout_s)
+        check_timeout("body-timeout", self.body_timeout_s)
 
 
 def warmup_input() -> RankInput:
@@ -372,6 +377,7 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
         csp = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'"
         return HTMLResponse(page, headers={"Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff"})
 
+    app.add_middleware(BodyDeadline, timeout_s=config.body_timeout_s)
     app.add_middleware(AccessLog)
     return app
 

@@ -80,6 +80,9 @@ def test_tiny_profile_keys_exist_in_params():
             "analysis.confirm.mtl_rows[0]: 'y' is not a row name of analysis.mtl.rows (x)",
         ),
         ("analysis:\n  confirm:\n    seeds: 1\n", "analysis.confirm.seeds"),
+        ("analysis:\n  nested:\n    resample: {priors: [0.2, 1.0]}\n", "analysis.nested.resample.priors.1"),
+        ("analysis:\n  nested:\n    resample: {priors: [0.2, 0.2]}\n", "analysis.nested.resample: Value error, priors"),
+        ("analysis:\n  nested:\n    resample: {draws: -1}\n", "analysis.nested.resample.draws"),
         # groups whose stages are analysis/dvc.yaml's: analysis rows only (a full `dvc repro` does not train them)
         (
             "baseline:\n  features: [metadata, qa]\n",

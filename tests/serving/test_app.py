@@ -329,3 +329,27 @@ def test_shutdown_lets_in_flight_requests_finish(ranker):
     assert gate.batches == [1, 1]
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/healthz", timeout=2)
+
+
+# ---------------------------------------------------------------- the models on disk
+
+
+def test_models_damaged_on_disk_after_start_change_nothing_until_a_restart(tiny_project, tmp_path, monkeypatch):
+    """docs/serving.md: the models are read and verified once, at start (issue 64: damage on disk while serving left
+    /readyz ready). What runs is what was verified: the same answers, /readyz and /version; the next start refuses."""
+    import shutil
+
+    from medrank.core.errors import MedrankError
+
+    shutil.copytree(tiny_project / "models", tmp_path / "models")
+    monkeypatch.chdir(tmp_path)
+    with TestClient(create_app(ServeConfig(threads=1, warmup=False))) as c:
+        _wait_ready(c)
+        before, version = c.post("/rank", json=FIXTURE_INPUT).json(), c.get("/version").json()
+        for name in ("system.json", "baseline/final.json", "steps/passages/step.json"):
+            f = tmp_path / "models" / name
+            f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+        assert c.post("/rank", json=FIXTURE_INPUT).json() == before
+        assert c.get("/readyz").json()["status"] == "ready" and c.get("/version").json() == version
+    with pytest.raises(MedrankError, match="models/system.json"):
+        Ranker.load("models")

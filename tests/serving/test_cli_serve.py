@@ -23,8 +23,15 @@ from tests.helpers.tiny_project import FIXTURES
         (["--models", "none"], "error: none/system.json: no trained system (run `dvc repro score`)"),
         (["--port", "0"], "error: --port must be in 1..65535, got 0"),
         (["--workers", "0"], "error: --workers must be at least 1, got 0"),
-        (["--max-batch", "0"], "error: max-batch must be at least 1, got 0"),
-        (["--timeout", "0"], "error: timeout must be positive, got 0.0"),
+        # issue 64: --threads 0 once meant the default, and --timeout inf reached the server (the models did load)
+        (["--threads", "0"], "error: --threads must be at least 1, got 0"),
+        (["--threads", "-2"], "error: --threads must be at least 1, got -2"),
+        (["--max-batch", "0"], "error: --max-batch must be at least 1, got 0"),
+        (["--max-queue", "0"], "error: --max-queue must be at least 1, got 0"),
+        (["--timeout", "0"], "error: --timeout must be a positive number of seconds, got 0.0"),
+        (["--timeout", "-1"], "error: --timeout must be a positive number of seconds, got -1.0"),
+        (["--timeout", "inf"], "error: --timeout must be a positive number of seconds, got inf"),
+        (["--timeout", "nan"], "error: --timeout must be a positive number of seconds, got nan"),
     ],
 )
 def test_bad_options_and_missing_models_are_one_line(tmp_path, monkeypatch, capsys, args, line):
