@@ -233,3 +233,55 @@ def test_minimax_threshold_is_best_in_the_worst_case():
         and k.min_keep == 1
         and k.value == pytest.approx(D.minimax_threshold(y, p, X.SHIFT_PRIORS))
     )
+
+
+def _two_sources(prior: float, seed: int, shift: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Questions of 8 answers from one source; well-separated scores: logit p ~ N(+-2, 1) by label, plus `shift` (a
+    source the model is over-confident on when > 0)."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(150 * 8) < prior).astype(int)
+    p = 1 / (1 + np.exp(-(rng.normal(np.where(y == 1, 2.0, -2.0), 1.0) + shift)))
+    return y, p, np.repeat(np.arange(150), 8)
+
+
+def _calibration() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    (y1, p1, g1), (y2, p2, g2) = _two_sources(0.35, 11), _two_sources(0.55, 12)
+    return np.concatenate([y1, y2]), np.concatenate([p1, p2]), np.concatenate([g1, g2 + 150])
+
+
+def test_em_guarded_follows_em_on_a_prior_shift():
+    y, p, gid = _calibration()
+    _, pt, _ = _two_sources(0.65, 13)  # the calibration sources' class-conditionals at another rate
+    dist, critical = D.label_shift_ks(y, p, pt, D.fit_keep("em", y, p, gid, pt).target_prior)
+    assert dist < critical
+    em, guarded = D.fit_keep("em", y, p, gid, pt), D.fit_keep("em_guarded", y, p, gid, pt)
+    assert guarded == D.Keep("threshold", em.value, 1, em.target_prior)
+    assert em.target_prior == pytest.approx(0.65, abs=0.05)
+
+
+def test_em_guarded_falls_back_on_a_source_unlike_the_calibration_sources():
+    y, p, gid = _calibration()
+    # the Alexa case: a third source at the calibration rate that the model scores over-confidently
+    _, pt, _ = _two_sources(0.45, 14, shift=2.0)
+    em = D.fit_keep("em", y, p, gid, pt)
+    assert em.target_prior > 0.6  # EM reads the miscalibration as a richer batch
+    dist, critical = D.label_shift_ks(y, p, pt, em.target_prior)
+    assert dist > critical
+    guarded = D.fit_keep("em_guarded", y, p, gid, pt)
+    assert guarded == D.fit_keep("min_keep_1", y, p, gid) and guarded.target_prior is None
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0])
+def test_em_guarded_falls_back_outside_the_trusted_priors(rate):
+    y, p, gid = _calibration()
+    _, pt, _ = _two_sources(rate, 15)  # label shift alone, but to a rate EM_GUARD_PRIORS does not trust
+    prior = D.fit_keep("em", y, p, gid, pt).target_prior
+    assert not D.EM_GUARD_PRIORS[0] <= prior <= D.EM_GUARD_PRIORS[1]
+    assert D.fit_keep("em_guarded", y, p, gid, pt) == D.fit_keep("min_keep_1", y, p, gid)
+
+
+def test_em_guarded_needs_the_target_rows():
+    y, p, gid = _calibration()
+    for target in (None, np.array([])):
+        with pytest.raises(MedrankError, match="target"):
+            D.fit_keep("em_guarded", y, p, gid, target)

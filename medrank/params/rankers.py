@@ -192,6 +192,8 @@ KEEP_RULES = {
     "platt": "Platt scaling fitted on the calibration rows; keep calibrated P >= 0.5",
     "isotonic": "isotonic calibration fitted on the calibration rows; keep calibrated P >= 0.5",
     "em": "Platt, then the target's positive rate by EM (Saerens 2002); keep prior-adjusted P >= 0.5",
+    "em_guarded": "em with min_keep 1, unless the target's scores are no prior shift of the calibration rows' (KS "
+    "test against their class mixture at the EM rate, alpha 0.01) or the rate is outside [0.05, 0.95]: then min_keep_1",
     "em_fraction": "the target's positive rate by EM on Platt-calibrated P; keep that fraction of target rows",
     "bbse_fraction": "the target's positive rate by black-box shift estimation (the threshold rule's confusion "
     "matrix on the calibration rows); keep that fraction of target rows",

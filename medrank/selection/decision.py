@@ -278,6 +278,26 @@ def bbse_prior(y: np.ndarray, p: np.ndarray, target_p: np.ndarray, t: float) -> 
     return float(np.clip((q - fpr) / max(tpr - fpr, 1e-6), 0.02, 0.98))
 
 
+# em_guarded: the significance of the test that label shift alone explains the target batch, and the EM priors it trusts
+EM_GUARD_ALPHA = 0.01
+EM_GUARD_PRIORS = (0.05, 0.95)
+
+
+def label_shift_ks(y: np.ndarray, p: np.ndarray, target_p: np.ndarray, prior: float) -> tuple[float, float]:
+    """KS distance of the target's empirical CDF of p from the label-shift mixture prior F1 + (1 - prior) F0 of the
+    calibration rows' class-conditional CDFs, and its two-sample critical value at EM_GUARD_ALPHA."""
+    y, p, t = np.asarray(y, dtype=int), np.asarray(p, dtype=float), np.sort(np.asarray(target_p, dtype=float))
+    pos, neg = np.sort(p[y == 1]), np.sort(p[y == 0])
+    # every CDF here is a right-continuous step function: the sup of their difference is reached at a jump point
+    at = np.unique(np.concatenate([t, pos, neg]))
+    ecdf = lambda v: np.searchsorted(v, at, side="right") / len(v)
+    dist = float(np.abs(ecdf(t) - (prior * ecdf(pos) + (1 - prior) * ecdf(neg))).max())
+    # the mixture's effective sample size (the inverse of its CDF's variance factor): n1 / prior^2 and n0 / (1 - prior)^2
+    m = 1 / (prior**2 / len(pos) + (1 - prior) ** 2 / len(neg))
+    n = len(t)
+    return dist, float(np.sqrt(-np.log(EM_GUARD_ALPHA / 2) / 2) * np.sqrt((n + m) / (n * m)))
+
+
 def _best_on_grid(y: np.ndarray, grid: np.ndarray, labels_of) -> float:
     acc = np.array([np.mean(labels_of(v) == y) for v in grid])
     return float(grid[int(np.flatnonzero(np.isclose(acc, acc.max()))[0])])
@@ -320,10 +340,21 @@ def fit_keep(rule: str, y: np.ndarray, p: np.ndarray, gid: np.ndarray, target_p:
     prior, _ = em_prior_shift(calibrated, float(y.mean()))
     if rule == "em_fraction":
         return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
+    if rule == "em_guarded" and not _label_shift_explains(y, p, target_p, prior):
+        # a batch no prior shift explains (LOSO Alexa: EM read a miscalibrated source as a 0.86 prior): the fixed rule
+        return fit_keep("min_keep_1", y, p, gid)
     # em: prior-adjusted P >= 0.5  <=>  a logit(p) + b >= log of the prior odds ratio (calibration / target)
     pi0 = float(np.clip(y.mean(), 1e-6, 1 - 1e-6))
     shift = np.log(pi0 / (1 - pi0)) - np.log(max(prior, 1e-6) / max(1 - prior, 1e-6))
-    return Keep("threshold", _threshold_where(shift, a, b), target_prior=prior)
+    return Keep("threshold", _threshold_where(shift, a, b), 1 if rule == "em_guarded" else 0, target_prior=prior)
+
+
+def _label_shift_explains(y: np.ndarray, p: np.ndarray, target_p: np.ndarray, prior: float) -> bool:
+    """Whether em_guarded trusts EM's `prior`: inside EM_GUARD_PRIORS and the batch not far from the mixture at it."""
+    if not EM_GUARD_PRIORS[0] <= prior <= EM_GUARD_PRIORS[1]:
+        return False
+    dist, critical = label_shift_ks(y, p, target_p, prior)
+    return dist <= critical
 
 
 def order_key(rows: pd.DataFrame, order: str) -> np.ndarray:

@@ -29,7 +29,7 @@ from medrank.selection.metrics import task3_by_question, task3_scores_of
 
 # keep rules whose fit reads the target batch's probabilities (decision.fit_keep): re-fitted on every resampled batch;
 # every other rule's fit depends on the calibration rows only, so it is fitted once per fold (a test guards the list)
-BATCH_ADAPTIVE = ("em", "em_fraction", "bbse_fraction")
+BATCH_ADAPTIVE = ("em", "em_guarded", "em_fraction", "bbse_fraction")
 
 
 def draw_batch(gid: np.ndarray, y: np.ndarray, prior: float, rng: np.random.Generator) -> np.ndarray | None:
