@@ -314,7 +314,7 @@ def fit_keep(rule: str, y: np.ndarray, p: np.ndarray, gid: np.ndarray, target_p:
     if rule in ("threshold", "min_keep_1"):
         return Keep("threshold", select_threshold(y, p), 1 if rule == "min_keep_1" else 0)
     if rule in ("minimax", "minimax_min_keep_1"):
-        from medrank.selection.experiment import SHIFT_PRIORS
+        from medrank.selection.metrics import SHIFT_PRIORS
 
         return Keep("threshold", minimax_threshold(y, p, SHIFT_PRIORS), 1 if rule.endswith("min_keep_1") else 0)
     if rule == "relative":

@@ -5,12 +5,15 @@ error analysis (Figures 7-9). Models and stages evaluate through these functions
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from medrank.core.errors import MedrankError
 from medrank.selection.metrics import (
+    SHIFT_PRIORS,
     gold_from_answers,
     paired_bootstrap,
     score_task3,
@@ -251,7 +254,7 @@ def loso_summary(per_source: dict[str, dict]) -> dict:
 
 def held_out_figures(decided: pd.DataFrame, cand: pd.DataFrame, part: str, shift, sources=None) -> tuple[dict, dict]:
     """One part's decided held-out rows, each fold scored from one per-question table: (the protocol's summary - oof:
-    CV mean ± sd (`summarize`); loso: `loso_summary`, fold f = sources[f] -, the experiment.PriorShift summary)."""
+    CV mean ± sd (`summarize`); loso: `loso_summary`, fold f = sources[f] -, the PriorShift summary)."""
     rows = decided[decided["part"] == part]
     official, shifted = {}, {}
     for f in sorted(rows["fold"].unique()):
@@ -272,7 +275,7 @@ def noise_band(spreads: Sequence[dict], keys: Sequence[str]) -> dict[str, float]
 
 def selection_score(cv: dict, loso: dict, metric: str, under: str = "mean") -> float:
     """The written selection rule's number: the mean of the CV and LOSO figures of `metric`: their means over folds
-    (`under` "mean"), or, given experiment.PriorShift summaries, each one's worst over the positive rates ("shift_worst")."""
+    (`under` "mean"), or, given PriorShift summaries, each one's worst over the positive rates ("shift_worst")."""
     key = "worst" if under == "shift_worst" else "mean"
     return 0.5 * (float(cv[metric][key]) + float(loso[metric][key]))
 
@@ -344,14 +347,13 @@ def candidate_systems(
     selection score of `select_on` (the mean over those metrics; band: the largest of theirs), candidates ordered simplest
     first: keep rules as listed, single systems before ensembles), then its order rule (`pick` on the order score,
     `orders` simplest first). `select_under` "shift_worst": the weight x keep rule score reads each protocol's held-out
-    folds re-weighted over the plausible positive rates (experiment.PriorShift), at the worst rate; "mean": as they are.
+    folds re-weighted over the plausible positive rates (PriorShift), at the worst rate; "mean": as they are.
 
     -> {"table": {weight: {rule: {"cv", "loso", "cv_shift", "loso_shift", "score"}}}, "orders": {order: {"cv", "loso",
     "score"}}, "weight", "rule", "order", "fits" (Keep per target set), "decided" (the chosen candidate's rows), "cv",
     "loso", "cv_shift", "loso_shift"}.
     """
     from medrank.selection.decision import combine_systems, decide_system
-    from medrank.selection.experiment import PriorShift
 
     shift = PriorShift()
 
@@ -413,3 +415,65 @@ def candidate_systems(
         "cv_shift": chosen["shift"][0],
         "loso_shift": chosen["shift"][1],
     }
+
+
+@dataclass(frozen=True)
+class PriorShift:
+    """A prior-shift re-scoring of held-out folds (it cuts no folds: it re-weights another protocol's held-out rows).
+    Each held-out fold's rows are re-weighted to a positive rate pi of `priors` (a correct answer weighs pi / pi0, an
+    incorrect one (1 - pi) / (1 - pi0), pi0 the fold's own rate): accuracy = pi TPR + (1 - pi) TNR, precision =
+    pi TPR / (pi TPR + (1 - pi) FPR); MRR and Spearman are question means weighted by each question's mean row weight
+    (a set with more correct answers has more questions rich in them). At pi = pi0 every weight is 1: the official
+    scores. `summary` gives per metric the mean over the range, the worst prior and its value, and the band."""
+
+    priors: tuple[float, ...] = SHIFT_PRIORS
+
+    def fold_scores(
+        self, rows: pd.DataFrame, cand: pd.DataFrame, per_q: pd.DataFrame | None = None
+    ) -> dict[float, dict]:
+        """{prior: {metric: value}} of one held-out fold's decided rows (gid, aid, label, score); `per_q`: their
+        metrics.task3_by_question rows, when the caller has them (evaluation.held_out_figures)."""
+        truth = cand[cand["gid"].isin(set(rows["gid"]))][["gid", "aid", "label"]].rename(columns={"label": "y"})
+        d = rows[["gid", "aid", "label"]].merge(truth, on=["gid", "aid"], validate="one_to_one")
+        if len(d) != len(rows):
+            raise MedrankError(f"prior shift: {len(rows) - len(d)} decided rows are not in the candidate table")
+        y, kept = d["y"].to_numpy(dtype=int), d["label"].to_numpy(dtype=int)
+        pi0 = float(y.mean()) if len(y) else 0.0
+        per_q = (fold_by_question(rows, cand) if per_q is None else per_q).set_index("qid")
+        q_of = d["gid"].to_numpy()
+        out = {}
+        for pi in self.priors:
+            if 0.0 < pi0 < 1.0:
+                w = np.where(y == 1, pi / pi0, (1.0 - pi) / (1.0 - pi0))
+            else:  # one class only: nothing to re-weight
+                w = np.ones(len(y))
+            tp = float(w[(kept == 1) & (y == 1)].sum())
+            kept_w = float(w[kept == 1].sum())
+            wq = pd.Series(w).groupby(q_of, sort=False).mean().reindex(per_q.index).to_numpy()
+            scores = {
+                "accuracy": float(w[kept == y].sum() / w.sum()) if len(w) else 0.0,
+                "precision": tp / kept_w if kept_w > 0 else 0.0,
+                "mrr": float(np.sum(wq * per_q["rr"].to_numpy()) / np.sum(wq)),
+            }
+            for m, col in (("spearman", "rho"), ("spearman_true", "rho_true")):
+                rho = per_q[col].to_numpy(dtype=float)
+                ok = ~np.isnan(rho)
+                scores[m] = float(np.sum(wq[ok] * rho[ok]) / np.sum(wq[ok])) if ok.any() else 0.0
+            out[pi] = {m: scores[m] for m in METRICS}
+        return out
+
+    def summary(self, per_fold: Mapping[object, dict[float, dict]]) -> dict:
+        """Per metric over the priors, the held-out folds averaged at each prior: {"mean", "worst", "worst_prior",
+        "best", "by_prior": {prior: value}} (rounded); the band is [worst, best]."""
+        out = {}
+        for m in METRICS:
+            by_prior = {pi: float(np.mean([f[pi][m] for f in per_fold.values()])) for pi in self.priors}
+            worst = min(by_prior, key=by_prior.get)
+            out[m] = {
+                "mean": round(float(np.mean(list(by_prior.values()))), 4),
+                "worst": round(by_prior[worst], 4),
+                "worst_prior": worst,
+                "best": round(max(by_prior.values()), 4),
+                "by_prior": {f"{pi:g}": round(v, 4) for pi, v in by_prior.items()},
+            }
+        return out

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from medrank.core.errors import MedrankError
+from medrank.selection.evaluation import PriorShift as PriorShift  # the protocol's home is evaluation (the layers)
+from medrank.selection.metrics import SHIFT_PRIORS as SHIFT_PRIORS
 
 if TYPE_CHECKING:
     from medrank.core.frame import Step
@@ -144,77 +146,6 @@ class Refit(Protocol):
 
     def summary(self, per_fold: Mapping[int, dict]) -> dict:
         return dict(per_fold.get(0, {}))
-
-
-# Plausible positive rates of a set a user brings: the labelled sources span 0.27 (LiveQA) to 0.47 (Alexa); a new
-# population may lie further out on either side.
-SHIFT_PRIORS = tuple(float(x) for x in np.round(np.arange(0.20, 0.651, 0.05), 2))
-
-
-@dataclass(frozen=True)
-class PriorShift:
-    """A prior-shift re-scoring of held-out folds (it cuts no folds: it re-weights another protocol's held-out rows).
-    Each held-out fold's rows are re-weighted to a positive rate pi of `priors` (a correct answer weighs pi / pi0, an
-    incorrect one (1 - pi) / (1 - pi0), pi0 the fold's own rate): accuracy = pi TPR + (1 - pi) TNR, precision =
-    pi TPR / (pi TPR + (1 - pi) FPR); MRR and Spearman are question means weighted by each question's mean row weight
-    (a set with more correct answers has more questions rich in them). At pi = pi0 every weight is 1: the official
-    scores. `summary` gives per metric the mean over the range, the worst prior and its value, and the band."""
-
-    priors: tuple[float, ...] = SHIFT_PRIORS
-
-    def fold_scores(
-        self, rows: pd.DataFrame, cand: pd.DataFrame, per_q: pd.DataFrame | None = None
-    ) -> dict[float, dict]:
-        """{prior: {metric: value}} of one held-out fold's decided rows (gid, aid, label, score); `per_q`: their
-        metrics.task3_by_question rows, when the caller has them (evaluation.held_out_figures)."""
-        from medrank.selection.evaluation import METRICS, fold_by_question
-
-        truth = cand[cand["gid"].isin(set(rows["gid"]))][["gid", "aid", "label"]].rename(columns={"label": "y"})
-        d = rows[["gid", "aid", "label"]].merge(truth, on=["gid", "aid"], validate="one_to_one")
-        if len(d) != len(rows):
-            raise MedrankError(f"prior shift: {len(rows) - len(d)} decided rows are not in the candidate table")
-        y, kept = d["y"].to_numpy(dtype=int), d["label"].to_numpy(dtype=int)
-        pi0 = float(y.mean()) if len(y) else 0.0
-        per_q = (fold_by_question(rows, cand) if per_q is None else per_q).set_index("qid")
-        q_of = d["gid"].to_numpy()
-        out = {}
-        for pi in self.priors:
-            if 0.0 < pi0 < 1.0:
-                w = np.where(y == 1, pi / pi0, (1.0 - pi) / (1.0 - pi0))
-            else:  # one class only: nothing to re-weight
-                w = np.ones(len(y))
-            tp = float(w[(kept == 1) & (y == 1)].sum())
-            kept_w = float(w[kept == 1].sum())
-            wq = pd.Series(w).groupby(q_of, sort=False).mean().reindex(per_q.index).to_numpy()
-            scores = {
-                "accuracy": float(w[kept == y].sum() / w.sum()) if len(w) else 0.0,
-                "precision": tp / kept_w if kept_w > 0 else 0.0,
-                "mrr": float(np.sum(wq * per_q["rr"].to_numpy()) / np.sum(wq)),
-            }
-            for m, col in (("spearman", "rho"), ("spearman_true", "rho_true")):
-                rho = per_q[col].to_numpy(dtype=float)
-                ok = ~np.isnan(rho)
-                scores[m] = float(np.sum(wq[ok] * rho[ok]) / np.sum(wq[ok])) if ok.any() else 0.0
-            out[pi] = {m: scores[m] for m in METRICS}
-        return out
-
-    def summary(self, per_fold: Mapping[object, dict[float, dict]]) -> dict:
-        """Per metric over the priors, the held-out folds averaged at each prior: {"mean", "worst", "worst_prior",
-        "best", "by_prior": {prior: value}} (rounded); the band is [worst, best]."""
-        from medrank.selection.evaluation import METRICS
-
-        out = {}
-        for m in METRICS:
-            by_prior = {pi: float(np.mean([f[pi][m] for f in per_fold.values()])) for pi in self.priors}
-            worst = min(by_prior, key=by_prior.get)
-            out[m] = {
-                "mean": round(float(np.mean(list(by_prior.values()))), 4),
-                "worst": round(by_prior[worst], 4),
-                "worst_prior": worst,
-                "best": round(max(by_prior.values()), 4),
-                "by_prior": {f"{pi:g}": round(v, 4) for pi, v in by_prior.items()},
-            }
-        return out
 
 
 def reseeded(protocols: Sequence[Protocol], seeds: Sequence[int]) -> list[Protocol]:

@@ -420,3 +420,8 @@ def ir_metrics(
     if len(metrics) == 1:
         out = {metrics[0]: out}
     return {k: float(v) for k, v in out.items()}
+
+
+# Plausible positive rates of a set a user brings: the labelled sources span 0.27 (LiveQA) to 0.47 (Alexa); a new
+# population may lie further out on either side.
+SHIFT_PRIORS = tuple(float(x) for x in np.round(np.arange(0.20, 0.651, 0.05), 2))

@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,6 @@ from medrank.core.errors import MedrankError
 
 if TYPE_CHECKING:
     from medrank.params import Params
-    from medrank.serving.steps.retrieve_step import RetrieveStep
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +317,7 @@ def check_candidate_depth(p: Params) -> None:
 
 
 def retrieval_metrics(
-    step: RetrieveStep,
+    step: Any,  # serving.steps.retrieve_step.RetrieveStep (a layer above: read for its .p, .rqe and .docs only)
     scored: ScoredCandidates,
     chosen: pd.DataFrame,
     *,
