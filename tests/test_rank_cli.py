@@ -283,6 +283,18 @@ def test_missing_model_is_a_clear_error(workdir, monkeypatch, capsys):
     ]
 
 
+def _resealed_doctored_system(workdir: Path, tmp_path: Path, doctor) -> Path:
+    """A copy of the project's models whose system.json is `doctor`ed and sealed again: the checks past the seal
+    must refuse it."""
+    root = tmp_path / "proj"
+    shutil.copytree(workdir / "models", root / "models")
+    system = json.loads((root / "models" / "system.json").read_text())
+    doctor(system)
+    system.pop(RECORD_SHA256)
+    write_sealed_json(root / "models" / "system.json", system)
+    return root
+
+
 @pytest.mark.parametrize(
     "doctor",
     [
@@ -295,12 +307,7 @@ def test_missing_model_is_a_clear_error(workdir, monkeypatch, capsys):
 def test_doctored_decision_is_a_clear_error(workdir, monkeypatch, capsys, tmp_path, doctor):
     from medrank.cli import main
 
-    root = tmp_path / "proj"
-    shutil.copytree(workdir / "models", root / "models")
-    system = json.loads((root / "models" / "system.json").read_text())
-    doctor(system)
-    system.pop(RECORD_SHA256)
-    write_sealed_json(root / "models" / "system.json", system)  # re-sealed: the checks past the seal refuse it
+    root = _resealed_doctored_system(workdir, tmp_path, doctor)
     monkeypatch.chdir(workdir)
     with pytest.raises(SystemExit) as e:
         main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(root / "models")])
@@ -329,12 +336,7 @@ def test_a_doctored_system_is_one_line_before_any_port_opens(
     logged the traceback at warm-up and stayed up, never ready."""
     from medrank.cli import main
 
-    root = tmp_path / "proj"
-    shutil.copytree(workdir / "models", root / "models")
-    system = json.loads((root / "models" / "system.json").read_text())
-    doctor(system)
-    system.pop(RECORD_SHA256)
-    write_sealed_json(root / "models" / "system.json", system)  # re-sealed: the checks past the seal refuse it
+    root = _resealed_doctored_system(workdir, tmp_path, doctor)
     monkeypatch.chdir(workdir)
     if command == "serve":
         import uvicorn

@@ -357,6 +357,17 @@ def _label_shift_explains(y: np.ndarray, p: np.ndarray, target_p: np.ndarray, pr
     return dist <= critical
 
 
+def fit_keep_on(rule: str, cal: pd.DataFrame, target: pd.DataFrame) -> Keep:
+    """fit_keep over decided frames: calibration rows with label_true, prob, gid; the target rows' prob only."""
+    return fit_keep(
+        rule,
+        cal["label_true"].to_numpy(dtype=int),
+        cal["prob"].to_numpy(dtype=float),
+        cal["gid"].to_numpy(),
+        target["prob"].to_numpy(dtype=float),
+    )
+
+
 def order_key(rows: pd.DataFrame, order: str) -> np.ndarray:
     """The within-question order key of an order rule (ORDERS; higher = earlier) over rows with prob, rank_key
     and label (kept)."""
@@ -404,13 +415,7 @@ def decide_system(
     pred = pred.merge(truth, on=["gid", "aid"], how="left")
 
     def _fit(cal: pd.DataFrame, target: pd.DataFrame) -> Keep:
-        return fit_keep(
-            rule,
-            cal["label_true"].to_numpy(dtype=int),
-            cal["prob"].to_numpy(dtype=float),
-            cal["gid"].to_numpy(),
-            target["prob"].to_numpy(dtype=float),
-        )
+        return fit_keep_on(rule, cal, target)
 
     out, fits = [], {}
     for part, name in zip(HELD_OUT_PARTS, ("folds", "loso")):

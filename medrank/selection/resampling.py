@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from medrank.core.errors import MedrankError
-from medrank.selection.decision import Keep, apply_decision, fit_keep
+from medrank.selection.decision import Keep, apply_decision, fit_keep_on
 from medrank.selection.evaluation import METRICS, gold_of, ranked_rows
 from medrank.selection.experiment import SHIFT_PRIORS
 from medrank.selection.metrics import task3_by_question, task3_scores_of
@@ -101,13 +101,7 @@ class Resampling:
         def keep_for(target: pd.DataFrame) -> Keep:
             if isinstance(rule, Keep):
                 return rule
-            return fit_keep(
-                rule,
-                cal["label_true"].to_numpy(dtype=int),
-                cal["prob"].to_numpy(dtype=float),
-                cal["gid"].to_numpy(),
-                target["prob"].to_numpy(dtype=float),
-            )
+            return fit_keep_on(rule, cal, target)
 
         fixed = None if isinstance(rule, str) and rule in BATCH_ADAPTIVE else keep_for(rows)
         out: dict[float, dict | None] = {}

@@ -1,3 +1,4 @@
+import os
 import shutil
 from pathlib import Path
 
@@ -19,3 +20,16 @@ def tiny_project(tiny_mtl_project, tmp_path_factory) -> Path:
     shutil.copytree(tiny_mtl_project / "models", root / "models")
     # the steps name the tiny encoder by its path, in the MTL project's bert/
     return use_tiny_baseline(root, tiny_mtl_project / "bert")
+
+
+@pytest.fixture(scope="module")
+def ranker(tiny_project):
+    """The tiny project's models loaded as `medrank serve` loads them, in the project folder."""
+    from medrank.serving.rank import Ranker
+
+    cwd = os.getcwd()
+    os.chdir(tiny_project)
+    try:
+        yield Ranker.load("models")
+    finally:
+        os.chdir(cwd)

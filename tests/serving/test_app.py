@@ -22,18 +22,6 @@ FIXTURE_INPUT = json.loads((FIXTURES / "rank_input.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def ranker(tiny_project):
-    import os
-
-    cwd = os.getcwd()
-    os.chdir(tiny_project)  # as `medrank serve` run in the project folder
-    try:
-        yield Ranker.load("models")
-    finally:
-        os.chdir(cwd)
-
-
-@pytest.fixture(scope="module")
 def client(ranker):
     with TestClient(create_app(ServeConfig(threads=1, max_queue=4), ranker)) as c:
         _wait_ready(c)

@@ -19,7 +19,6 @@ import pytest
 import uvicorn
 
 from medrank.serving.app import CONFIG_ENV, ServeConfig, create_app
-from medrank.serving.rank import Ranker
 from medrank.serving.slow_clients import SlowClientProtocol, slow_client_protocol
 from tests.conftest import error_lines
 from tests.helpers.tiny_project import FIXTURES
@@ -29,16 +28,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared
 BOUND_S = 15.0  # every wait on the server; its deadlines are 2 s
 SLOW_BODY = b'POST /rank HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"'
 SLOW_HEADERS = b"POST /rank HTTP/1.1\r\nHost: t\r\nContent-Le"
-
-
-@pytest.fixture(scope="module")
-def ranker(tiny_project):
-    cwd = os.getcwd()
-    os.chdir(tiny_project)  # as `medrank serve` run in the project folder
-    try:
-        yield Ranker.load("models")
-    finally:
-        os.chdir(cwd)
 
 
 @contextlib.contextmanager
