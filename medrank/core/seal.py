@@ -19,7 +19,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from medrank.core.errors import MedrankError
 from medrank.core.io import RECORD_SHA256, read_sealed_json, sha256_file, write_sealed_json
@@ -115,7 +115,7 @@ def seal_step(folder: Path) -> bool:
     return True
 
 
-def _seal_record(path: Path, load: callable) -> bool:
+def _seal_record(path: Path, load: Callable[[], object]) -> bool:
     """Seal one plain JSON record in place, then read it back through its loader (`load()`)."""
     raw = _read(path)
     if RECORD_SHA256 in raw:
