@@ -84,9 +84,11 @@ def stash_dir(stage: str) -> Path:
 
 def die_with_parent(poll_s: float = 0.5) -> None:
     """SIGTERM (and SIGHUP) unwind the stage, so its last good outputs go back (a plain SIGTERM would end it with no
-    clean-up), and the stage ends itself once its parent is gone: a `dvc repro` killed outright must not leave an
-    orphan that goes on to rewrite outputs dvc.lock will never record. The parent is polled from a daemon thread
-    (not prctl's PDEATHSIG, which fires when the forking *thread* of the parent ends)."""
+    clean-up), and the stage ends itself once the process that started it is gone: a `dvc repro` killed outright must
+    not leave an orphan that goes on to rewrite outputs dvc.lock will never record. DVC runs the cmd as `$SHELL -c cmd`;
+    bash execs the command but dash (Debian's /bin/sh, which CI has when SHELL is unset or /bin/sh) stays between as a
+    parent that outlives dvc, so the watch goes up through such shells (`_starters`) and checks each link of the chain.
+    Polled from a daemon thread (not prctl's PDEATHSIG, which fires when the forking *thread* of the parent ends)."""
     import signal
     import threading
 
@@ -95,16 +97,52 @@ def die_with_parent(poll_s: float = 0.5) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _unwind)
-    parent, me = os.getppid(), os.getpid()
+    me = os.getpid()
+    chain = _starters(me)
 
     def _watch() -> None:
-        while os.getppid() == parent:
+        while all(_ppid(pid) == ppid for pid, ppid in chain):
             time.sleep(poll_s)
         if os.getpid() == me:
             print("error: the process that started this stage is gone (killed?): stopping", file=sys.stderr)
             os.kill(me, signal.SIGTERM)
 
     threading.Thread(target=_watch, name="medrank-die-with-parent", daemon=True).start()
+
+
+_SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish", "ash", "busybox"})
+
+
+def _ppid(pid: int) -> int | None:
+    """The parent of `pid` (os.getppid for this process; /proc elsewhere), None once it is gone or unreadable."""
+    if pid == os.getpid():
+        return os.getppid()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[1])
+
+
+def _starters(pid: int) -> list[tuple[int, int]]:
+    """(process, its parent) links from `pid` up to the first process that is not a shell running `-c`: the stage's own
+    parent, and above it each wrapping shell's. A link that changes (its parent died and it was re-parented) means the
+    starter is gone. Without /proc only the stage's own parent is watched."""
+    chain = [(pid, os.getppid())]
+    while len(chain) < 8:
+        parent = chain[-1][1]
+        try:
+            argv = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            break
+        if os.path.basename(argv[0].decode(errors="replace")).lstrip("-") not in _SHELLS or b"-c" not in argv[1:]:
+            break
+        grand = _ppid(parent)
+        if grand is None or grand <= 1:
+            break
+        chain.append((parent, grand))
+    return chain
 
 
 def lock_dir() -> Path:
