@@ -47,6 +47,12 @@ def test_fitted_rules_on_separable_rows():
     top = D.fit_keep("top_k", y, p, gid)
     assert top.value in (1, 2) and (top.labels(p, gid) == y).mean() == 7 / 8
     assert 0.4 < D.fit_keep("platt", y, p, gid, p).value < 0.7
+    # platt_min_keep_1: platt's threshold, and a question whose answers all fall below it keeps its most probable one
+    both = D.fit_keep("platt_min_keep_1", y, p, gid)
+    assert (both.value, both.min_keep) == (D.fit_keep("platt", y, p, gid).value, 1)
+    low = np.array([0.9, 0.8, 0.3, 0.1, 0.35, 0.3, 0.2, 0.05])
+    assert list(both.labels(low, gid)) == [1, 1, 0, 0, 1, 0, 0, 0]
+    assert list(D.fit_keep("platt", y, p, gid).labels(low, gid)) == [1, 1, 0, 0, 0, 0, 0, 0]
     assert D.fit_keep("fixed_0.5", y, p, gid).value == 0.5
     with pytest.raises(MedrankError, match="target"):
         D.fit_keep("em", y, p, gid)
@@ -65,6 +71,18 @@ def test_prior_matching_rules_follow_the_target_prior(rule):
     assert kept > fixed  # the shift-aware rule keeps more on the richer target
     if rule != "em":
         assert kept == pytest.approx(keep.target_prior, abs=0.01)
+
+
+def test_the_posterior_fraction_is_the_mean_calibrated_posterior_and_moves_toward_the_target():
+    y, p, gid = _synthetic(200, 0.3, 1)
+    yt, pt, _ = _synthetic(200, 0.6, 2)
+    keep = D.fit_keep("posterior_fraction", y, p, gid, pt)
+    a, b = D.platt(y, p)
+    assert keep.target_prior == pytest.approx(float(np.mean(1 / (1 + np.exp(-(a * D._logit(pt) + b))))))
+    # no EM step: part of the way from the calibration rows' rate (0.3) to the target's (0.6)
+    assert 0.3 < keep.target_prior < 0.6
+    assert keep.labels(pt, np.repeat(np.arange(200), 8)).mean() == pytest.approx(keep.target_prior, abs=0.01)
+    assert "posterior_fraction" in D.BATCH_ADAPTIVE
 
 
 def test_orders():

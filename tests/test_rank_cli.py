@@ -319,6 +319,55 @@ def test_doctored_decision_is_a_clear_error(workdir, monkeypatch, capsys, tmp_pa
     )
 
 
+def test_a_batch_adaptive_pick_serves_each_request_by_the_fixed_request_rule(workdir, monkeypatch, capsys, tmp_path):
+    """A pick that adapts to its batch (em_guarded) fitted keep.test on the test batch: a request is decided by
+    system.json's "request" fit (decision.REQUEST_RULE on the same calibration rows), never by that batch's fit."""
+    from medrank.cli import main
+
+    def adaptive(request_value: float):
+        def doctor(s: dict) -> None:
+            s.update(keep_rule="em_guarded", request_rule="min_keep_1")
+            s["keep"]["test"] = {"kind": "threshold", "value": 0.0, "min_keep": 0, "target_prior": 0.9}  # keeps all
+            s["request"] = {
+                f: {"kind": "threshold", "value": request_value, "min_keep": 1, "target_prior": None}
+                for f in ("val", "test")
+            }
+
+        return doctor
+
+    monkeypatch.chdir(workdir)
+    for value, kept in ((0.999999, 1), (0.0, 4)):  # min_keep 1 above every probability: one answer; 0: all four
+        root = _resealed_doctored_system(workdir, tmp_path / str(kept), adaptive(value))
+        assert main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(root / "models")]) == 0
+        assert json.loads(capsys.readouterr().out)["n_kept"] == kept
+
+
+def test_the_system_record_of_a_batch_adaptive_pick_carries_the_request_rules_fits():
+    from medrank.selection.decision import fit_keep_on
+    from medrank.selection.final_system import system_record
+
+    rng = np.random.default_rng(3)
+    n = 60
+    decided = pd.DataFrame(
+        {
+            "part": "oof",
+            "gid": [f"q{i // 5}" for i in range(n)],
+            "split": np.where(np.arange(n) < 40, "train_liveqa", "val"),
+            "label_true": (rng.random(n) < 0.4).astype(int),
+        }
+    )
+    decided["prob"] = np.clip(0.3 + 0.4 * decided["label_true"] + 0.2 * rng.normal(size=n), 0, 1)
+    sel = {"weight": 0.0, "fits": {"val": {}, "test": {}}, "rule": "em_guarded", "order": "rank", "decided": decided}
+    got = system_record(sel)
+    train = decided[decided["split"] == "train_liveqa"]
+    assert got["request_rule"] == "min_keep_1"
+    assert got["request"] == {
+        "val": fit_keep_on("min_keep_1", train, train).to_json(),
+        "test": fit_keep_on("min_keep_1", decided, decided).to_json(),
+    }
+    assert "request" not in system_record({**sel, "rule": "platt"})  # a fixed rule's fit serves any request
+
+
 @pytest.mark.parametrize("command", ["rank", "serve"])
 @pytest.mark.parametrize(
     "doctor, says",

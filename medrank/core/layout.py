@@ -49,6 +49,7 @@ BIENC = PROCESSED / "bienc.parquet"  # bienc: bienc_cos, heading_cos, qtype_agre
 QA_SCORES = PROCESSED / "qa_scores.parquet"  # qa (analysis/dvc.yaml): qa_score per answer
 QA_GRADED_SCORES = PROCESSED / "qa_graded_scores.parquet"  # qa_graded (analysis/dvc.yaml): qa_graded_score per answer
 PASSAGE_SCORES = PROCESSED / "passage_scores.parquet"  # passages: passage_max_cos per answer
+AGREE_SCORES = PROCESSED / "agree_scores.parquet"  # agree (analysis/dvc.yaml): agree_max_cos, agree_mean_cos per answer
 QA_BIENC_SCORES = (
     PROCESSED / "qa_bienc_scores.parquet"
 )  # qa_bienc (analysis/dvc.yaml): qa_bienc_cos per answer, cross-fitted

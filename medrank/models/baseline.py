@@ -1,4 +1,5 @@
-"""Feature-engineered baseline (paper §4.4): logistic-regression filter + pairwise rank SVM.
+"""Feature-engineered baseline (paper §4.4): logistic-regression filter + pairwise rank SVM (or, baseline.filter_model
+gbdt / baseline.ranker lambdamart, a LightGBM binary classifier / lambdarank model on the same features).
 
 `fit_baseline` trains both on an answer table (medrank.task3.features.answer_table); the decision threshold is
 chosen on question-grouped out-of-fold probabilities of the training rows (not fixed at 0.5), and an
@@ -24,6 +25,7 @@ from medrank.selection.experiment import grouped_folds
 from medrank.core.errors import MedrankError
 from medrank.task3.features import FeatureBuilder, builder_from_json, builder_to_json
 from medrank.params import BaselineParams
+from medrank.params.rankers import GbdtParams
 
 
 # data/processed/baseline/predictions.parquet: per-answer predictions for ensembling / error analysis
@@ -35,7 +37,7 @@ PREDICTIONS = pa.schema(
         ("aid", pa.string()),
         ("fold", pa.int16()),  # CV fold (oof), -1 otherwise
         ("prob", pa.float64()),  # filter probability (after the prior shift, if any)
-        ("rank_score", pa.float64()),  # rank-SVM score (or prob with the LR ranker)
+        ("rank_score", pa.float64()),  # rank-SVM (or LambdaMART) score (or prob with the LR ranker)
         ("threshold", pa.float64()),
         ("label", pa.int8()),  # kept (1) or filtered out (0)
         ("score", pa.float64()),  # submission order key within the question (higher = earlier)
@@ -54,7 +56,8 @@ class BaselineConfig:
     groups: tuple[str, ...]  # feature groups (params.features, or an ablation row)
     n_candidates: int = 3
     seed: int = 13
-    ranker: Literal["svm", "lr"] = "svm"  # order kept answers by rank-SVM score or by filter probability
+    # order kept answers by the rank model's score (params.ranker: the rank SVM or LambdaMART) or by filter probability
+    ranker: Literal["svm", "lr"] = "svm"
 
     @property
     def inner_folds(self) -> int:
@@ -62,7 +65,7 @@ class BaselineConfig:
 
     @property
     def ranker_groups(self) -> tuple[str, ...]:
-        """The groups the rank SVM reads: `groups` less `params.filter_only` (all of them where that leaves none)."""
+        """The groups the rank model reads: `groups` less `params.filter_only` (all of them where that leaves none)."""
         return tuple(g for g in self.groups if g not in self.params.filter_only) or self.groups
 
 
@@ -168,6 +171,99 @@ class RankSVM:
         return np.asarray(X @ self.coef_).ravel()
 
 
+# ---------------------------------------------------------------- LightGBM (baseline.filter_model gbdt, ranker lambdamart)
+
+
+def _lgb_params(gbdt: GbdtParams, seed: int, objective: str) -> dict:
+    """LightGBM parameters pinned for bit-identical runs on a machine: seeded, deterministic, row-wise, one thread."""
+    return {
+        "objective": objective,
+        "learning_rate": gbdt.learning_rate,
+        "num_leaves": gbdt.num_leaves,
+        "min_data_in_leaf": gbdt.min_child_samples,
+        "bagging_fraction": gbdt.subsample,
+        "bagging_freq": 0 if gbdt.subsample == 1.0 else 1,
+        "feature_fraction": gbdt.feature_fraction,
+        "seed": seed,
+        "deterministic": True,
+        "force_row_wise": True,
+        "num_threads": 1,
+        "verbose": -1,
+    }
+
+
+def _booster(text: str):
+    """A LightGBM booster from its text (`model_to_string`): a fitted model is read back from its text at once, so
+    the one that predicts after fitting is the one `FittedBaseline.load` rebuilds, bit for bit."""
+    import lightgbm as lgb
+
+    return lgb.Booster(model_str=text)
+
+
+def _train_booster(params: dict, X: sp.spmatrix, y: np.ndarray, n_rounds: int, group: np.ndarray | None = None) -> str:
+    import lightgbm as lgb
+
+    data = lgb.Dataset(sp.csr_matrix(X, dtype=np.float64), label=y, group=group)
+    return lgb.train(params, data, num_boost_round=n_rounds).model_to_string()
+
+
+class GbdtFilter:
+    """The filter as a LightGBM binary classifier; `predict_proba(X)[:, 1]` is P(correct), as the LR's."""
+
+    def __init__(self, model_str: str) -> None:
+        self.model_str = model_str
+        self.booster = _booster(model_str)
+
+    @classmethod
+    def fit(cls, X: sp.spmatrix, y: np.ndarray, gbdt: GbdtParams, seed: int) -> "GbdtFilter":
+        y = np.asarray(y, dtype=int)
+        if len(np.unique(y)) < 2:
+            raise MedrankError("filter training rows hold a single class")
+        return cls(_train_booster(_lgb_params(gbdt, seed, "binary"), X, y, gbdt.n_estimators))
+
+    def predict_proba(self, X: sp.spmatrix) -> np.ndarray:
+        p = np.asarray(self.booster.predict(sp.csr_matrix(X, dtype=np.float64), num_threads=1), dtype=np.float64)
+        return np.column_stack([1.0 - p, p])
+
+
+class LambdaMART:
+    """A LightGBM lambdarank model over the answers of each question (integer relevance: `lambdarank_relevance`)."""
+
+    def __init__(self, model_str: str) -> None:
+        self.model_str = model_str
+        self.booster = _booster(model_str)
+
+    @classmethod
+    def fit(cls, X: sp.spmatrix, relevance: np.ndarray, gid: np.ndarray, gbdt: GbdtParams, seed: int) -> "LambdaMART":
+        """Query groups: the questions (`gid`), in the order each first appears; where a question's rows are not
+        contiguous, the rows are handed to LightGBM sorted by it (stably; lambdarank reads pairs within a group only)."""
+        codes = pd.factorize(np.asarray(gid))[0]  # a question's index in order of first appearance
+        order = np.argsort(codes, kind="stable")  # the identity where every question's rows are contiguous
+        rel = np.asarray(relevance, dtype=np.int32)[order]
+        sizes = np.bincount(codes)
+        spread = pd.Series(rel).groupby(codes[order]).nunique()
+        if not (spread > 1).any():
+            raise MedrankError("no answer pair with different relevance to train the LambdaMART ranker")
+        X = sp.csr_matrix(X)[order]
+        return cls(_train_booster(_lgb_params(gbdt, seed, "lambdarank"), X, rel, gbdt.n_estimators, sizes))
+
+    def decision_function(self, X: sp.spmatrix) -> np.ndarray:
+        return np.asarray(self.booster.predict(sp.csr_matrix(X, dtype=np.float64), num_threads=1), dtype=np.float64)
+
+
+MAX_LAMBDARANK_GAIN = 30  # LightGBM's default label_gain (2^i - 1) has 31 entries: relevance 0..30
+
+
+def lambdarank_relevance(table: pd.DataFrame, target: str) -> np.ndarray:
+    """LambdaMART's integer relevance (0 = worst): grade - 1 (rank_target reference_score, and the judged rows, as
+    `_relevance`); with reference_rank, per question max(reference_rank) - reference_rank, clipped to [0, 30]."""
+    rel = _relevance(table, target)  # higher = better: -reference_rank, or the grade
+    graded = _judged(table) | (target == "reference_score")
+    worst = pd.Series(np.where(graded, np.nan, rel)).groupby(table["gid"].to_numpy(), sort=False).transform("min")
+    gain = np.where(graded, rel - 1.0, rel - worst.to_numpy())
+    return np.clip(np.rint(gain), 0, MAX_LAMBDARANK_GAIN).astype(np.int32)
+
+
 # ---------------------------------------------------------------- the recipe
 
 
@@ -192,9 +288,12 @@ def _filter_rows(table: pd.DataFrame, cfg: BaselineConfig) -> np.ndarray:
     return ~_judged(table) if cfg.params.judged_rows == "ranker" else np.ones(len(table), dtype=bool)
 
 
-def _trained_filter(X: sp.spmatrix, table: pd.DataFrame, cfg: BaselineConfig) -> LogisticRegression:
-    """The filter on `table`'s filter rows (`X` their features): on the label, or (filter_target: grade) the grades."""
+def _trained_filter(X: sp.spmatrix, table: pd.DataFrame, cfg: BaselineConfig) -> LogisticRegression | GbdtFilter:
+    """The filter on `table`'s filter rows (`X` their features): on the label, or (filter_target: grade) the grades;
+    filter_model gbdt: LightGBM on the label (BaselineParams refuses it with the grades)."""
     rows = _filter_rows(table, cfg)
+    if cfg.params.filter_model == "gbdt":
+        return GbdtFilter.fit(X[rows], _labels(table)[rows], cfg.params.gbdt, cfg.seed)
     if cfg.params.filter_target == "grade":
         return fit_graded_filter(
             X[rows], table["reference_score"].to_numpy(dtype=float)[rows], cfg.params.lr_c, cfg.seed
@@ -224,12 +323,12 @@ class FittedBaseline:
 
     config: BaselineConfig
     builder: FeatureBuilder
-    filter: LogisticRegression
-    ranker: RankSVM | None
+    filter: LogisticRegression | GbdtFilter
+    ranker: RankSVM | LambdaMART | None
     threshold: float
     train_prior: float
     info: dict = field(default_factory=dict)
-    ranker_builder: FeatureBuilder | None = None  # the rank SVM's own, where it reads fewer groups (filter_only)
+    ranker_builder: FeatureBuilder | None = None  # the rank model's own, where it reads fewer groups (filter_only)
 
     def predict(self, table: pd.DataFrame) -> pd.DataFrame:
         """gid, qid, aid, prob, label, rank_score, score (submission order key) for `table`'s rows."""
@@ -260,10 +359,24 @@ class FittedBaseline:
     # ------------------------------------------------------------ persistence (plain JSON: no pickles)
     def save(self, path: str | Path) -> None:
         """One JSON file: the run's params, feature builder state, LR and rank-SVM weights, threshold, prior; sealed
-        (`record_sha256`): an edited coefficient or threshold is refused at load."""
+        (`record_sha256`): an edited coefficient or threshold is refused at load. A LightGBM filter is saved as
+        {"gbdt": its text} under "filter", a LambdaMART ranker as its text under "lambdamart" (a key only then: the
+        LR + rank SVM layout is unchanged)."""
         from medrank.core.io import write_sealed_json
 
         cfg = self.config
+        lambdamart = isinstance(self.ranker, LambdaMART)
+        if isinstance(self.filter, GbdtFilter):
+            filter_state = {"gbdt": self.filter.model_str}
+        else:
+            filter_state = {
+                "coef": self.filter.coef_.tolist(),
+                "intercept": self.filter.intercept_.tolist(),
+                "classes": self.filter.classes_.tolist(),
+            }
+        rank_svm = (
+            None if self.ranker is None or lambdamart else {"c": self.ranker.c, "coef": self.ranker.coef_.tolist()}
+        )
         write_sealed_json(
             path,
             {
@@ -276,12 +389,9 @@ class FittedBaseline:
                 },
                 "builder": builder_to_json(self.builder),
                 "ranker_builder": None if self.ranker_builder is None else builder_to_json(self.ranker_builder),
-                "filter": {
-                    "coef": self.filter.coef_.tolist(),
-                    "intercept": self.filter.intercept_.tolist(),
-                    "classes": self.filter.classes_.tolist(),
-                },
-                "rank_svm": None if self.ranker is None else {"c": self.ranker.c, "coef": self.ranker.coef_.tolist()},
+                "filter": filter_state,
+                "rank_svm": rank_svm,
+                **({"lambdamart": self.ranker.model_str} if lambdamart else {}),
                 "threshold": self.threshold,
                 "train_prior": self.train_prior,
                 "info": self.info,
@@ -306,19 +416,24 @@ class FittedBaseline:
                 int(c["seed"]),
                 c["ranker"],
             )
-            lr = LogisticRegression(C=cfg.params.lr_c, solver="liblinear", max_iter=1000, random_state=cfg.seed)
-            lr.coef_ = np.asarray(d["filter"]["coef"], dtype=np.float64)
-            lr.intercept_ = np.asarray(d["filter"]["intercept"], dtype=np.float64)
-            lr.classes_ = np.asarray(d["filter"]["classes"])
-            lr.n_features_in_ = lr.coef_.shape[1]
+            if "gbdt" in d["filter"]:
+                clf = GbdtFilter(str(d["filter"]["gbdt"]))
+            else:
+                clf = LogisticRegression(C=cfg.params.lr_c, solver="liblinear", max_iter=1000, random_state=cfg.seed)
+                clf.coef_ = np.asarray(d["filter"]["coef"], dtype=np.float64)
+                clf.intercept_ = np.asarray(d["filter"]["intercept"], dtype=np.float64)
+                clf.classes_ = np.asarray(d["filter"]["classes"])
+                clf.n_features_in_ = clf.coef_.shape[1]
             ranker = None
-            if d["rank_svm"] is not None:
+            if d.get("lambdamart") is not None:
+                ranker = LambdaMART(str(d["lambdamart"]))
+            elif d["rank_svm"] is not None:
                 ranker = RankSVM(float(d["rank_svm"]["c"]), cfg.seed)
                 ranker.coef_ = np.asarray(d["rank_svm"]["coef"], dtype=np.float64)
             return cls(
                 cfg,
                 builder_from_json(d["builder"]),
-                lr,
+                clf,
                 ranker,
                 float(d["threshold"]),
                 float(d["train_prior"]),
@@ -333,8 +448,8 @@ class FittedBaseline:
 
 def _fit_core(
     table: pd.DataFrame, cfg: BaselineConfig, tfidf
-) -> tuple[FeatureBuilder, LogisticRegression, RankSVM | None, FeatureBuilder | None]:
-    """(the filter's builder, the filter, the rank SVM, the rank SVM's own builder where it reads fewer groups)."""
+) -> tuple[FeatureBuilder, LogisticRegression | GbdtFilter, RankSVM | LambdaMART | None, FeatureBuilder | None]:
+    """(the filter's builder, the filter, the rank model, the rank model's own builder where it reads fewer groups)."""
     builder = FeatureBuilder(cfg.groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
     X = builder.fit_transform(table)
     clf = _trained_filter(X, table, cfg)
@@ -344,13 +459,22 @@ def _fit_core(
         if cfg.ranker_groups != cfg.groups:
             ranker_builder = FeatureBuilder(cfg.ranker_groups, n_candidates=cfg.n_candidates, tfidf=tfidf)
             X_rank = ranker_builder.fit_transform(table)
-        ranker = RankSVM(cfg.params.svm_c, cfg.seed).fit(
-            X_rank,
-            _relevance(table, cfg.params.rank_target),
-            table["gid"].to_numpy(),
-            _labels(table),
-            cfg.params.label_pair_weight,
-        )
+        if cfg.params.ranker == "lambdamart":  # label_pair_weight is the rank SVM's (pair weights) only
+            ranker = LambdaMART.fit(
+                X_rank,
+                lambdarank_relevance(table, cfg.params.rank_target),
+                table["gid"].to_numpy(),
+                cfg.params.gbdt,
+                cfg.seed,
+            )
+        else:
+            ranker = RankSVM(cfg.params.svm_c, cfg.seed).fit(
+                X_rank,
+                _relevance(table, cfg.params.rank_target),
+                table["gid"].to_numpy(),
+                _labels(table),
+                cfg.params.label_pair_weight,
+            )
     return builder, clf, ranker, ranker_builder
 
 

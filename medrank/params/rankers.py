@@ -190,11 +190,14 @@ KEEP_RULES = {
     "fixed_0.5": "a fixed probability threshold 0.5",
     "min_keep_1": "the accuracy-best threshold, and each question's most probable answer",
     "platt": "Platt scaling fitted on the calibration rows; keep calibrated P >= 0.5",
+    "platt_min_keep_1": "platt, and each question's most probable answer",
     "isotonic": "isotonic calibration fitted on the calibration rows; keep calibrated P >= 0.5",
     "em": "Platt, then the target's positive rate by EM (Saerens 2002); keep prior-adjusted P >= 0.5",
     "em_guarded": "em with min_keep 1, unless the target's scores are no prior shift of the calibration rows' (KS "
     "test against their class mixture at the EM rate, alpha 0.01) or the rate is outside [0.05, 0.95]: then min_keep_1",
     "em_fraction": "the target's positive rate by EM on Platt-calibrated P; keep that fraction of target rows",
+    "posterior_fraction": "the target's positive rate as the mean of its Platt-calibrated P (no EM step); keep that "
+    "fraction of target rows",
     "bbse_fraction": "the target's positive rate by black-box shift estimation (the threshold rule's confusion "
     "matrix on the calibration rows); keep that fraction of target rows",
     "minimax": "the threshold whose worst accuracy over the plausible positive rates (experiment.SHIFT_PRIORS) of the "
@@ -284,8 +287,20 @@ class PassagesParams(_Section):
     max_passages: int = Field(default=8, ge=1, le=MAX_STEPS)  # windows per answer, from its start
 
 
+class GbdtParams(_Section):
+    """LightGBM knobs of the baseline's lambdamart ranker and gbdt filter (baseline.gbdt). Every fit is pinned (seed,
+    deterministic, row-wise histograms, one thread): a run gives the same bits every time on a machine."""
+
+    n_estimators: int = Field(default=200, ge=1, le=MAX_COUNT)  # boosting rounds
+    learning_rate: float = Field(default=0.05, gt=0, le=MAX_LR)
+    num_leaves: int = Field(default=15, ge=2, le=MAX_WIDTH)
+    min_child_samples: int = Field(default=20, ge=1, le=MAX_COUNT)  # rows per leaf at least
+    subsample: float = Field(default=1.0, gt=0, le=1)  # rows per tree (< 1: seeded bagging every round); 1 = all
+    feature_fraction: float = Field(default=1.0, gt=0, le=1)  # features per tree (seeded); 1 = all
+
+
 class BaselineParams(_Section):
-    """Feature-engineered baseline (stage baseline): LR filter + pairwise rank SVM (paper 4.4)."""
+    """Feature-engineered baseline (stage baseline): LR filter + pairwise rank SVM (paper 4.4), or LightGBM ones."""
 
     features: list[FeatureGroup] = Field(default_factory=lambda: ["metadata", "bienc"], min_length=1)
     bow_max_features: int = Field(default=5000, ge=1, le=MAX_COUNT)  # TF-IDF vocabulary (fitted on MedQuAD answers)
@@ -306,6 +321,19 @@ class BaselineParams(_Section):
     # the judged LiveQA answers of the train_liveqa questions (medrank.data.judged) train: none | ranker (the rank SVM's
     # pairs, from their grades) | all (the filter too)
     judged_rows: Literal["none", "ranker", "all"] = "none"
+    # the ranker: rank_svm (pairwise LinearSVC) | lambdamart (LightGBM lambdarank on the same features and relevance)
+    ranker: Literal["rank_svm", "lambdamart"] = "rank_svm"
+    # the filter: lr (logistic regression, lr_c) | gbdt (LightGBM binary classifier; filter_target label only)
+    filter_model: Literal["lr", "gbdt"] = "lr"
+    gbdt: GbdtParams = GbdtParams()  # the LightGBM knobs of ranker lambdamart and filter_model gbdt
+
+    @model_validator(mode="after")
+    def _gbdt_filter_target(self) -> "BaselineParams":
+        if self.filter_model == "gbdt" and self.filter_target != "label":
+            raise ValueError(
+                "filter_model: gbdt supports filter_target label only (the ordinal grade filter is the LR's)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _judged_inputs(self) -> "BaselineParams":

@@ -328,3 +328,17 @@ def check_metrics_dir(metrics_dir: str | Path, repo: str | Path | None = None) -
 
 def read_metrics(metrics_dir: str | Path) -> dict[str, dict]:
     return {f.stem: load_metrics_file(f) for f in sorted(Path(metrics_dir).glob("*.json"))}
+
+
+def acceptance_text(a: dict | None, brief: bool = False) -> str:
+    """An acceptance cell: adopted or not, the margins (in noise bands) on the worst source and at the worst rate, and
+    what stopped it."""
+    v = (a or {}).get("verdict")
+    if not v:
+        return "—"
+    head = "**adopted**" if v["adopt"] else "refused"
+    if a.get("incumbent") not in (None, "default"):  # the default challenged a simpler row: its group stays or goes
+        head = "the default's group stays" if a.get("default_stands") else "**the default's group goes**"
+    margins = f"{v['margin']['worst_source']:+.1f} / {v['margin']['worst_prior']:+.1f} bands"
+    why = f"; {v['why']}" if not v["adopt"] and not brief else ""
+    return f"{head} ({margins}{' on the worst source / rate' if brief else ''}{why})"

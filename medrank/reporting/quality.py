@@ -6,6 +6,7 @@ import json
 
 from medrank.reporting.formatting import (
     TASK3_COLUMNS,
+    acceptance_text,
     fmt_metric,
     acc_text,
     fmt_num,
@@ -193,7 +194,7 @@ def nested_section(m: dict) -> list[str]:
     if variants:
 
         def worst_rate(r: dict) -> str:
-            sh = r.get("shift") or {}
+            sh = r.get("resampled") or r.get("shift") or {}
             return " / ".join(f"{sh[k]['worst']:.3f}" if k in sh else "—" for k in ("accuracy", "mrr"))
 
         def figures(r: dict) -> list[str]:
@@ -208,18 +209,22 @@ def nested_section(m: dict) -> list[str]:
                 or "—"
             )
 
-        rows = [["default", "—", "—"] + figures(n) + ["—"]]
+        rows = [["default", "—", "—"] + figures(n) + ["—", "—"]]
         rows += [
             [name, overrides(v["baseline"]), overrides(v["mtl"])]
             + figures(v["nested_loso"])
-            + [f"{v['vs_default']['accuracy']:+.3f} / {v['vs_default']['mrr']:+.3f}"]
+            + [
+                f"{v['vs_default']['accuracy']:+.3f} / {v['vs_default']['mrr']:+.3f}",
+                acceptance_text(v.get("acceptance")),
+            ]
             for name, v in variants.items()
         ]
         out += [
             "**Rows beside the default under nested LOSO** (`analysis.nested.variants`: keys of the baseline and mtl sections "
             "a row overrides, the same protocol; the groups of `baseline.filter_only` reach the baseline's filter, not its rank SVM; at the "
-            "worst rate: each figure at its worst positive rate in 20–65%, as the written rule reads them; a row beats the "
-            "default only beyond the noise band)",
+            "worst rate: the mean over the held-out sources resampled to each positive rate in 20–65%, at the worst one; acceptance: "
+            "the acceptance rule between the row and the default, the simpler recipe the incumbent: a group stays only when it "
+            "gains beyond the noise band on the worst source and at the worst rate and loses on no source)",
             "",
         ]
         out += md_table(
@@ -233,6 +238,7 @@ def nested_section(m: dict) -> list[str]:
                 "Spearman (official)",
                 "at the worst rate (accuracy / MRR)",
                 "vs default (accuracy / MRR)",
+                "acceptance",
             ],
             rows,
         )
@@ -264,13 +270,14 @@ def nested_section(m: dict) -> list[str]:
     ]
 
     def alone_row(label: str, v: dict) -> list[str]:
+        band = v.get("resampled") or v.get("shift")  # resampled: each batch's keep rule re-run (an adaptive one adapts)
         return [
             label,
             loso_text(v),
-            shift_text(v.get("shift")),
+            shift_text(band),
             loso_text(v, "precision"),
             loso_text(v, "mrr"),
-            shift_text(v.get("shift"), "mrr"),
+            shift_text(band, "mrr"),
             loso_text(v, "spearman"),
         ]
 
@@ -290,17 +297,35 @@ def nested_section(m: dict) -> list[str]:
             "",
         ]
         out += md_table(["MTL weight", *alone_columns], rows)
+        if m.get("mtl_vs_baseline"):
+            out += [
+                "",
+                "The MTL alone challenging the baseline alone under the acceptance rule: "
+                + acceptance_text({"verdict": m["mtl_vs_baseline"]})
+                + ".",
+            ]
     rules = n.get("by_keep_rule") or {}
     if rules:
-        rows = [alone_row(f"`{r}`", v) for r, v in rules.items()]
         kp = m.get("keep_rule_pick") or {}
+        verdicts = kp.get("verdicts") or {}
+        rows = [
+            alone_row(f"`{r}`", v)
+            + ["incumbent" if r == kp.get("incumbent") else acceptance_text({"verdict": verdicts.get(r)})]
+            for r, v in rules.items()
+        ]
         verdict = (
             (
-                f" The written rule on these figures ({kp.get('on')}) picks `{kp['rule']}`; `score.keep_rules` holds "
+                f" The acceptance rule on these figures ({kp.get('on')}) keeps `{kp['pick']}`"
+                + (
+                    f" (the incumbent, `{kp['incumbent']}`)"
+                    if kp["pick"] == kp["incumbent"]
+                    else f" over `{kp['incumbent']}`"
+                )
+                + "; `score.keep_rules` holds "
                 + ", ".join(f"`{r}`" for r in kp.get("score_keep_rules", []))
                 + "."
             )
-            if kp.get("rule")
+            if kp.get("pick")
             else ""
         )
         out += [
@@ -309,7 +334,7 @@ def nested_section(m: dict) -> list[str]:
             "scores 0 on the official MRR: `min_keep_1` and `top_k` always keep each question's best answer." + verdict,
             "",
         ]
-        out += md_table(["keep rule", *alone_columns], rows)
+        out += md_table(["keep rule", *alone_columns, "acceptance (vs the incumbent)"], rows)
     return out
 
 

@@ -278,6 +278,13 @@ def bbse_prior(y: np.ndarray, p: np.ndarray, target_p: np.ndarray, t: float) -> 
     return float(np.clip((q - fpr) / max(tpr - fpr, 1e-6), 0.02, 0.98))
 
 
+# keep rules whose fit reads the target batch's probabilities (fit_keep's transductive ones): re-fitted on every batch;
+# every other rule's fit depends on the calibration rows only (a test guards the list)
+BATCH_ADAPTIVE = ("em", "em_guarded", "em_fraction", "posterior_fraction", "bbse_fraction")
+# what decides one request (`medrank rank`, `medrank serve`) when the chosen rule adapts to its batch: a question's ten
+# answers are no batch to estimate a prior from, and a server's micro-batch mixes callers (docs/serving.md)
+REQUEST_RULE = "min_keep_1"
+
 # em_guarded: the significance of the test that label shift alone explains the target batch, and the EM priors it trusts
 EM_GUARD_ALPHA = 0.01
 EM_GUARD_PRIORS = (0.05, 0.95)
@@ -328,15 +335,19 @@ def fit_keep(rule: str, y: np.ndarray, p: np.ndarray, gid: np.ndarray, target_p:
         cand = np.unique(p)
         above = cand[iso.predict(cand) >= 0.5]
         return Keep("threshold", float(above.min()) if len(above) else 1.0)
+    if rule in ("platt", "platt_min_keep_1"):  # not transductive: the calibration rows only
+        a, b = platt(y, p)
+        return Keep("threshold", _threshold_where(0.0, a, b), 1 if rule.endswith("min_keep_1") else 0)
     if target_p is None or not len(target_p):
         raise MedrankError(f"keep rule '{rule}' needs the target rows' probabilities")
     if rule == "bbse_fraction":
         prior = bbse_prior(y, p, target_p, select_threshold(y, p))
         return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
     a, b = platt(y, p)
-    if rule == "platt":
-        return Keep("threshold", _threshold_where(0.0, a, b))
     calibrated = 1 / (1 + np.exp(-(a * _logit(target_p) + b)))
+    if rule == "posterior_fraction":  # the batch's mean calibrated posterior as its positive rate
+        prior = float(calibrated.mean())
+        return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
     prior, _ = em_prior_shift(calibrated, float(y.mean()))
     if rule == "em_fraction":
         return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)

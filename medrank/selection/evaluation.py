@@ -343,13 +343,15 @@ def candidate_systems(
     select_under: str = "mean",
 ) -> dict:
     """Every (MTL weight, keep rule) candidate decided under CV and LOSO (MTL weight 0 = the baseline alone, 1 = the
-    MTL alone; both systems' rows come from the same folds), the chosen one by the written rule (`pick` on the
-    selection score of `select_on` (the mean over those metrics; band: the largest of theirs), candidates ordered simplest
-    first: keep rules as listed, single systems before ensembles), then its order rule (`pick` on the order score,
-    `orders` simplest first). `select_under` "shift_worst": the weight x keep rule score reads each protocol's held-out
+    MTL alone; both systems' rows come from the same folds), the chosen one by the written rule (the acceptance rule,
+    medrank.selection.acceptance, over the LOSO figures: the simplest candidate - keep rules as listed, single systems
+    before ensembles - unless another gains beyond the band on the worst source and at the worst rate on the mean of
+    `select_on` and loses on no source; "score", the selection score, is reported beside it), then its order rule
+    (`pick` on the order score, `orders` simplest first). `select_under` "shift_worst": the weight x keep rule score reads each protocol's held-out
     folds re-weighted over the plausible positive rates (PriorShift), at the worst rate; "mean": as they are.
 
-    -> {"table": {weight: {rule: {"cv", "loso", "cv_shift", "loso_shift", "score"}}}, "orders": {order: {"cv", "loso",
+    -> {"table": {weight: {rule: {"cv", "loso", "cv_shift", "loso_shift", "score"}}}, "acceptance" (incumbent, pick,
+    verdicts), "orders": {order: {"cv", "loso",
     "score"}}, "weight", "rule", "order", "fits" (Keep per target set), "decided" (the chosen candidate's rows), "cv",
     "loso", "cv_shift", "loso_shift"}.
     """
@@ -380,7 +382,17 @@ def candidate_systems(
     simplest_first = sorted(
         ((w, r) for w in weights for r in rules), key=lambda c: (list(rules).index(c[1]), 0 < c[0] < 1, c[0])
     )
-    weight, rule = pick({c: table[c[0]][c[1]]["score"] for c in simplest_first}, max(float(band[m]) for m in select_on))
+    # the acceptance rule (medrank.selection.acceptance): the simplest candidate stays unless another gains beyond the
+    # band on the worst LOSO source and at the worst rate (re-weighted: score.keep_rules' fixed rules see the same
+    # batch at every rate) and loses on no source; among those adopted, the largest margin
+    from medrank.selection import acceptance as A
+
+    figures = {
+        c: A.Figures.of({"by_source": table[c[0]][c[1]]["loso"]["by_source"], "shift": table[c[0]][c[1]]["loso_shift"]})
+        for c in simplest_first
+    }
+    accepted = A.challenge(simplest_first[0], figures, band, select_on, [m for m in A.GUARD if m in band])
+    weight, rule = accepted["pick"]
     by_order = {}
     for order in orders:
         fits, decided = decide_system(combined[weight], cand, train, rule, order)
@@ -401,6 +413,11 @@ def candidate_systems(
     decided = chosen["decided"].merge(cand[["gid", "split", "qid"]].drop_duplicates(), on="gid", how="left")
     return {
         "table": table,
+        "acceptance": {
+            "incumbent": list(accepted["incumbent"]),
+            "pick": [weight, rule],
+            "verdicts": {f"{w:g} {r}": v for (w, r), v in accepted["verdicts"].items()},
+        },
         "orders": {
             o: {k: v for k, v in r.items() if k not in ("decided", "fits", "shift")} for o, r in by_order.items()
         },

@@ -13,11 +13,13 @@ from medrank.core import layout as L
 from medrank.selection.experiment import held_out_scores
 
 SELECTION_RULE = (
-    "MTL weight and keep rule: the highest mean, over the metrics of score.select_on, of CV and LOSO mean (with "
-    "score.select_under shift_worst: each at its worst positive rate, the held-out rows re-weighted to 0.2-0.65); candidates "
-    "within the noise band (the larger seed spread of the two systems' defaults) of the best count as tied and the simplest wins "
-    "(keep rules in the listed order, a single system before an ensemble). Order of the kept answers: the same rule "
-    "on the mean of MRR and official Spearman."
+    "MTL weight and keep rule: the acceptance rule (medrank.selection.acceptance) over the LOSO figures: the simplest "
+    "candidate (keep rules in the listed order, a single system before an ensemble, the baseline first) stays unless another "
+    "gains beyond the noise band (the larger seed spread of the two systems' defaults; the mean of score.select_on in band "
+    "units above 1) on the worst held-out source and at the worst positive rate (the held-out rows re-weighted to 0.2-0.65), "
+    "and loses beyond its band on no source for any official metric (validation: not at all); among those adopted, the "
+    "largest margin. Order of the kept answers: the highest mean of MRR and official Spearman (CV and LOSO), the simplest "
+    "within the band."
 )
 
 
@@ -92,14 +94,24 @@ def select(inp: Inputs, sp, weights: list[float], band: dict) -> dict:
 
 def system_record(sel: dict) -> dict:
     """models/system.json of `select`'s pick: the MTL weight (and the system it makes), the Keep fitted per target set
-    (val, test), the keep rule and the order."""
-    return {
+    (val, test), the keep rule and the order. A batch-adaptive pick (decision.BATCH_ADAPTIVE) fitted its keep on the
+    val / test batch; what serves a request is then decision.REQUEST_RULE fitted on the same calibration rows
+    ("request": per target set), which `medrank rank` and `medrank serve` apply (serving.steps.system_step)."""
+    from medrank.selection.decision import BATCH_ADAPTIVE, REQUEST_RULE, fit_keep_on
+
+    out = {
         "system": E.system_name(sel["weight"]),
         "mtl_weight": sel["weight"],
         "keep": {k: v for k, v in sel["fits"].items() if k in ("val", "test")},
         "keep_rule": sel["rule"],
         "order": sel["order"],
     }
+    if sel["rule"] in BATCH_ADAPTIVE:
+        oof = sel["decided"][sel["decided"]["part"] == "oof"]
+        cal = {"val": oof[oof["split"].isin(L.TRAIN_SPLITS)], "test": oof}  # as decide_system fits val and test
+        out["request"] = {k: fit_keep_on(REQUEST_RULE, rows, rows).to_json() for k, rows in cal.items()}
+        out["request_rule"] = REQUEST_RULE
+    return out
 
 
 def system_rows(metrics: dict) -> dict[str, dict]:
@@ -198,6 +210,7 @@ def task3_val_metrics(inp: Inputs, sel: dict, sp, seed: int, weights: list[float
             "orders": list(sp.orders),
             "select_on": list(sp.select_on),
             "select_under": sp.select_under,
+            "acceptance": sel["acceptance"],
         },
         "n_predicted_positive": final_val["n_predicted_positive"],
         "systems": systems,

@@ -53,7 +53,8 @@ def held_out_source(
     """Select on the sources other than `source`, score `source`: {"chosen", "selection_score", "scores" (official
     metrics), "shift", "by_keep_rule" (each keep rule of `per_rule`: its scores when it is the only one the rule may
     pick), "by_weight" (each MTL weight of `per_weight` alone: 0 the baseline, 1 the MTL, on the same folds)}; with
-    `resample`, the pick and each keep rule alone also carry "resampled" (Resampling.fold_scores of `source`)."""
+    `resample`, the pick, each keep rule alone and each weight alone also carry "resampled" (Resampling.fold_scores of
+    `source`)."""
     split_of = cand.drop_duplicates("gid").set_index("gid")["split"]
     inner = [s for s in sources if s != source]
     inner_gids = [g for g in pd.unique(cand["gid"]) if split_of[g] in inner]
@@ -72,7 +73,8 @@ def held_out_source(
         for r in per_rule
     }
     out["by_weight"] = {
-        w: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, weights=(w,))) for w in per_weight
+        w: _select_and_score(mine, theirs, cand, inner_gids, inner, replace(sel, weights=(w,)), resample, key)
+        for w in per_weight
     }
     return out
 
@@ -147,6 +149,7 @@ def nested_loso(
         got = loso_summary({s: per[s][key][choice]["scores"] for s in sources})
         out = {
             **{m: got[m] for m in METRICS},
+            "by_source": got["by_source"],  # what the acceptance rule reads (a loss on any one source)
             "shift": shift.summary({s: per[s][key][choice]["shift"] for s in sources}),
         }
         if "resampled" in per[sources[0]][key][choice]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from medrank.core import layout as L
+from medrank.selection import acceptance as A
 from medrank.selection import nested
 from medrank.selection.resampling import Resampling
 
@@ -127,8 +128,9 @@ def run_all(p, recipes_: dict[str, Recipe], band: dict, log) -> tuple[dict, dict
         per_rule = p.analysis.nested.keep_rules if name == "default" else ()
         # each MTL weight alone, where the MTL differs from the default's (0: the baseline, 1: the MTL, same folds)
         per_weight = sp.mtl_weights if name == "default" or mp != p.mtl else ()
-        # resampled priors for the default's pick and its keep rules alone (draws x priors keep-rule runs each)
-        resample = resampling(p) if name == "default" else None
+        # resampled priors for every pick, the default's keep rules and weights alone (draws x priors keep-rule runs
+        # each): what the acceptance rule reads at the worst rate
+        resample = resampling(p)
         results[name] = nested.nested_loso(
             L.LABELLED_SPLITS,
             refits.cand,
@@ -152,16 +154,39 @@ def run_all(p, recipes_: dict[str, Recipe], band: dict, log) -> tuple[dict, dict
     return results, seconds, refits
 
 
-def keep_rule_pick(by_rule: dict, band: dict, select_on: list[str]) -> str | None:
+def keep_rule_pick(by_rule: dict, band: dict, select_on: list[str], incumbent: str) -> dict:
     """The keep rule for a new prior (what score.keep_rules holds: RESULTS), on the nested figures of each rule alone:
-    the held-out sources re-weighted over the plausible positive rates, each metric of `select_on` (accuracy, MRR) at
-    its worst rate: the best mean of those, and the rule listed first that is within each metric's own noise band of
-    it (MRR's band is four times accuracy's: one wide band would tie rules that differ beyond accuracy's noise)."""
-    if not by_rule:
+    the acceptance rule (medrank.selection.acceptance) of every rule against `incumbent` (score.keep_rules' first, the
+    default): one adopted only when it gains beyond the band on the worst held-out source and at the worst resampled
+    rate and loses on no source. -> acceptance.challenge's {"incumbent", "pick", "verdicts"}."""
+    figures = {r: A.Figures.of(v) for r, v in by_rule.items()}
+    return A.challenge(incumbent, figures, band, select_on, A.GUARD)
+
+
+def _simpler(variant: Recipe, default: Recipe) -> bool:
+    """Whether a variant's recipe uses a subset of the default's feature groups (it removes a group): then the default
+    is the challenger (its group must earn its place), else the variant is."""
+    (vb, vm, _), (db, dm, _) = variant, default
+    mine, theirs = (set(vb.features), set(vm.feature_groups)), (set(db.features), set(dm.feature_groups))
+    return mine[0] <= theirs[0] and mine[1] <= theirs[1] and mine != theirs
+
+
+def variant_verdict(name: str, results: dict, recipes_: dict[str, Recipe], band: dict, select_on: list[str]) -> dict:
+    """The acceptance rule between a variant and the default, both nested: the simpler recipe is the incumbent.
+    -> {"incumbent" ("default" or the variant), "verdict", "default_stands"}."""
+    mine, theirs = A.Figures.of(results[name]), A.Figures.of(results["default"])
+    if _simpler(recipes_[name], recipes_["default"]):
+        v = A.verdict(theirs, mine, band, select_on, A.GUARD)
+        return {"incumbent": name, "verdict": v, "default_stands": v["adopt"]}
+    v = A.verdict(mine, theirs, band, select_on, A.GUARD)
+    return {"incumbent": "default", "verdict": v, "default_stands": not v["adopt"]}
+
+
+def mtl_verdict(by_weight: dict, band: dict, select_on: list[str]) -> dict | None:
+    """The MTL alone (weight 1) challenging the baseline alone (weight 0) on the same folds, nested."""
+    if not {"0.0", "1.0"} <= set(by_weight):
         return None
-    worst = {r: {m: float(v["shift"][m]["worst"]) for m in select_on} for r, v in by_rule.items()}
-    best = max(worst, key=lambda r: sum(worst[r].values()) / len(select_on))
-    return next(r for r in by_rule if all(worst[r][m] >= worst[best][m] - float(band[m]) - 1e-12 for m in select_on))
+    return A.verdict(A.Figures.of(by_weight["1.0"]), A.Figures.of(by_weight["0.0"]), band, select_on, A.GUARD)
 
 
 def report(p, recipes_: dict[str, Recipe], results: dict, band: dict, final: dict) -> dict:
@@ -182,19 +207,28 @@ def report(p, recipes_: dict[str, Recipe], results: dict, band: dict, final: dic
                 "baseline": overrides[n][0],
                 "mtl": overrides[n][1],
                 "select_on": recipes_[n][2],
-                "nested_loso": {m: r[m] for m in (*nested.METRICS, "shift", "by_weight")},
+                "nested_loso": {m: r[m] for m in (*nested.METRICS, "shift", "resampled", "by_weight") if m in r},
+                "by_source": {s: v["scores"] for s, v in r["by_source"].items()},
                 "picks": {s: v["chosen"] for s, v in r["by_source"].items()},
                 "vs_default": {m: round(float(r[m]["mean"]) - float(result[m]["mean"]), 4) for m in nested.METRICS},
+                "acceptance": variant_verdict(n, results, recipes_, band, list(recipes_["default"][2])),
             }
             for n, r in results.items()
             if n != "default"
         },
         "keep_rule_pick": {
-            "rule": keep_rule_pick(result["by_keep_rule"], band, list(sp.select_on)),
-            "on": "nested LOSO of each keep rule alone, the held-out sources re-weighted to positive rates 0.2-0.65: the best "
-            "mean of score.select_on at the worst rate; the rule listed first within each metric's noise band of it",
+            **(
+                {}
+                if not result["by_keep_rule"]
+                else keep_rule_pick(result["by_keep_rule"], band, list(sp.select_on), sp.keep_rules[0])
+            ),
+            "on": "the acceptance rule (medrank.selection.acceptance) on nested LOSO of each keep rule alone, against "
+            "score.keep_rules' first: adopted only when the mean of score.select_on, in noise-band units, gains beyond 1 "
+            "band on the worst held-out source and at the worst resampled rate (0.2-0.65), and no official metric loses "
+            "beyond its band on any source (validation: not at all)",
             "score_keep_rules": list(sp.keep_rules),
         },
+        "mtl_vs_baseline": mtl_verdict(result["by_weight"], band, list(sp.select_on)),
         "selection": {
             "weights": list(sp.mtl_weights),
             "keep_rules": list(sp.keep_rules),

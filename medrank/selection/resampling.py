@@ -22,14 +22,15 @@ import numpy as np
 import pandas as pd
 
 from medrank.core.errors import MedrankError
-from medrank.selection.decision import Keep, apply_decision, fit_keep_on
+from medrank.selection.decision import (
+    BATCH_ADAPTIVE,
+    Keep,
+    apply_decision,
+    fit_keep_on,
+)  # BATCH_ADAPTIVE: re-fitted per batch
 from medrank.selection.evaluation import METRICS, gold_of, ranked_rows
 from medrank.selection.experiment import SHIFT_PRIORS
 from medrank.selection.metrics import task3_by_question, task3_scores_of
-
-# keep rules whose fit reads the target batch's probabilities (decision.fit_keep): re-fitted on every resampled batch;
-# every other rule's fit depends on the calibration rows only, so it is fitted once per fold (a test guards the list)
-BATCH_ADAPTIVE = ("em", "em_guarded", "em_fraction", "bbse_fraction")
 
 
 def draw_batch(gid: np.ndarray, y: np.ndarray, prior: float, rng: np.random.Generator) -> np.ndarray | None:

@@ -103,6 +103,51 @@ def answer_bienc_scores(
     )
 
 
+# ---------------------------------------------------------------- agreement with the entailed answers (group agree)
+
+
+def agreement_from_vectors(
+    answers: pd.DataFrame, answer_vecs: np.ndarray, entailed: pd.DataFrame, entailed_vecs: np.ndarray
+) -> pd.DataFrame:
+    """Per answer (split, qid, aid): the best and the mean cosine of its unit vector with the vectors of its question's
+    entailed MedQuAD answers (`entailed`: split, qid, one row per entailed answer, aligned with `entailed_vecs`), and
+    how many there are; an answer whose question entails none gets 0.0 for both (n_entailed 0)."""
+    keys = list(zip(answers["split"], answers["qid"].astype(str)))
+    by_question: dict[tuple, list[int]] = {}
+    for i, k in enumerate(zip(entailed["split"], entailed["qid"].astype(str))):
+        by_question.setdefault(k, []).append(i)
+    best, mean, n = np.zeros(len(answers)), np.zeros(len(answers)), np.zeros(len(answers), dtype=np.int64)
+    for i, k in enumerate(keys):
+        rows = by_question.get(k)
+        if rows:
+            cos = entailed_vecs[rows] @ answer_vecs[i]
+            best[i], mean[i], n[i] = float(cos.max()), float(cos.mean()), len(rows)
+    return answers[["split", "qid", "aid"]].assign(agree_max_cos=best, agree_mean_cos=mean, n_entailed=n)
+
+
+def agreement_scores(answers: pd.DataFrame, retrieved: pd.DataFrame, p, bi=None) -> tuple[pd.DataFrame, dict]:
+    """Group agree (the Task 3 README's suggestion): each normalized answer's cosine with the answers of the MedQuAD
+    questions its question entails (stage retrieve's rows that pass `rqe_threshold`), by stage bienc's bi-encoder at
+    its precision. The answers' vectors are read from stage bienc's cache (read-only: it is that stage's output; a
+    text it lacks is encoded, not stored); the entailed answers are encoded (a few hundred)."""
+    from medrank.core import layout
+    from medrank.encoders.extract import cached_sentence_embeddings
+    from medrank.encoders.hardware import hardware_precision
+    from medrank.encoders.sentence_encoder import SentenceEncoder
+
+    bp = p.bienc
+    bi = bi or SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)
+    precision = hardware_precision(bi.device, bp.precision)
+    entailed = retrieved[retrieved["passes_threshold"].astype(bool)]
+    texts = (
+        answers["answer_norm"].fillna("").astype(str).tolist()
+        + entailed["entailed_answer"].fillna("").astype(str).tolist()
+    )
+    emb, stats = cached_sentence_embeddings(bi, texts, layout.CACHE_BIENC, precision, bp.batch_size, read_only=True)
+    n = len(answers)
+    return agreement_from_vectors(answers, emb[:n], entailed, emb[n:]), stats.as_dict()
+
+
 # ---------------------------------------------------------------- passages (group passage)
 
 
@@ -391,3 +436,6 @@ PASSAGE_SCORES = answer_scores_schema(("passage_max_cos", pa.float64()), ("n_pas
 QA_SCORES = answer_scores_schema(("qa_score", pa.float64()))  # stage qa
 QA_BIENC_SCORES = answer_scores_schema(("qa_bienc_cos", pa.float64()))  # stage qa_bienc
 QA_GRADED_SCORES = answer_scores_schema(("qa_graded_score", pa.float64()))  # stage qa_graded
+AGREE_SCORES = answer_scores_schema(  # stage agree
+    ("agree_max_cos", pa.float64()), ("agree_mean_cos", pa.float64()), ("n_entailed", pa.int64())
+)

@@ -388,3 +388,135 @@ def test_an_inner_fold_of_one_class_gets_that_class_rate_and_a_single_class_trai
         assert (p[folds == f] == 1.0).all()
     with pytest.raises(MedrankError, match="single class"):
         fit_baseline(table[table["label"] == 1.0], config(threshold=0.5))
+
+
+# ---------------------------------------------------------------- LightGBM: baseline.ranker lambdamart, filter_model gbdt
+
+
+def lgbm_config(groups=None, seed=5, **params) -> BaselineConfig:
+    """A baseline run with params.yaml `baseline` keys `params` (`ranker` here is baseline.ranker, not the run's)."""
+    return BaselineConfig(BaselineParams(**params), tuple(groups or GROUPS), seed=seed)
+
+
+def test_lambdamart_relevance_is_rank_distance_from_the_worst_or_the_grade_less_one():
+    from medrank.models.baseline import lambdarank_relevance
+
+    judged = with_judged_lists(synthetic_table(4, seed=1))
+    j = judged["judged"].to_numpy()
+    rel = lambdarank_relevance(judged, "reference_rank")
+    assert rel.dtype == np.int32
+    worst = judged.groupby("gid")["reference_rank"].transform("max")
+    np.testing.assert_array_equal(rel[~j], (worst - judged["reference_rank"])[~j])
+    np.testing.assert_array_equal(rel[j], judged.loc[j, "reference_score"] - 1)  # the judged lists: their grades
+    np.testing.assert_array_equal(lambdarank_relevance(judged, "reference_score"), judged["reference_score"] - 1)
+    # a question of 40 answers: clipped to LightGBM's default gains (relevance 0..30), the 10 best share 30
+    long = pd.DataFrame({"gid": "q", "reference_rank": np.arange(1.0, 41.0), "reference_score": 3.0})
+    got = lambdarank_relevance(long, "reference_rank")
+    assert (got[:10] == 30).all() and got[10] == 29 and got[-1] == 0
+
+
+def test_lambdamart_orders_a_question_by_the_feature_that_carries_relevance():
+    from medrank.models.baseline import LambdaMART
+
+    train, test = synthetic_table(60, seed=1), synthetic_table(20, seed=2, split="val")
+    model = fit_baseline(train, lgbm_config(ranker="lambdamart"))
+    assert isinstance(model.ranker, LambdaMART)
+    pred = model.predict(test)
+    assert not np.array_equal(pred["rank_score"], pred["prob"])
+    best = test.loc[test.groupby("gid")["reference_rank"].idxmin(), "aid"]
+    top = pred.loc[pred.groupby("gid")["rank_score"].idxmax(), "aid"]
+    assert np.mean(np.isin(top, best)) >= 0.6  # the correct first answer gets the top score in most questions (0.75)
+    assert evaluate(pred, test)["spearman_true"] > 0.3
+    pd.testing.assert_frame_equal(fit_baseline(train, lgbm_config(ranker="lambdamart")).predict(test), pred)
+    # the run's ranker "lr" (order by probability) drops it as it drops the rank SVM
+    assert fit_baseline(train, replace(lgbm_config(ranker="lambdamart"), ranker="lr")).ranker is None
+
+
+def test_lambdamart_groups_are_the_questions_wherever_their_rows_are():
+    from medrank.models.baseline import LambdaMART
+
+    rng = np.random.default_rng(0)
+    gid = np.repeat(np.arange(12), 6)
+    X = rng.normal(size=(len(gid), 3))
+    rel = np.argsort(np.argsort(X[:, 0].reshape(12, 6), axis=1), axis=1).ravel()
+    gbdt = BaselineParams().gbdt.model_copy(update={"min_child_samples": 3})
+    contiguous = LambdaMART.fit(sp.csr_matrix(X), rel, gid, gbdt, seed=0)
+    mixed = np.argsort(np.tile(np.arange(6), 12), kind="stable")  # the questions' rows interleaved
+    interleaved = LambdaMART.fit(sp.csr_matrix(X[mixed]), rel[mixed], gid[mixed], gbdt, seed=0)
+    assert interleaved.model_str == contiguous.model_str
+    with pytest.raises(MedrankError, match="no answer pair with different relevance"):
+        LambdaMART.fit(sp.csr_matrix(X), np.zeros(len(gid)), gid, gbdt, seed=0)
+
+
+def test_gbdt_filter_separates_the_classes_and_drives_the_threshold():
+    from medrank.models.baseline import GbdtFilter
+
+    rng = np.random.default_rng(0)
+    y = (rng.random(200) < 0.4).astype(int)
+    X = sp.csr_matrix(np.c_[y + 0.3 * rng.normal(size=200), rng.normal(size=200)])
+    clf = GbdtFilter.fit(X, y, BaselineParams().gbdt, seed=0)
+    p = clf.predict_proba(X)
+    assert p.shape == (200, 2) and np.allclose(p.sum(axis=1), 1.0)
+    assert p[y == 1, 1].min() > p[y == 0, 1].max()
+    with pytest.raises(MedrankError, match="single class"):
+        GbdtFilter.fit(X, np.ones(200), BaselineParams().gbdt, seed=0)
+    train, test = synthetic_table(60, seed=1), synthetic_table(20, seed=2, split="val")
+    model = fit_baseline(train, lgbm_config(filter_model="gbdt"))  # threshold on the gbdt's out-of-fold probabilities
+    assert isinstance(model.filter, GbdtFilter) and 0.05 <= model.threshold <= 0.95
+    pred = model.predict(test)
+    assert evaluate(pred, test)["accuracy"] > evaluate(pred.assign(label=1), test)["accuracy"] + 0.15
+
+
+def test_lightgbm_models_are_saved_as_text_and_predict_bit_for_bit(tmp_path):
+    import json
+
+    train, test = synthetic_table(40, seed=1), synthetic_table(10, seed=2, split="val")
+    for t, s in ((train, 3), (test, 4)):
+        t["passage_max_cos"] = np.random.default_rng(s).normal(size=len(t))
+    groups = ("metadata", "bienc", "passage")
+    cfg = lgbm_config(groups, ranker="lambdamart", filter_model="gbdt", filter_only=["passage"], prior_shift="em")
+    model = fit_baseline(train, cfg)
+    pred = model.predict(test)
+    # filter_only as with the rank SVM: the ranker reads the groups less passage, with its own builder
+    alone = fit_baseline(train, lgbm_config(("metadata", "bienc"), ranker="lambdamart", filter_model="gbdt"))
+    assert model.ranker_builder is not None
+    np.testing.assert_array_equal(pred["rank_score"], alone.predict(test)["rank_score"])
+    model.save(tmp_path / "m.json")
+    d = json.loads((tmp_path / "m.json").read_text())
+    assert set(d["filter"]) == {"gbdt"} and d["rank_svm"] is None and d["lambdamart"].startswith("tree")
+    loaded = FittedBaseline.load(tmp_path / "m.json")
+    assert loaded.config == model.config
+    pd.testing.assert_frame_equal(loaded.predict(test), pred, check_exact=True)
+
+
+def test_the_default_model_file_keeps_its_layout_and_an_older_file_still_loads(tmp_path):
+    import json
+
+    train, test = synthetic_table(30, seed=1), synthetic_table(10, seed=2, split="val")
+    model = fit_baseline(train, config(seed=5))
+    assert isinstance(model.ranker, RankSVM) and model.config.params.ranker == "rank_svm"
+    model.save(tmp_path / "m.json")
+    d = json.loads((tmp_path / "m.json").read_text())
+    top = {"config", "builder", "ranker_builder", "filter", "rank_svm", "threshold", "train_prior", "info"}
+    assert set(d) - {"record_sha256"} == top  # no lightgbm key
+    assert set(d["filter"]) == {"coef", "intercept", "classes"} and set(d["rank_svm"]) == {"c", "coef"}
+    # a file written before baseline.ranker / filter_model / gbdt existed
+    d.pop("record_sha256")
+    for k in ("ranker", "filter_model", "gbdt"):
+        del d["config"]["params"][k]
+    write_sealed_json(tmp_path / "old.json", d)
+    old = FittedBaseline.load(tmp_path / "old.json")
+    assert old.config == model.config
+    pd.testing.assert_frame_equal(old.predict(test), model.predict(test), check_exact=True)
+
+
+def test_a_gbdt_filter_on_the_grades_is_refused_naming_the_keys():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="filter_model: gbdt supports filter_target label only"):
+        BaselineParams(filter_model="gbdt", filter_target="grade")
+    with pytest.raises(ValueError, match="filter_model: gbdt supports filter_target label only"):
+        Params(baseline={"filter_model": "gbdt", "filter_target": "grade"})
+    assert BaselineParams(ranker="lambdamart", filter_target="grade").ranker == "lambdamart"
+    with pytest.raises(ValidationError, match="num_leaves"):
+        BaselineParams(gbdt={"num_leaves": 1})

@@ -138,3 +138,23 @@ def test_medrank_rank_scores_passages_as_the_stage_did(tmp_path, tiny_base):
         got = scores.scores(ANSWERS, passage_cache=cache)
         np.testing.assert_allclose(got["passage_max_cos"], stage["passage_max_cos"], atol=2e-3)
     assert not (tmp_path / "absent").exists()
+
+
+def test_agreement_is_the_best_and_mean_cosine_with_the_questions_entailed_answers():
+    """Group agree: an answer's unit vector against its own question's entailed answers only; none entailed -> 0."""
+    import numpy as np
+    import pandas as pd
+
+    from medrank.task3.answer_scores import agreement_from_vectors
+
+    answers = pd.DataFrame({"split": ["val", "val", "test"], "qid": ["1", "1", "2"], "aid": ["a", "b", "c"]})
+    vec = lambda *x: np.array(x, dtype=float) / np.linalg.norm(x)
+    answer_vecs = np.stack([vec(1, 0), vec(0, 1), vec(1, 1)])
+    # question 1 entails two MedQuAD answers; question 2 (test) none; a row of another question must not count
+    entailed = pd.DataFrame({"split": ["val", "val", "train_alexa"], "qid": [1, 1, 2]})
+    entailed_vecs = np.stack([vec(1, 0), vec(1, 1), vec(0, 1)])
+    got = agreement_from_vectors(answers, answer_vecs, entailed, entailed_vecs)
+    r = np.sqrt(0.5)
+    assert got["agree_max_cos"].tolist() == pytest.approx([1.0, r, 0.0])
+    assert got["agree_mean_cos"].tolist() == pytest.approx([(1 + r) / 2, r / 2, 0.0])
+    assert got["n_entailed"].tolist() == [2, 2, 0] and got["aid"].tolist() == ["a", "b", "c"]

@@ -38,6 +38,8 @@ def read_system(models_dir: str | os.PathLike = layout.MODELS) -> dict:
 
         for fit in ("val", "test"):
             Keep.from_json(system["keep"][fit])
+            if "request" in system:
+                Keep.from_json(system["request"][fit])
         if system["order"] not in ORDERS:
             raise ValueError(f"order {system['order']!r}")
         weight = system["mtl_weight"]
@@ -140,5 +142,12 @@ class SystemStep(Composable):
             rows = combine_systems(part(systems["mtl"]), part(systems["baseline"]), float(self.system["mtl_weight"]))
         else:
             rows = part(systems[name])
-        keep = Keep.from_json(self.system["keep"]["val" if self.fit == "val" else "test"])
+        keep = Keep.from_json(request_keep(self.system)["val" if self.fit == "val" else "test"])
         return frame.with_(decided=apply_decision(rows, keep, self.system["order"]))
+
+
+def request_keep(system: dict) -> dict:
+    """The keep fits a request is decided by: the pick's own (a fixed rule's fit is the same for any batch), or, for a
+    rule that adapts to its batch (system.json "request"), decision.REQUEST_RULE's fit on the same calibration rows:
+    one question is no batch, and a micro-batch mixes callers."""
+    return system.get("request") or system["keep"]
