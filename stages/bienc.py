@@ -22,7 +22,7 @@ from medrank.data.judged import judged_answers, with_judged
 from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.task3.features import cap_questions
 from medrank.core.io import read_parquet, write_json, write_parquet
-from medrank.models.qtype import QuestionTypes
+from medrank.task3.qtype import QuestionTypes
 from medrank.params import load_params, step_params
 from medrank.core.runner import run
 from medrank.serving.steps import save_step

@@ -216,6 +216,8 @@ def test_the_keep_rule_pick_applies_the_acceptance_rule_against_the_default_rule
     # the worst rate read from the resampled batches, not the re-weighted ones: a resampled collapse refuses platt
     by_rule["platt"]["resampled"] = {"accuracy": {"worst": 0.70}, "mrr": {"worst": 0.8}}
     assert keep_rule_pick(by_rule, band, ["accuracy", "mrr"], "min_keep_1")["pick"] == "min_keep_1"
+    # the default's rule not among the rules scored: no pick, not a KeyError
+    assert keep_rule_pick({"em": by_rule["em"]}, band, ["accuracy", "mrr"], "min_keep_1")["pick"] is None
 
 
 def test_the_written_rule_reads_each_figure_at_its_worst_positive_rate():

@@ -1,4 +1,4 @@
-"""Question entailment for consumer questions: training-pair sources (their question types: models.qtype), selection by
+"""Question entailment for consumer questions: training-pair sources (their question types: task3.qtype), selection by
 question-grouped CV over the MEDIQA Task 2 validation pairs (the only labelled pairs with consumer CHQs).
 
 Two model kinds: a cross-encoder (P(entailed) of the pair) and a fine-tuned bi-encoder (cosine of mean-pooled unit
@@ -26,7 +26,8 @@ import pandas as pd
 
 from medrank.data.mining import Pair, medquad_rqe_pairs
 from medrank.core.errors import MedrankError
-from medrank.models.qtype import QuestionTypes
+from medrank.task3.qtype import QuestionTypes
+from medrank.task3.rqe_stack import stack_features  # noqa: F401 (re-exported: rqe_choice, rqe_training)
 
 log = logging.getLogger(__name__)
 
@@ -274,21 +275,11 @@ def row_report(data: CvData, prob: np.ndarray, pred: np.ndarray | None = None) -
     return out
 
 
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(np.asarray(p, dtype=float), 1e-4, 1 - 1e-4)
-    return np.log(p / (1 - p))
-
-
 FEATURES = (
     "ce",
     "cosine",
     "qtype",
 )  # what a stacked scorer may combine: CE P(entailed), a bi-encoder cosine, type agreement
-
-
-def stack_features(columns: dict[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
-    """The stack's design matrix: logit of the cross-encoder's P, the cosine and the type agreement as they are."""
-    return np.column_stack([_logit(columns[n]) if n == "ce" else np.asarray(columns[n], dtype=float) for n in names])
 
 
 def fit_stack(x: np.ndarray, y: np.ndarray, seed: int):

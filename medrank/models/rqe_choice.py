@@ -12,7 +12,7 @@ import numpy as np
 
 from medrank.data.mining import Pair
 from medrank.core.errors import MedrankError
-from medrank.models.qtype import QuestionTypes
+from medrank.task3.qtype import QuestionTypes
 from medrank.models.rqe import (
     CvData,
     PairSources,

@@ -36,7 +36,7 @@ class Inputs:
     task: object  # data.tasks.PairTask: the validation (eval) and test pairs
     data: rqe.CvData
     sources: rqe.PairSources
-    qtypes: object  # models.qtype.QuestionTypes
+    qtypes: object  # task3.qtype.QuestionTypes
     zero_shot: object  # the zero-shot SentenceEncoder
     cos: np.ndarray  # its cosine of every validation pair
 
@@ -49,7 +49,7 @@ def read_inputs(p, tp) -> Inputs:
     from medrank.selection.experiment import grouped_folds
     from medrank.encoders.sentence_encoder import SentenceEncoder
     from medrank.core.io import read_parquet
-    from medrank.models.qtype import QuestionTypes
+    from medrank.task3.qtype import QuestionTypes
 
     table = read_parquet(layout.CLEAN_RQE_PAIRS)
     task = rqe_task(table).capped(tp.max_eval_pairs)

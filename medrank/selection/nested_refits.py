@@ -159,6 +159,8 @@ def keep_rule_pick(by_rule: dict, band: dict, select_on: list[str], incumbent: s
     the acceptance rule (medrank.selection.acceptance) of every rule against `incumbent` (score.keep_rules' first, the
     default): one adopted only when it gains beyond the band on the worst held-out source and at the worst resampled
     rate and loses on no source. -> acceptance.challenge's {"incumbent", "pick", "verdicts"}."""
+    if incumbent not in by_rule:  # analysis.nested.keep_rules lacks the default's rule: nothing to challenge
+        return {"incumbent": incumbent, "pick": None, "verdicts": {}}
     figures = {r: A.Figures.of(v) for r, v in by_rule.items()}
     return A.challenge(incumbent, figures, band, select_on, A.GUARD)
 

@@ -308,7 +308,7 @@ def heading_question(heading: str) -> str:
 
 
 class TypeClassifier(Protocol):
-    """What group qtype asks of a question-type classifier: models.qtype.QuestionTypes, fitted on the clean MedQuAD
+    """What group qtype asks of a question-type classifier: task3.qtype.QuestionTypes, fitted on the clean MedQuAD
     table with the top-level seed (stage bienc and `medrank rank` fit the same one). Not imported here: stage qa
     imports this module and must not depend on models/rqe.py."""
 
@@ -360,7 +360,7 @@ def score_answers(answers: pd.DataFrame, p, bi=None, read_only: bool = False, qt
     cache staying the stage's output): stage bienc; analysis/judged_rows.py scores the judged answers so."""
     from medrank.core import layout
     from medrank.encoders.sentence_encoder import SentenceEncoder
-    from medrank.models.qtype import QuestionTypes
+    from medrank.task3.qtype import QuestionTypes
 
     bp = p.bienc
     bi = bi or SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)

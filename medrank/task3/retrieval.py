@@ -387,8 +387,8 @@ def stacked_rqe_scores(
     bi-encoder's vectors are cached (float32, questions and MedQuAD questions apart): a fresh cache gives the bits of
     the uncached call, and an experiment that keeps the candidates encodes nothing."""
     from medrank.encoders.runtime import fixed_blas_threads
-    from medrank.models.qtype import QuestionTypes
-    from medrank.models.rqe import stack_features
+    from medrank.task3.qtype import QuestionTypes
+    from medrank.task3.rqe_stack import stack_features
 
     feats = list(stack["features"])
     q_texts = cands["question"].astype(str).to_numpy()

@@ -96,7 +96,7 @@ def build_tiny_project(root: Path) -> Path:
     from medrank.models import mtl
     from medrank.params import Params, step_params
     from medrank.task3.retrieval import medquad_documents, saved_documents
-    from medrank.models.qtype import QuestionTypes
+    from medrank.task3.qtype import QuestionTypes
     from medrank.serving.steps import save_step
     from medrank.serving.steps.normalize_step import normalizer_state_tables
     from medrank.text.normalize import normalizer_state

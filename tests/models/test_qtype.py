@@ -26,7 +26,7 @@ from medrank.task3.features import (
 )
 from medrank.data.schemas import NORMALIZED_LIVEQA_QRELS
 from medrank.core.errors import MedrankError
-from medrank.models.qtype import QuestionTypes
+from medrank.task3.qtype import QuestionTypes
 from medrank.params import BaselineParams, Params, step_params
 from tests.helpers.tables import MEDQUAD  # 5 foci x 4 types in MedQuAD's templates
 from tests.conftest import write_params

@@ -51,7 +51,7 @@ class AnswerScores(Composable):
         if groups & {"bienc", "heading", "passage"}:
             out.bienc = SentenceEncoder(p.bienc.model, device=device, max_length=p.bienc.max_length)
         if "qtype" in groups:
-            from medrank.models.qtype import QuestionTypes
+            from medrank.task3.qtype import QuestionTypes
 
             out.qtypes = QuestionTypes.from_tables(steps["answer_scores"].tables, p.seed)  # stage bienc's, not refitted
         if "cnn" in groups:
