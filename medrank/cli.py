@@ -334,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `medrank COMMAND ...`; returns 0, or exits 2 with one `error: ...` line on bad input."""
-    from medrank.core.runner import run
+    from medrank.stage.runner import run
 
     def _main() -> None:
         args = build_parser().parse_args(argv)

@@ -3,7 +3,7 @@
 from medrank.core import layout
 from medrank.data.acquire import acquire
 from medrank.params import load_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

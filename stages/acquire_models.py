@@ -3,7 +3,7 @@
 from medrank.core import layout
 from medrank.data.model_packages import acquire_models
 from medrank.params import load_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

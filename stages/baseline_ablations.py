@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

@@ -11,7 +11,7 @@ import json
 from medrank.core import layout
 from medrank.core.io import write_text
 from medrank.params import Params, load_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def main(params_path: str = str(layout.PARAMS_FILE)) -> None:

@@ -4,7 +4,7 @@ from medrank.core import layout
 from medrank.core.io import read_parquet, write_json
 from medrank.selection.metrics import gold_from_answers, score_task3
 from medrank.params import load_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 from medrank.selection.submission import write_task3_submission
 
 

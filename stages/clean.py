@@ -9,7 +9,7 @@ from medrank.data.clean import build_tables
 from medrank.data.schemas import TABLES
 from medrank.core.io import atomic_dir, write_json, write_parquet
 from medrank.params import load_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 log = logging.getLogger("stages.clean")
 

@@ -4,7 +4,7 @@ from medrank.core import layout
 from medrank.data.sentence_selection import SENTENCE_PAIRS, build_sentence_pairs
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

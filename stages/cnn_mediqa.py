@@ -9,7 +9,7 @@ project's scorer.
 
 from medrank.core import layout
 from medrank.core.io import read_parquet, write_json, write_parquet
-from medrank.core.runner import run
+from medrank.stage.runner import run
 from medrank.encoders.runtime import runtime_info
 from medrank.models import cnn
 from medrank.models import cnn_mediqa as M

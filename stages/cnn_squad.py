@@ -9,7 +9,7 @@ from medrank.core import layout
 from medrank.core.io import read_parquet, write_json
 from medrank.models.cnn import CnnRanker, pin_threads, squad_comparison
 from medrank.params import load_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def _read_json(path) -> dict:

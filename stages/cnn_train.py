@@ -3,7 +3,7 @@
 from medrank.core import layout
 from medrank.core.io import read_parquet, write_json
 from medrank.core.live import stage_live
-from medrank.core.runner import run
+from medrank.stage.runner import run
 from medrank.models import cnn
 from medrank.models.cnn_training import train_cnn
 from medrank.models.word2vec import WordVectors

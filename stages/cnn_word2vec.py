@@ -4,7 +4,7 @@ from medrank.core import layout
 from medrank.core.io import read_parquet
 from medrank.models.word2vec import train_word2vec, training_texts
 from medrank.params import load_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

@@ -16,7 +16,7 @@ from medrank.task3.grids import NLI_GRID, candidate_answers, grid_metrics, preci
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.serving.steps.grid_step import GridStep
 from medrank.params import load_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 log = logging.getLogger("stages.embed")
 

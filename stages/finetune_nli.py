@@ -2,7 +2,7 @@
 write metrics and the dev/test predictions (`pair_id,label`). The RQE cross-encoder has its own stage (finetune_rqe).
 """
 
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

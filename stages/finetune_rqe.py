@@ -14,7 +14,7 @@ P(entailed) of the test pairs: stage `task2` decides them within each CHQ and wr
 
 from __future__ import annotations
 
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

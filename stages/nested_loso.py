@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 log = logging.getLogger("stages.nested_loso")
 
@@ -25,7 +25,7 @@ def main(params_path: str = "params.yaml") -> None:
     import json
 
     from medrank.core import layout as L
-    from medrank.selection import nested_refits as N
+    from medrank.models import nested_refits as N
     from medrank.selection.evaluation import rounded
     from medrank.core.io import write_json
     from medrank.params import load_params

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 log = logging.getLogger("stages.noise_band")
 

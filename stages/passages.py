@@ -21,7 +21,7 @@ from medrank.encoders.sentence_encoder import SentenceEncoder
 from medrank.task3.features import cap_questions
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params, step_params
-from medrank.core.runner import run
+from medrank.stage.runner import run
 from medrank.serving.steps import save_step
 
 log = logging.getLogger("stages.passages")

@@ -14,7 +14,7 @@ import time
 
 from medrank.core import layout
 from medrank.core.io import read_parquet, write_json, write_parquet
-from medrank.core.runner import run
+from medrank.stage.runner import run
 from medrank.models.qa import fit_qa, qa_scores
 from medrank.params import load_params
 from medrank.task3.answer_scores import QA_SCORES

@@ -21,7 +21,7 @@ import time
 from medrank.core import layout
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.core.live import stage_live
-from medrank.core.runner import run
+from medrank.stage.runner import run
 from medrank.data.judged import judged_answers
 from medrank.encoders.runtime import set_threads
 from medrank.models import qa_bienc as B

@@ -19,7 +19,7 @@ import time
 from medrank.core import layout
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.core.live import stage_live
-from medrank.core.runner import run
+from medrank.stage.runner import run
 from medrank.models import qa_graded as G
 from medrank.params import load_params
 from medrank.task3.answer_scores import QA_GRADED_SCORES

@@ -18,7 +18,7 @@ from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.serving.steps.retrieve_step import RetrieveStep
 from medrank.params import load_params
 from medrank.task3 import retrieval as R
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 log = logging.getLogger("stages.retrieve")
 

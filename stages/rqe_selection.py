@@ -5,7 +5,7 @@ whether `finetune.rqe` trains it. No model is written: the default pipeline's fi
 
 from __future__ import annotations
 
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 
 def main(params_path: str = "params.yaml") -> None:

@@ -10,7 +10,7 @@ and metrics/task2.json (each rule's CV accuracy and predicted-positive rates bes
 
 import logging
 
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 log = logging.getLogger("stages.task2")
 

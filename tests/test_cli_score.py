@@ -167,7 +167,7 @@ def test_a_pipe_is_a_submission_file():
 
 
 def test_a_full_disk_while_writing_is_one_error_line(monkeypatch, capsys, tmp_path):
-    from medrank.core import runner
+    from medrank.stage import runner
     from medrank.core.io import write_text
 
     def full(*args, **kwargs):

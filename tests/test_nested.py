@@ -195,7 +195,7 @@ def test_under_the_prior_shift_the_held_out_source_still_reaches_no_selection_st
 
 
 def test_the_keep_rule_pick_applies_the_acceptance_rule_against_the_default_rule():
-    from medrank.selection.nested_refits import keep_rule_pick
+    from medrank.models.nested_refits import keep_rule_pick
 
     def rule(acc: dict, acc_worst_rate: float, mrr_worst_rate: float = 0.8, resampled: bool = True) -> dict:
         prior = {"accuracy": {"worst": acc_worst_rate}, "mrr": {"worst": mrr_worst_rate}}

@@ -1,4 +1,4 @@
-"""medrank.core.seal: folders saved before side files were checksummed are refused at load, and sealed without re-training
+"""medrank.serving.seal: folders saved before side files were checksummed are refused at load, and sealed without re-training
 (weights checked against their own record first)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from medrank.core.errors import MedrankError
 from medrank.core.io import RECORD_SHA256, sha256_file, write_json
-from medrank.core.seal import main as seal_main
+from medrank.serving.seal import main as seal_main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -219,19 +219,6 @@ def tie_break(scores: np.ndarray, seed: int) -> np.ndarray:
     return scores + rng.uniform(0.0, 1e-6, size=len(scores))
 
 
-def rank_metrics(
-    pairs: pd.DataFrame, scores: np.ndarray, metrics: Sequence[str] = ("mrr", "map", "precision@1")
-) -> dict:
-    """MRR / MAP / P@1 over the questions of `pairs` (relevance = `label`), via medrank.selection.metrics.ir_metrics (ranx)."""
-    from medrank.selection.metrics import ir_metrics
-
-    ids = pd.DataFrame({"qid": pairs["question_id"].to_numpy(), "aid": pairs["sent_idx"].astype(str).to_numpy()})
-    res = ir_metrics(
-        ids.assign(label=pairs["label"].to_numpy()), ids.assign(score=np.asarray(scores, dtype=np.float64)), metrics
-    )
-    return {m: round(float(res[m]), 4) for m in metrics}
-
-
 def sample_questions(pairs: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
     """Rows of `n` questions drawn at random (seeded, independent of row order); all rows if n is None or larger."""
     qids = np.sort(pairs["question_id"].unique())

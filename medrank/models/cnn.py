@@ -26,6 +26,7 @@ from torch import nn
 
 from medrank.data import sentence_selection as ss
 from medrank.data.sentence_selection import FEATURE_NAMES, Idf, overlap_features, tokenize
+from medrank.selection.metrics import rank_metrics
 from medrank.core.errors import MedrankError
 from medrank.core.io import RECORD_SHA256, atomic_path, read_sealed_json, sha256_file, write_json, write_sealed_json
 from medrank.models.word2vec import WordVectors
@@ -433,10 +434,10 @@ def squad_comparison(dev: pd.DataFrame, ranker: CnnRanker, sample_size: int, see
         "cnn": ranker.predict(dev["question"].tolist(), dev["sentence"].tolist()),
     }
     full = {"n_questions": int(dev["question_id"].nunique())}
-    full.update({name: ss.rank_metrics(dev, s) for name, s in scores.items()})
+    full.update({name: rank_metrics(dev, s) for name, s in scores.items()})
     sample_ids = set(ss.sample_questions(dev, sample_size, seed)["question_id"])
     mask = dev["question_id"].isin(sample_ids).to_numpy()
     sample_rows = dev[mask].reset_index(drop=True)
     sample = {"n_questions": len(sample_ids)}
-    sample.update({name: ss.rank_metrics(sample_rows, s[mask]) for name, s in scores.items()})
+    sample.update({name: rank_metrics(sample_rows, s[mask]) for name, s in scores.items()})
     return {"dev": full, "dev_sample": sample}

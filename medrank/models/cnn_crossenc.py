@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 
-from medrank.data.sentence_selection import rank_metrics, sample_pairs
+from medrank.data.sentence_selection import sample_pairs
+from medrank.selection.metrics import rank_metrics
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.models import DEFAULT_MODEL
 from medrank.encoders.runtime import runtime_info

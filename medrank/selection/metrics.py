@@ -425,3 +425,15 @@ def ir_metrics(
 # Plausible positive rates of a set a user brings: the labelled sources span 0.27 (LiveQA) to 0.47 (Alexa); a new
 # population may lie further out on either side.
 SHIFT_PRIORS = tuple(float(x) for x in np.round(np.arange(0.20, 0.651, 0.05), 2))
+
+
+def rank_metrics(
+    pairs: pd.DataFrame, scores: np.ndarray, metrics: Sequence[str] = ("mrr", "map", "precision@1")
+) -> dict:
+    """MRR / MAP / P@1 over the questions of sentence pairs (question_id, sent_idx; relevance = `label`): `ir_metrics`
+    (ranx). The CNN's answer-sentence selection scores with it (medrank.data.sentence_selection builds the pairs)."""
+    ids = pd.DataFrame({"qid": pairs["question_id"].to_numpy(), "aid": pairs["sent_idx"].astype(str).to_numpy()})
+    res = ir_metrics(
+        ids.assign(label=pairs["label"].to_numpy()), ids.assign(score=np.asarray(scores, dtype=np.float64)), metrics
+    )
+    return {m: round(float(res[m]), 4) for m in metrics}

@@ -641,7 +641,7 @@ def test_ray_backend_names_an_address_without_a_cluster():
     """`ray.address: auto` with no Ray running: one error line naming the address, exit 2. Runs before `local_ray`
     below starts this module's Ray (`auto` would join that one)."""
     code = (
-        "from medrank.core.runner import run\nfrom medrank.encoders.distributed import RayBackend, ray_session\n"
+        "from medrank.stage.runner import run\nfrom medrank.encoders.distributed import RayBackend, ray_session\n"
         "def main():\n    with ray_session(RayBackend(address='auto')):\n        pass\nrun(main)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

@@ -13,6 +13,7 @@ import torch
 from medrank.data import sentence_selection as ss
 from medrank.data.schemas import SQUAD
 from medrank.selection.decision import best_cut_threshold, relative_to_question_best
+from medrank.selection.metrics import rank_metrics
 from medrank.core.errors import MedrankError
 from medrank.models.cnn import (
     CnnConfig,
@@ -178,11 +179,11 @@ def test_baselines_and_ranx_metrics(pairs: pd.DataFrame):
     bm = ss.bm25_scores(dev)
     assert wo.shape == bm.shape == (len(dev),)
     # a perfect run scores 1, the reversed run less
-    perfect = ss.rank_metrics(dev, dev["label"].to_numpy(dtype=float))
+    perfect = rank_metrics(dev, dev["label"].to_numpy(dtype=float))
     assert perfect == {"mrr": 1.0, "map": 1.0, "precision@1": 1.0}
-    worst = ss.rank_metrics(dev, -dev["label"].to_numpy(dtype=float))
+    worst = rank_metrics(dev, -dev["label"].to_numpy(dtype=float))
     assert worst["mrr"] < 0.5
-    m = ss.rank_metrics(dev, ss.tie_break(wo, 0))
+    m = rank_metrics(dev, ss.tie_break(wo, 0))
     assert m["mrr"] > worst["mrr"]
 
 
@@ -340,7 +341,7 @@ def test_train_save_load_roundtrip_and_beats_chance(pairs: pd.DataFrame, tmp_pat
     scores = ranker.predict(dev["question"].tolist(), dev["sentence"].tolist())
     assert ((scores > 0) & (scores < 1)).all()
     # overlap features carry most of the signal: even this tiny model ranks dev above chance
-    assert ss.rank_metrics(dev, scores)["mrr"] > 0.6
+    assert rank_metrics(dev, scores)["mrr"] > 0.6
 
     ranker.save(tmp_path / "cnn")
     back = CnnRanker.load(tmp_path / "cnn")

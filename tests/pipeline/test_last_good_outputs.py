@@ -141,7 +141,7 @@ _STAGE = """
 import os, time
 from pathlib import Path
 from medrank.core.errors import MedrankError
-from medrank.core.runner import run
+from medrank.stage.runner import run
 
 def main():
     Path("pid").write_text(str(os.getpid()))

@@ -121,7 +121,7 @@ def test_analysis_rows_may_use_the_analysis_groups(tmp_path):
 
 
 def test_nested_variants_override_the_baseline_and_mtl_sections():
-    from medrank.selection.nested_refits import recipes
+    from medrank.models.nested_refits import recipes
 
     p = load_params(REPO / "params.yaml")
     p = p.model_copy(

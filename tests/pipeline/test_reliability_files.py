@@ -210,7 +210,7 @@ def test_a_second_run_never_sweeps_a_live_runs_temp_files(project):
 
 
 def test_a_second_run_of_a_stage_refuses_with_one_line(tmp_path, monkeypatch):
-    from medrank.core.runner import lock_dir, stage_lock
+    from medrank.stage.runner import lock_dir, stage_lock
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".dvc").mkdir()
@@ -232,7 +232,7 @@ _KILLED_POOL = """
 import os, sys, time, types
 from medrank.encoders.distributed import LocalPool, pool_extract
 from medrank.core.io import atomic_path
-from medrank.core.runner import stage_lock
+from medrank.stage.runner import stage_lock
 
 class Sleeper:
     device = types.SimpleNamespace(type="cpu")
@@ -259,7 +259,7 @@ def _alive(pid: int) -> bool:
 def test_a_killed_stages_workers_die_with_it_and_free_its_lock(tmp_path, monkeypatch):
     """Issue 46: `kill -9` of a retrieve run left its forked workers computing on, holding the stage lock (the flock
     is the open file's, and they inherited it): the next run said "already running (process <the dead pid>)"."""
-    from medrank.core.runner import stage_lock
+    from medrank.stage.runner import stage_lock
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".dvc").mkdir()
@@ -298,7 +298,7 @@ def test_a_refusal_names_the_live_holder_never_a_dead_or_missing_pid(tmp_path, m
     import fcntl
     import threading
 
-    from medrank.core.runner import lock_dir, stage_lock
+    from medrank.stage.runner import lock_dir, stage_lock
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".dvc").mkdir()
@@ -325,7 +325,7 @@ def test_a_refusal_names_the_live_holder_never_a_dead_or_missing_pid(tmp_path, m
 @pytest.mark.checkout
 def test_stage_start_gates_params_before_sweeping_or_running(tmp_path, monkeypatch, capsys):
     """`dvc repro -s X` and `python -m stages.X` skip check_params: each stage checks params.yaml itself, first."""
-    from medrank.core.runner import run
+    from medrank.stage.runner import run
 
     monkeypatch.chdir(tmp_path)
     base = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -358,7 +358,7 @@ def test_atomic_path_fsyncs_file_before_rename_and_folder_after(tmp_path, monkey
 
 # ---------------------------------------------------------------- killed stages (subprocesses)
 
-# Runs a stage as `python -m stages.<name>` does (medrank.core.runner.run, so the start-of-run sweep too), with
+# Runs a stage as `python -m stages.<name>` does (medrank.stage.runner.run, so the start-of-run sweep too), with
 # copies, fsyncs and folder removals slowed down so that a test can kill it at a chosen instant.
 PROBE = """
 import functools, hashlib, importlib, os, shutil, sys, time
@@ -381,7 +381,7 @@ if sys.argv[1] == "stages.acquire":  # a tiny registry: whatever the mirror hold
     files = sorted(p for p in Path("mirror").rglob("*") if p.is_file())
     sources = tuple(Source(p.relative_to("mirror").as_posix(), "o/r", "c0ffee", "-", hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_size, "CC0") for p in files)
     stage.acquire = functools.partial(acq.acquire, sources=sources)
-from medrank.core.runner import run
+from medrank.stage.runner import run
 run(stage.main)
 """
 

@@ -1,5 +1,5 @@
 """The MTL as a medrank.selection.experiment system, and what runs through it: the seed spread (stage noise_band), the ablation
-rows (stages mtl_ablations, mtl_confirm) and the nested refits' rows (medrank.selection.nested_refits). The mtl stage's own
+rows (stages mtl_ablations, mtl_confirm) and the nested refits' rows (medrank.models.nested_refits). The mtl stage's own
 recipe (medrank.models.mtl.recipe) plans the same protocols and adds its two models to the same batch of fits."""
 
 from __future__ import annotations

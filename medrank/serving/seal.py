@@ -1,6 +1,6 @@
 """Seal model and step folders saved before their side files were checksummed (issue 46), instead of re-training:
 
-    python -m medrank.core.seal models/nli models/rqe models/cnn models/steps/* models/baseline models/mtl \
+    python -m medrank.serving.seal models/nli models/rqe models/cnn models/steps/* models/baseline models/mtl \
         models/system.json    (models/qa too where it exists)
 
 Loading now refuses a `medrank_encoder.json`, a CNN `config.json`, a `step.json`, the MTL's `mtl.json`, the baseline's
@@ -187,13 +187,13 @@ def seal(folder: str | Path) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m medrank.core.seal", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m medrank.serving.seal", description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path)
     for folder in parser.parse_args(argv).folders:
         log.info("%s: %s", folder, "sealed" if seal(folder) else "already sealed (verified)")
 
 
 if __name__ == "__main__":
-    from medrank.core.runner import run
+    from medrank.stage.runner import run
 
     run(main)
