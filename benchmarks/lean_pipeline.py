@@ -29,7 +29,7 @@ def main() -> None:
     import pandas as pd
 
     from medrank.serving.rank import Ranker, as_input, ranked_ids
-    from medrank.serving.steps.pipeline import InferencePipeline
+    from medrank.steps.pipeline import InferencePipeline
 
     models = args.models.resolve()
     clean = pd.read_parquet(args.data / "interim" / "clean" / "answers.parquet")

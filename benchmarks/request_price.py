@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 def ranker_in_scratch(models: Path, fit: str):
     """A Ranker loaded from a scratch folder that links `models` and holds nothing else (no vector cache)."""
     from medrank.serving.rank import Ranker
-    from medrank.serving.steps.pipeline import InferencePipeline
+    from medrank.steps.pipeline import InferencePipeline
 
     scratch = Path(tempfile.mkdtemp(prefix="medrank-price-"))
     (scratch / "models").symlink_to(models.resolve())

@@ -25,7 +25,7 @@ from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.task3.qtype import QuestionTypes
 from medrank.params import load_params, step_params
 from medrank.stage.runner import run
-from medrank.serving.steps import save_step
+from medrank.steps import save_step
 
 log = logging.getLogger("stages.bienc")
 

@@ -16,7 +16,7 @@ from medrank.models import cnn_mediqa as M
 from medrank.params import load_params, step_params
 from medrank.selection.metrics import gold_from_answers, score_task3
 from medrank.selection.submission import write_task3_submission
-from medrank.serving.steps import save_step
+from medrank.steps import save_step
 from medrank.text.sentences import split_rule
 
 

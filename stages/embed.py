@@ -14,7 +14,7 @@ from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import extraction_backend, forked_workers
 from medrank.task3.grids import NLI_GRID, candidate_answers, grid_metrics, precision_check
 from medrank.core.io import read_parquet, write_json, write_parquet
-from medrank.serving.steps.grid_step import GridStep
+from medrank.steps.grid_step import GridStep
 from medrank.params import load_params
 from medrank.stage.runner import run
 

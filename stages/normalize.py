@@ -9,7 +9,7 @@ import time
 from medrank.core import layout
 from medrank.data.schemas import NORMALIZED_TABLES
 from medrank.core.io import read_parquet, write_json, write_parquet
-from medrank.serving.steps.normalize_step import NormalizeStep
+from medrank.steps.normalize_step import NormalizeStep
 from medrank.params import load_params
 from medrank.stage.runner import run
 from medrank.text.coref import make_coref

@@ -15,7 +15,7 @@ from medrank.encoders.runtime import set_threads
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.distributed import extraction_backend, forked_workers
 from medrank.core.io import read_parquet, write_json, write_parquet
-from medrank.serving.steps.retrieve_step import RetrieveStep
+from medrank.steps.retrieve_step import RetrieveStep
 from medrank.params import load_params
 from medrank.task3 import retrieval as R
 from medrank.stage.runner import run

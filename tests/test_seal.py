@@ -29,7 +29,7 @@ def test_old_encoder_cnn_and_step_folders_are_refused_then_sealed(tiny_base, tmp
     from medrank.models.cnn import CnnRanker
     from medrank.models.word2vec import WordVectors
     from medrank.params import Params, step_params
-    from medrank.serving.steps import load_step, save_step
+    from medrank.steps import load_step, save_step
 
     ce = CrossEncoder.from_base(str(tiny_base), 2, 32, device="cpu", seed=5, precision="fp32")
     ce.save(tmp_path / "rqe", extra_meta={"task": "rqe"})

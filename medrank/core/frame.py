@@ -1,4 +1,4 @@
-"""What flows between the inference steps (medrank.serving.steps; PyTerrier's transformers over frames, for three grains).
+"""What flows between the inference steps (medrank.steps; PyTerrier's transformers over frames, for three grains).
 
 Every step is `transform(frame) -> frame` and steps compose with `>>` into a `Pipeline` (itself a step). A frame holds
 one pandas table per grain, because the steps produce three: the candidate answers (one row each, input order; the

@@ -83,7 +83,7 @@ CNN_MODEL = MODELS / "cnn"
 BASELINE_MODEL = MODELS / "baseline"  # baseline: val/ (train only) and final/ (train + val)
 MTL_MODEL = MODELS / "mtl"  # mtl: the final (train + val) bag; val/ = the train-only bag
 SYSTEM = MODELS / "system.json"  # score: which system (and weight, thresholds) makes the submissions
-STEPS = MODELS / "steps"  # each step of `medrank rank` as the stage that runs it saved it (medrank.serving.steps)
+STEPS = MODELS / "steps"  # each step of `medrank rank` as the stage that runs it saved it (medrank.steps)
 STEP_DIRS = {
     step: STEPS / step for step in ("normalize", "retrieve", "grids", "answer_scores", "passages", "cnn_scores")
 }  # stages normalize, retrieve, embed, bienc, passages, cnn_mediqa (params.STEP_PARAMS: which stage, which params keys)

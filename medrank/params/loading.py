@@ -311,7 +311,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
 
 # what `medrank rank` needs to treat a new question exactly as the stages treated the test questions: each step of the
-# inference path is saved by the stage that runs it (medrank.serving.steps), with the params keys it read (a dotted key: one
+# inference path is saved by the stage that runs it (medrank.steps), with the params keys it read (a dotted key: one
 # field of a section); the saved steps together are the recipe `recipe_params` rebuilds
 STEP_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {  # step: (the stage that saves it, its params keys)
     "normalize": ("normalize", ("normalize",)),

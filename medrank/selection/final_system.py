@@ -96,7 +96,7 @@ def system_record(sel: dict) -> dict:
     """models/system.json of `select`'s pick: the MTL weight (and the system it makes), the Keep fitted per target set
     (val, test), the keep rule and the order. A batch-adaptive pick (decision.BATCH_ADAPTIVE) fitted its keep on the
     val / test batch; what serves a request is then decision.REQUEST_RULE fitted on the same calibration rows
-    ("request": per target set), which `medrank rank` and `medrank serve` apply (serving.steps.system_step)."""
+    ("request": per target set), which `medrank rank` and `medrank serve` apply (steps.system_step)."""
     from medrank.selection.decision import BATCH_ADAPTIVE, REQUEST_RULE, fit_keep_on
 
     out = {

@@ -156,7 +156,7 @@ def fingerprints(ranker: "Ranker", models_dir: str) -> dict[str, str]:
     fitted system's files and the encoders' weights."""
     from medrank.core import layout
     from medrank.core.io import sha256_file
-    from medrank.serving.steps import STEP_FILE, step_dir
+    from medrank.steps import STEP_FILE, step_dir
 
     p, root = ranker.pipeline, Path(models_dir)
     out = {"system.json": sha256_file(root / layout.SYSTEM.name)}

@@ -1,5 +1,5 @@
 """`medrank rank`: the trained pipeline on one new question: the input checked and cleaned here, then the step objects
-the stages save (medrank.serving.steps.pipeline.InferencePipeline: normalize -> retrieve -> NLI grids -> answer scores -> the final
+the stages save (medrank.steps.pipeline.InferencePipeline: normalize -> retrieve -> NLI grids -> answer scores -> the final
 system of stage score), loaded from models/ alone, never from params.yaml or data/. The extraction caches are read
 when the working folder has them, never written (they are DVC outputs), so a question the pipeline has seen gets the
 very values the stages computed.
@@ -22,7 +22,7 @@ from medrank.core.errors import MedrankError
 from medrank.core.io import decode_utf8, read_text_capped
 
 if TYPE_CHECKING:
-    from medrank.serving.steps.system_step import Fit
+    from medrank.steps.system_step import Fit
     import pandas as pd
 
 
@@ -212,13 +212,13 @@ def answers_table(inp: RankInput, qid: str = _QID) -> pd.DataFrame:
 
 @dataclass
 class Ranker:
-    """The loaded inference pipeline (medrank.serving.steps.pipeline); `rank` scores one question's candidate answers."""
+    """The loaded inference pipeline (medrank.steps.pipeline); `rank` scores one question's candidate answers."""
 
     pipeline: Any  # InferencePipeline
 
     @classmethod
     def load(cls, models_dir: str | Path = layout.MODELS, fit: Fit = "final") -> "Ranker":
-        from medrank.serving.steps.pipeline import InferencePipeline
+        from medrank.steps.pipeline import InferencePipeline
 
         return cls(InferencePipeline.load(models_dir, fit))
 

@@ -96,7 +96,7 @@ def seal_step(folder: Path) -> bool:
     """Seal a models/steps/<step>/step.json written without checksums (its tables' sha256 added)."""
     import pandas as pd
 
-    from medrank.serving.steps import STEP_FILE
+    from medrank.steps import STEP_FILE
 
     path = folder / STEP_FILE
     meta = _read(path)
@@ -128,7 +128,7 @@ def _seal_record(path: Path, load: Callable[[], object]) -> bool:
 
 def seal_system(path: Path) -> bool:
     """Seal a models/system.json written before stage score sealed it."""
-    from medrank.serving.steps.system_step import read_system
+    from medrank.steps.system_step import read_system
 
     return _seal_record(path, lambda: read_system(path.parent))
 
@@ -168,7 +168,7 @@ def seal_mtl(folder: Path) -> bool:
 def seal(folder: str | Path) -> bool:
     """Seal one folder (or models/system.json) by what it holds; True if a file was written."""
     from medrank.encoders.models import ENCODER_META
-    from medrank.serving.steps import STEP_FILE
+    from medrank.steps import STEP_FILE
 
     folder = Path(folder)
     if folder.name == "system.json" and folder.is_file():

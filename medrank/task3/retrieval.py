@@ -317,7 +317,7 @@ def check_candidate_depth(p: Params) -> None:
 
 
 def retrieval_metrics(
-    step: Any,  # serving.steps.retrieve_step.RetrieveStep (a layer above: read for its .p, .rqe and .docs only)
+    step: Any,  # steps.retrieve_step.RetrieveStep (a layer above: read for its .p, .rqe and .docs only)
     scored: ScoredCandidates,
     chosen: pd.DataFrame,
     *,

@@ -64,7 +64,7 @@ class TextNormalizer:
 @dataclass(frozen=True)
 class NormalizerState:
     """What a TextNormalizer is made of: the abbreviation list and the (surface form, preferred name) entries, each
-    None when that pass is off. Saved by stage normalize (medrank.serving.steps), so `medrank rank` needs no vocabulary file."""
+    None when that pass is off. Saved by stage normalize (medrank.steps), so `medrank rank` needs no vocabulary file."""
 
     abbreviations: dict[str, str] | None
     concepts: list[tuple[str, str]] | None

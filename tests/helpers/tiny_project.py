@@ -97,8 +97,8 @@ def build_tiny_project(root: Path) -> Path:
     from medrank.params import Params, step_params
     from medrank.task3.retrieval import medquad_documents, saved_documents
     from medrank.task3.qtype import QuestionTypes
-    from medrank.serving.steps import save_step
-    from medrank.serving.steps.normalize_step import normalizer_state_tables
+    from medrank.steps import save_step
+    from medrank.steps.normalize_step import normalizer_state_tables
     from medrank.text.normalize import normalizer_state
     from medrank.text.sentences import split_rule
 
@@ -175,7 +175,7 @@ def use_tiny_baseline(
     from medrank.core.io import write_sealed_json
     from medrank.models.baseline import BaselineConfig, fit_baseline
     from medrank.params import BaselineParams, Params, step_params
-    from medrank.serving.steps import save_step
+    from medrank.steps import save_step
 
     rng = np.random.default_rng(3)
     rows = []

@@ -113,8 +113,8 @@ def test_stage_passages_writes_group_passage(tmp_path, monkeypatch, tiny_base):
 
 def test_medrank_rank_scores_passages_as_the_stage_did(tmp_path, tiny_base):
     from medrank.params import Params, step_params
-    from medrank.serving.steps import save_step
-    from medrank.serving.steps.score_step import AnswerScores
+    from medrank.steps import save_step
+    from medrank.steps.score_step import AnswerScores
 
     p = Params.model_validate(
         {

@@ -165,7 +165,7 @@ def test_feature_group_qtype(qtypes):
 
 
 def test_rank_computes_the_stage_columns(qtypes):
-    from medrank.serving.steps.score_step import AnswerScores
+    from medrank.steps.score_step import AnswerScores
 
     got = AnswerScores(Params(), {"qtype"}, qtypes=qtypes).scores(ANSWERS)
     expected = answer_qtype_scores(ANSWERS, qtypes)

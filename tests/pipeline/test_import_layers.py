@@ -22,7 +22,8 @@ LAYERS = (
     "task3",  # answer tables, features, retrieval, the per-answer scores
     "selection",  # scorers, protocols, keep rules, the acceptance rule, nested LOSO's protocol
     "models",  # the baseline, the MTL, the CNN, their training and refits
-    "serving",  # the inference steps, `medrank rank` / `serve`, the seal tool
+    "steps",  # the inference path's fitted steps, shared by the stages that save them and `medrank rank`
+    "serving",  # `medrank rank` / `serve` over the steps, the seal tool
     "reporting",  # README / RESULTS / cards from metrics
 )
 

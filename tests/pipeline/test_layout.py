@@ -139,7 +139,7 @@ def test_the_steps_have_one_folder_each():
 
 @pytest.mark.parametrize("step", ["normalize", "retrieve", "grids", "answer_scores", "cnn_scores"])
 def test_each_inference_step_is_saved_by_a_stage_that_declares_its_params(step):
-    """medrank.serving.steps: the stage that saves a step of `medrank rank` declares every params key the step holds and
+    """medrank.steps: the stage that saves a step of `medrank rank` declares every params key the step holds and
     declares the step's folder as an output; stage score, which no longer copies them, declares only its own."""
     from medrank.params import STEP_PARAMS, Params, step_params
 

@@ -252,7 +252,7 @@ def _deployed_pipeline_scores_as_stage_score(repo: Path) -> None:
     from medrank.selection.evaluation import gold_of, ranked_rows
     from medrank.selection.experiment import Deployed, Refit, answer_truth, experiment, questions_of
     from medrank.selection.metrics import score_task3
-    from medrank.serving.steps.pipeline import InferencePipeline
+    from medrank.steps.pipeline import InferencePipeline
 
     sub = pd.read_csv(repo / "submissions/task3_val.csv", header=None, names=["qid", "aid", "label"], dtype=str)
     cwd = os.getcwd()

@@ -10,7 +10,7 @@ import pytest
 from medrank.core.errors import MedrankError
 from medrank.serving.rank import answers_table
 from medrank.core.frame import Frame, Pipeline
-from medrank.serving.steps.pipeline import InferencePipeline
+from medrank.steps.pipeline import InferencePipeline
 from tests.serving.test_lean_pipeline import _questions
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from medrank.serving.rank import Ranker, as_input, parse_rank_input
-from medrank.serving.steps.pipeline import InferencePipeline
+from medrank.steps.pipeline import InferencePipeline
 from tests.helpers.tiny_project import FIXTURES
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the 2 cores are shared

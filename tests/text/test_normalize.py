@@ -252,7 +252,7 @@ def test_the_saved_step_normalizes_the_same_and_never_copies_umls(tmp_path):
     """The normalize step saved and loaded back normalizes as the fitted one; with a licensed UMLS file the concept
     entries stay out of models/ (the step records the path and re-reads the user's file at load)."""
     from medrank.params import Params
-    from medrank.serving.steps.normalize_step import NormalizeStep
+    from medrank.steps.normalize_step import NormalizeStep
 
     text = "The flu and a heart attack (MI) raise BP."
     umls = Params(normalize={"umls_mrconso": str(FIX / "MRCONSO_tiny.RRF"), "min_term_chars": 3})

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from medrank.core import layout
-from medrank.serving.steps import SavedStep, load_recipe, load_step, save_step
+from medrank.steps import SavedStep, load_recipe, load_step, save_step
 from medrank.core.frame import Composable, Frame
 
 if TYPE_CHECKING:

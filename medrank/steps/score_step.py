@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medrank.core import layout
-from medrank.serving.steps import load_recipe, load_step, model_dir
+from medrank.steps import load_recipe, load_step, model_dir
 from medrank.core.frame import Composable, Frame
 
 if TYPE_CHECKING:

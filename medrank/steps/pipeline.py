@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from medrank.core import layout
 from medrank.core.frame import Frame, Pipeline
-from medrank.serving.steps.grid_step import GridStep
-from medrank.serving.steps.normalize_step import NormalizeStep
-from medrank.serving.steps.retrieve_step import RetrieveStep
-from medrank.serving.steps.score_step import AnswerScores
-from medrank.serving.steps.system_step import Fit, SystemStep
+from medrank.steps.grid_step import GridStep
+from medrank.steps.normalize_step import NormalizeStep
+from medrank.steps.retrieve_step import RetrieveStep
+from medrank.steps.score_step import AnswerScores
+from medrank.steps.system_step import Fit, SystemStep
 
 if TYPE_CHECKING:
     import pandas as pd
