@@ -77,3 +77,11 @@ def test_the_layer_check_sees_an_import_inside_a_function(tmp_path, monkeypatch)
     monkeypatch.setattr(here, "PACKAGE", pkg)
     monkeypatch.setattr(here, "REPO", tmp_path)
     assert package_imports() == {"core": {"models": {"medrank/core/a.py"}}}
+
+
+def test_the_readme_map_lists_the_layers_in_their_order():
+    """The README's "Where is what" tree names the packages bottom first, as LAYERS does (the map is the order)."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    tree = readme[readme.index("## Where is what") :].split("```")[1]
+    listed = [line.split("/")[0].strip() for line in tree.splitlines() if line.startswith("  ") and "/" in line]
+    assert listed == list(LAYERS)
