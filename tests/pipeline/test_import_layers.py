@@ -7,6 +7,8 @@ import ast
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "medrank"
 
@@ -79,6 +81,7 @@ def test_the_layer_check_sees_an_import_inside_a_function(tmp_path, monkeypatch)
     assert package_imports() == {"core": {"models": {"medrank/core/a.py"}}}
 
 
+@pytest.mark.checkout
 def test_the_readme_map_lists_the_layers_in_their_order():
     """The README's "Where is what" tree names the packages bottom first, as LAYERS does (the map is the order)."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
