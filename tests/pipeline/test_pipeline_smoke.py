@@ -83,7 +83,8 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
 
 
 def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
-    """`dvc repro analysis/dvc.yaml` runs the table stages, the candidate signals (qa, qa_graded) and the CNN's
+    """`dvc repro analysis/dvc.yaml` runs the table stages, the candidate signals (qa, qa_graded, qa_bienc, passages,
+    agree) and the CNN's
     cross-encoder row (cnn_crossenc), and nothing of the
     default pipeline; their rows are
     the default stages' protocols (the MTL row on the mtl stage's folds, the RQE rows with the chosen sets' verdict,
@@ -101,6 +102,8 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
             "cnn_crossenc",
             "nested_loso",
             "qa_bienc",
+            "passages",
+            "agree",
         )
     }
     before = _md5s(tiny_repo / "models") | {
@@ -112,11 +115,13 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
     assert ran == [
+        "analysis/dvc.yaml:agree",
         "analysis/dvc.yaml:baseline_ablations",
         "analysis/dvc.yaml:cnn_crossenc",
         "analysis/dvc.yaml:mtl_ablations",
         "analysis/dvc.yaml:mtl_confirm",
         "analysis/dvc.yaml:nested_loso",
+        "analysis/dvc.yaml:passages",
         "analysis/dvc.yaml:qa",
         "analysis/dvc.yaml:qa_bienc",
         "analysis/dvc.yaml:qa_graded",
@@ -157,6 +162,10 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
     nested = json.loads((tiny_repo / "metrics/nested_loso.json").read_text())
     assert set(nested["final_system"]["nested_loso"]["by_source"]) == {"train_liveqa", "train_alexa", "val"}
     assert 0 <= nested["final_system"]["nested_loso"]["accuracy"]["mean"] <= 1 and "with_qa_bienc" in nested["variants"]
+    # the analysis groups' stages: passage (refused by the acceptance rule) and agree (the entailed answers' agreement)
+    agree = pd.read_parquet(tiny_repo / "data/processed/agree_scores.parquet")
+    assert len(agree) and agree["agree_max_cos"].between(-1, 1).all()
+    assert {"with_passage", "with_agree"} <= set(nested["variants"])
     graded = json.loads((tiny_repo / "metrics/qa_graded.json").read_text())
     assert graded["n_judged_questions"] == 2 and all(f["n_train_judged"] > 0 for f in graded["folds"])
     # the cross-encoder's SQuAD row: the dev sample of the default cnn_squad table, the same questions
