@@ -224,6 +224,18 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds for a request's body to arrive once its headers have; beyond, 408 (default 30)",
     )
+    p.add_argument(
+        "--vector-cache-mb",
+        type=int,
+        default=256,
+        help="MiB of answer and question vectors held across requests, least recently used out first (default 256; 0: none)",
+    )
+    p.add_argument(
+        "--rerank-kept-only",
+        action="store_true",
+        help="the rerank routes (/v1/rerank, /v2/rerank, /rerank) return only the kept answers unless a request says "
+        "kept_only=false",
+    )
 
 
 def _serve(args: argparse.Namespace) -> None:
@@ -249,6 +261,8 @@ def _serve(args: argparse.Namespace) -> None:
     ):
         if value is not None and value < 1:
             raise MedrankError(f"{flag} must be at least 1, got {value}")
+    if args.vector_cache_mb < 0:
+        raise MedrankError(f"--vector-cache-mb must be at least 0, got {args.vector_cache_mb}")
     if not 0 < args.timeout < math.inf:  # NaN fails both comparisons
         raise MedrankError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     check_timeout("--header-timeout", args.header_timeout)
@@ -267,6 +281,8 @@ def _serve(args: argparse.Namespace) -> None:
         timeout_s=args.timeout,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
+        vector_cache_mb=args.vector_cache_mb,
+        rerank_kept_only=args.rerank_kept_only,
     )
     # the models load here first: a missing or damaged one stops with one line before any port is opened
     ranker = load_ranker(config)
@@ -308,7 +324,8 @@ COMMANDS: dict[str, Command] = {
         _rank,
     ),
     "serve": Command(
-        "serve `medrank rank` over HTTP: POST /rank, /rank/batch, GET /healthz, /readyz, /version, / (a form)",
+        "serve `medrank rank` over HTTP: POST /rank, /rank/batch, /v1/rerank, /v2/rerank (Cohere), /rerank (TEI), "
+        "GET /healthz, /readyz, /version, /metrics, / (a page)",
         _serve_arguments,
         _serve,
     ),

@@ -228,6 +228,12 @@ def cached_sentence_embeddings(
     unique, inverse = dedup(list(texts))
     keys = [pair_key(t, "") for t in unique]
     todo = [i for i, k in enumerate(keys) if k not in cache]
+    memo = getattr(bi, "memo", None)  # a served process's vectors of earlier requests (medrank.encoders.memo)
+    if memo is not None and todo:
+        held = memo.get(ns, [keys[i] for i in todo])
+        if held:
+            cache.put(list(held), {"emb": np.stack(list(held.values()))})
+            todo = [i for i in todo if keys[i] not in held]
     stats = ExtractStats("bi-encoder", ns, precision, len(texts), len(unique), len(unique) - len(todo))
     t0 = time.perf_counter()
     with tqdm(total=len(todo), unit="sent", desc="bi-encoder", disable=not todo, smoothing=0.1) as bar:
@@ -236,6 +242,8 @@ def cached_sentence_embeddings(
             chunk = todo[s : s + step]
             emb = bi.encode([unique[i] for i in chunk], precision, batch_size, progress=bar.update)  # per batch
             cache.put([keys[i] for i in chunk], {"emb": emb.astype(dtype)})
+            if memo is not None:
+                memo.put(ns, [keys[i] for i in chunk], emb.astype(dtype))
             stats.computed += len(chunk)
     stats.seconds = round(time.perf_counter() - t0, 2)
     stats.pairs_per_s = round(stats.computed / stats.seconds, 1) if stats.computed and stats.seconds > 0 else 0.0

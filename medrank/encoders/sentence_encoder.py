@@ -47,6 +47,9 @@ class SentenceEncoder(PrecisionCopies):
         self._model: torch.nn.Module | None = None
         self._tokenizer = None
         self._int8_model: torch.nn.Module | None = None
+        self.memo = (
+            None  # a VectorMemo (medrank.encoders.memo) cached_sentence_embeddings reads: a server's, across requests
+        )
 
     @property
     def model(self) -> torch.nn.Module:

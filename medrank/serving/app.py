@@ -1,10 +1,13 @@
 """`medrank serve`: the trained pipeline behind HTTP (FastAPI on uvicorn), loaded once per process.
 
 POST /rank takes `medrank rank`'s input and answers `medrank rank --all`'s JSON (the same parser, caps and output
-code); POST /rank/batch several questions; GET /healthz (process up), /readyz (models loaded, verified and warmed
-up), /version (commit, model fingerprints, the decided system); GET / a plain HTML form. The models run on the
-Scheduler's threads (medrank.serving.batching), never on the event loop; every error is one line of JSON.
-Nothing is fetched and nothing is written: the caches under data/cache are read where the working folder has them.
+code); POST /rank/batch several questions; POST /v1/rerank, /v2/rerank (Cohere's shape) and /rerank (TEI's) the same
+pipeline in the shapes QA frameworks call (medrank.serving.rerank_api); GET /healthz (process up), /readyz (models
+loaded, verified and warmed up), /version (commit, model fingerprints, the decided system), /metrics (Prometheus,
+medrank.serving.observe); GET / the page. The models run on the Scheduler's threads (medrank.serving.batching),
+never on the event loop; every error is one line of JSON. Nothing is fetched and nothing is written: the caches
+under data/cache are read where the working folder has them, and vectors computed for one request are held in
+memory for the next (medrank.encoders.memo, bounded in bytes).
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from medrank.core.errors import MedrankError
+from medrank.encoders.memo import VectorMemo
+from medrank.serving import rerank_api
 from medrank.serving.batching import Closed, Overloaded, Scheduler
+from medrank.serving.observe import CONTENT_TYPE, Metrics, timing_headers
 from medrank.serving.protocol import (
     MAX_BATCH_QUESTIONS,
     RequestError,
@@ -64,6 +70,8 @@ class ServeConfig:
     warmup: bool = True
     header_timeout_s: float = HEADER_TIMEOUT_S  # the request headers within; beyond, 408 / closed (SlowClientProtocol)
     body_timeout_s: float = BODY_TIMEOUT_S  # the body within, from the headers; beyond, 408 (BodyDeadline)
+    vector_cache_mb: int = 256  # vectors held across requests (0: none); a 768-float16 vector is 1.5 KiB
+    rerank_kept_only: bool = False  # the rerank routes' default for `kept_only` (for SDKs that cannot send it)
 
     def __post_init__(self) -> None:
         if self.fit not in ("final", "val"):
@@ -79,6 +87,8 @@ class ServeConfig:
             raise MedrankError(f"timeout must be positive, got {self.timeout_s}")
         if self.max_body_bytes < 1:
             raise MedrankError(f"max-body-bytes must be at least 1, got {self.max_body_bytes}")
+        if self.vector_cache_mb < 0:
+            raise MedrankError(f"vector-cache-mb must be at least 0, got {self.vector_cache_mb}")
         check_timeout("header-timeout", self.header_timeout_s)
         check_timeout("body-timeout", self.body_timeout_s)
 
@@ -115,6 +125,8 @@ class Service:
     loaded_s: float | None = None
     warmup_s: float | None = None
     version: dict = field(default_factory=dict)
+    memo: VectorMemo | None = None  # the vectors computed for earlier requests
+    metrics: Any = None  # medrank.serving.observe.Metrics
 
     def run(self, inputs):
         return self.ranker.rank_many(inputs)
@@ -191,7 +203,8 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
     """The ASGI app; `ranker`: an already loaded pipeline (else it is loaded in the background at startup, /readyz
     answering 503 until it is loaded and warmed up)."""
     config = config or ServeConfig()
-    svc = Service(config, ranker)
+    svc = Service(config, ranker, memo=VectorMemo(config.vector_cache_mb << 20))
+    svc.metrics = Metrics(svc)
 
     async def prepare() -> None:
         loop = asyncio.get_running_loop()
@@ -200,6 +213,7 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
             if svc.ranker is None:
                 svc.ranker = await loop.run_in_executor(None, load_ranker, config)
             svc.loaded_s = round(time.perf_counter() - t0, 3)
+            svc.ranker.share_vectors(svc.memo)
             system = svc.ranker.pipeline.system
             if svc.scheduler.max_batch > 1 and not system.per_question:
                 log.warning("micro-batching off: the system's EM prior shift reads every question of a pass")
@@ -247,6 +261,9 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
 
     @app.exception_handler(RequestError)
     async def _request_error(request: Request, e: RequestError) -> JSONResponse:
+        if request.url.path == "/rerank":  # a TEI client: TEI's codes (429 when overloaded) and error_type
+            status = 429 if e.overloaded else e.status
+            return JSONResponse(rerank_api.tei_error(status, e.message), status_code=status, headers=e.headers)
         return error(e.status, e.message, e.headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -273,18 +290,20 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
                 503,
                 f"the service is at capacity ({s.queued} questions waiting); retry in {s.retry_after()} s",
                 {"Retry-After": str(s.retry_after())},
+                overloaded=True,
             )
 
-    async def rank_inputs(request: Request, inputs: list[RankInput]) -> list[dict]:
-        from medrank.serving.rank import empty_result, result_record
+    async def rank_frames(request: Request, inputs: list[RankInput]) -> list[Any]:
+        """Each input's result frame (medrank.serving.rank.Ranker.rank), its timings kept for the log and headers."""
+        from medrank.serving.rank import empty_result
 
-        async def one(inp: RankInput) -> dict:
+        async def one(inp: RankInput) -> Any:
             if not inp.answers:  # as `medrank rank`: nothing to rank, no model called
-                return result_record(inp.question, empty_result(), show_all=True)
+                return empty_result()
             try:
                 result, timing = await svc.scheduler.submit(inp, config.timeout_s)
             except Overloaded as e:
-                raise RequestError(503, str(e), {"Retry-After": str(e.retry_after)}) from None
+                raise RequestError(503, str(e), {"Retry-After": str(e.retry_after)}, overloaded=True) from None
             except Closed as e:
                 raise RequestError(503, str(e), {"Retry-After": "5"}) from None
             except asyncio.TimeoutError:
@@ -292,9 +311,20 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
             except MedrankError as e:
                 raise RequestError(500, str(e)) from None
             request.scope.setdefault("state", {}).setdefault("medrank", []).append(timing)
-            return await run_in_threadpool(result_record, inp.question, result, True)
+            svc.metrics.observe_question(timing)
+            return result
 
         return list(await asyncio.gather(*(one(i) for i in inputs)))
+
+    async def rank_inputs(request: Request, inputs: list[RankInput]) -> list[dict]:
+        from medrank.serving.rank import result_record
+
+        frames = await rank_frames(request, inputs)
+        return [await run_in_threadpool(result_record, i.question, f, True) for i, f in zip(inputs, frames)]
+
+    def timed(request: Request, body: Any, started: float) -> JSONResponse:
+        timings = request.scope.get("state", {}).get("medrank", [])
+        return JSONResponse(body, headers=timing_headers(timings, (time.perf_counter() - started) * 1000))
 
     rank_schema = rank_body_schema()
 
@@ -308,10 +338,11 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
         responses={200: {"content": {"application/json": {"schema": rank_result_schema()}}}},
     )
     async def rank(request: Request) -> JSONResponse:
+        started = time.perf_counter()
         check_ready()
         check_room(1)  # before the body is read: a refused request costs no memory
         inp = await run_in_threadpool(parse_one, await read_body(request, config.max_body_bytes))
-        return JSONResponse((await rank_inputs(request, [inp]))[0])
+        return timed(request, (await rank_inputs(request, [inp]))[0], started)
 
     @app.post(
         "/rank/batch",
@@ -336,12 +367,49 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
         },
     )
     async def rank_batch(request: Request) -> JSONResponse:
+        started = time.perf_counter()
         check_ready()
         check_room(1)
         body = await read_body(request, config.max_body_bytes)
         inputs = await run_in_threadpool(parse_batch, body, min(MAX_BATCH_QUESTIONS, svc.scheduler.max_queue))
         check_room(sum(1 for i in inputs if i.answers))
-        return JSONResponse({"results": await rank_inputs(request, inputs)})
+        return timed(request, {"results": await rank_inputs(request, inputs)}, started)
+
+    async def rerank(request: Request, parse: Any, respond: Any) -> JSONResponse:
+        started = time.perf_counter()
+        check_ready()
+        check_room(1)
+        body = await read_body(request, config.max_body_bytes)
+        kept_only = request.query_params.get("kept_only", str(config.rerank_kept_only)).lower() in ("1", "true", "yes")
+        req = await run_in_threadpool(parse, body, kept_only)
+        (frame,) = await rank_frames(request, [req.inp])
+        return timed(request, respond(req, frame), started)
+
+    rerank_doc = (
+        "The same pipeline as /rank; every document best first (medrank's submission order), scores in [0, 1] with "
+        "kept answers above 0.5, each result with `kept` and `filter_score` too; `kept_only` (body or query) returns "
+        "the kept ones only. docs/serving.md has the mapping and the clients."
+    )
+
+    @app.post("/v1/rerank", summary="Cohere's rerank (v1)", description=rerank_doc)
+    async def cohere_v1(request: Request) -> JSONResponse:
+        return await rerank(request, lambda b, k: rerank_api.parse_cohere(b, 1, k), rerank_api.cohere_response)
+
+    @app.post("/v2/rerank", summary="Cohere's rerank (v2)", description=rerank_doc)
+    async def cohere_v2(request: Request) -> JSONResponse:
+        return await rerank(request, lambda b, k: rerank_api.parse_cohere(b, 2, k), rerank_api.cohere_response)
+
+    @app.post(
+        "/rerank",
+        summary="text-embeddings-inference's rerank",
+        description=rerank_doc + " TEI's status codes: 413, 422, 429 when at capacity.",
+    )
+    async def tei(request: Request) -> JSONResponse:
+        return await rerank(request, rerank_api.parse_tei, rerank_api.tei_response)
+
+    @app.get("/metrics", summary="Prometheus metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(svc.metrics.scrape(), media_type=CONTENT_TYPE)
 
     @app.get("/healthz", summary="The process is up")
     async def healthz() -> dict:
@@ -378,7 +446,7 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
         return HTMLResponse(page, headers={"Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff"})
 
     app.add_middleware(BodyDeadline, timeout_s=config.body_timeout_s)
-    app.add_middleware(AccessLog)
+    app.add_middleware(AccessLog, metrics=svc.metrics)
     return app
 
 
@@ -386,8 +454,8 @@ class AccessLog:
     """ASGI middleware: one JSON line per request on logger medrank.serving.access (method, path, status, ms, bytes
     in / out, client, and for ranked questions their queue and compute times and pass size)."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(self, app: Any, metrics: Metrics | None = None) -> None:
+        self.app, self.metrics = app, metrics
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -423,6 +491,9 @@ class AccessLog:
             if timings:
                 record["questions"] = timings
             access_log.info(json.dumps(record, separators=(",", ":")))
+            if self.metrics is not None:
+                route = getattr(scope.get("route"), "path", None) or "unmatched"  # bounded labels: no raw paths
+                self.metrics.observe_request(route, seen["status"], time.perf_counter() - start)
 
 
 def _version() -> str:

@@ -25,9 +25,12 @@ MAX_BATCH_QUESTIONS = 16  # per /rank/batch call, and never more than the queue 
 class RequestError(Exception):
     """An HTTP error answered as {"error": message} (one line), with optional headers."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, headers: dict[str, str] | None = None, overloaded: bool = False
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.headers = status, " ".join(message.split()), headers or {}
+        self.overloaded = overloaded  # at capacity: 503 here, 429 to a TEI client
 
 
 def parse_one(body: bytes) -> RankInput:

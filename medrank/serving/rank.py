@@ -222,6 +222,12 @@ class Ranker:
 
         return cls(InferencePipeline.load(models_dir, fit))
 
+    def share_vectors(self, memo: Any) -> None:
+        """Hold the vectors the bi-encoders compute in `memo` (medrank.encoders.memo.VectorMemo), read by later calls."""
+        for enc in vars(self.pipeline.scores).values():
+            if hasattr(enc, "memo"):
+                enc.memo = memo
+
     def rank(self, inp: RankInput) -> pd.DataFrame:
         """One row per input answer: id, url, kept, rank (1.. for kept answers, else None), prob, rank_score."""
         if not inp.answers:
