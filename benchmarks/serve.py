@@ -39,21 +39,13 @@ sys.path.insert(0, str(ROOT))
 
 def validation_questions(data: Path) -> list[dict]:
     """The validation questions as `medrank rank` / POST /rank bodies (answers in CHiQA's order)."""
-    import pandas as pd
+    from medrank.core.errors import MedrankError
+    from medrank.serving.examples import validation_questions as read
 
-    path = data / "interim" / "clean" / "answers.parquet"
-    if not path.is_file():
-        sys.exit(f"error: {path}: no cleaned answers (run `dvc repro clean`, or point --data at a data/ folder)")
-    clean = pd.read_parquet(path)
-    val = clean[clean["split"] == "val"]
-    out = []
-    for qid, rows in val.groupby("qid", sort=True):
-        rows = rows.sort_values("system_rank", kind="stable")
-        answers = [
-            {"id": str(a), "text": t, "url": u or ""} for a, t, u in zip(rows["aid"], rows["answer"], rows["url"])
-        ]
-        out.append({"question": rows["question"].iloc[0], "answers": answers, "qid": str(qid)})
-    return out
+    try:
+        return read(data / "interim" / "clean" / "answers.parquet")
+    except MedrankError as e:
+        sys.exit(f"error: {e}")
 
 
 def free_port() -> int:

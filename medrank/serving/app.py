@@ -72,6 +72,9 @@ class ServeConfig:
     body_timeout_s: float = BODY_TIMEOUT_S  # the body within, from the headers; beyond, 408 (BodyDeadline)
     vector_cache_mb: int = 256  # vectors held across requests (0: none); a 768-float16 vector is 1.5 KiB
     rerank_kept_only: bool = False  # the rerank routes' default for `kept_only` (for SDKs that cannot send it)
+    examples: str = (
+        "data/interim/clean/answers.parquet"  # GET /example's validation questions, where the folder has them
+    )
 
     def __post_init__(self) -> None:
         if self.fit not in ("final", "val"):
@@ -406,6 +409,20 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
     )
     async def tei(request: Request) -> JSONResponse:
         return await rerank(request, rerank_api.parse_tei, rerank_api.tei_response)
+
+    examples: list = []
+
+    @app.get("/example", summary="A MEDIQA validation question and CHiQA's answers (a /rank body), where present")
+    async def example(index: int = 0) -> JSONResponse:
+        if not examples:
+            from medrank.serving.examples import validation_questions
+
+            try:
+                examples.extend(await run_in_threadpool(validation_questions, config.examples))
+            except MedrankError as e:
+                raise RequestError(404, f"no examples: {e}") from None
+        q = examples[index % len(examples)]
+        return JSONResponse({"index": index % len(examples), "of": len(examples), **q})
 
     @app.get("/metrics", summary="Prometheus metrics", include_in_schema=False)
     async def metrics() -> Response:

@@ -4,6 +4,7 @@ messages of JSON ended by NUL), so an end-to-end page test needs the browser alo
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 import shutil
 import subprocess
@@ -127,6 +128,18 @@ class Browser:
             self.send(
                 "Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1}
             )
+
+    def screenshot(self, path: Path, width: int = 1000) -> None:
+        """The whole page as a PNG at `path` (CDP Page.captureScreenshot beyond the viewport)."""
+        import base64
+
+        height = int(self.eval("document.documentElement.scrollHeight"))
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
+        shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+        Path(path).write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:
         if self.proc.poll() is None:

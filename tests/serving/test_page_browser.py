@@ -3,12 +3,14 @@ Rank, and sees the kept answers in `medrank rank`'s order with their scores, the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,9 +31,9 @@ def browser():
     b.close()
 
 
-@pytest.fixture
-def server(tiny_project, tmp_path):
-    """`medrank serve` as a user starts it, in the tiny project, on a free loopback port."""
+@contextlib.contextmanager
+def _serve(folder: Path, tmp_path: Path):
+    """`medrank serve` as a user starts it, in `folder`, on a free loopback port; its URL."""
     import socket
 
     import httpx
@@ -42,22 +44,30 @@ def server(tiny_project, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "medrank.cli", "serve", "--port", str(port), "--threads", "1"]
     log = tmp_path / "server.log"
-    proc = subprocess.Popen(cmd, cwd=tiny_project, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, log.read_text()[-2000:]
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the server was not ready in time"
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    # SIGTERM: a graceful stop (uvicorn re-raises the signal once it has shut down, so the exit status names it)
-    assert proc.wait(60) in (0, -signal.SIGTERM) and "Application shutdown complete" in log.read_text()
+    try:
+        while True:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server was not ready in time"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        # SIGTERM: a graceful stop (uvicorn re-raises the signal once it has shut down, so the exit status names it)
+        assert proc.wait(60) in (0, -signal.SIGTERM) and "Application shutdown complete" in log.read_text()
+
+
+@pytest.fixture
+def server(tiny_project, tmp_path):
+    with _serve(tiny_project, tmp_path) as url:
+        yield url
 
 
 def test_a_person_ranks_answers_on_the_page(browser, server, tiny_project, tmp_path, monkeypatch, capsys):
@@ -114,3 +124,77 @@ def test_the_page_shows_a_bad_input_error_in_one_line(browser, server):
         "body: 'question' must be a non-empty string"
     )
     assert browser.eval("document.getElementById('results').hidden")
+
+
+@pytest.fixture
+def examples_folder(tiny_project, tmp_path) -> Path:
+    """A serving folder with the tiny models (linked) and cleaned answers holding two validation questions."""
+    import pandas as pd
+
+    from medrank.core import layout
+
+    root = tmp_path / "served"
+    root.mkdir()
+    (root / "models").symlink_to(tiny_project / "models")
+    given = json.loads((FIXTURES / "rank_input.json").read_text())
+    rows = [
+        {
+            "split": split,
+            "qid": qid,
+            "question": q,
+            "aid": f"{qid}-{i}",
+            "answer": a["text"],
+            "url": a.get("url", ""),
+            "system_rank": i,
+        }
+        for split, qid, q in (
+            ("val", "v1", given["question"]),
+            ("val", "v2", "How is the flu treated?"),
+            ("train_liveqa", "t1", "Not an example"),
+        )
+        for i, a in enumerate(given["answers"], start=1)
+    ]
+    path = root / layout.CLEAN_ANSWERS
+    path.parent.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(path)
+    return root
+
+
+def test_one_click_loads_a_real_example_and_ranks_it(browser, examples_folder, tmp_path, monkeypatch, capsys):
+    from medrank.cli import main
+
+    with _serve(examples_folder, tmp_path) as url:
+        browser.open(url + "/")
+        browser.click("#example")
+        browser.wait_for("document.getElementById('question').value")
+        assert (
+            browser.eval("document.getElementById('question').value")
+            == "What causes Noonan syndrome and is it inherited?"
+        )
+        assert browser.eval("document.querySelectorAll('.answer').length") == 4
+        assert "validation question v1 (1 of 2)" in browser.eval(
+            "document.getElementById('example-status').textContent"
+        )
+        browser.click("#submit")
+        browser.wait_for("!document.getElementById('results').hidden || document.getElementById('error').textContent")
+        assert browser.eval("document.getElementById('error').textContent") == ""
+        given = json.loads((FIXTURES / "rank_input.json").read_text())
+        body = {
+            "question": given["question"],
+            "answers": [
+                {"id": str(i), "text": a["text"], **({"url": a["url"]} if a.get("url") else {})}
+                for i, a in enumerate(given["answers"], start=1)
+            ],
+        }
+        (tmp_path / "in.json").write_text(json.dumps(body))
+        monkeypatch.chdir(tmp_path)
+        assert main(["rank", "in.json", "--all", "--models", str(examples_folder / "models")]) == 0
+        want = json.loads(capsys.readouterr().out)
+        kept = browser.eval("[...document.querySelectorAll('#kept li')].map(e => e.dataset.id)")
+        dropped = browser.eval("[...document.querySelectorAll('#dropped li')].map(e => e.dataset.id)")
+        assert kept == [a["id"] for a in want["answers"] if a["kept"]] and len(kept) >= 1
+        assert dropped == [a["id"] for a in want["answers"] if not a["kept"]]
+        browser.screenshot(tmp_path / "page.png")
+        assert (tmp_path / "page.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        browser.click("#example")  # the next one
+        browser.wait_for("document.getElementById('question').value.startsWith('How is the flu')")

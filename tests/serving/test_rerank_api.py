@@ -252,3 +252,38 @@ def test_a_cached_vector_gives_the_same_answer(ranker):
         _wait_ready(c)
         assert c.post("/rank", json=FIXTURE_INPUT).json() == first
         assert c.app.state.service.memo.stats.bytes == 0
+
+
+def test_example_is_a_validation_question_where_the_folder_has_them(ranker, tmp_path):
+    import pandas as pd
+
+    rows = [
+        {
+            "split": s,
+            "qid": q,
+            "question": f"question {q}",
+            "aid": f"{q}{i}",
+            "answer": f"answer {i}",
+            "url": "",
+            "system_rank": 3 - i,
+        }
+        for s, q in (("val", "v1"), ("val", "v2"), ("test", "x1"))
+        for i in (1, 2)
+    ]
+    path = tmp_path / "answers.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    with TestClient(create_app(ServeConfig(threads=1, warmup=False, examples=str(path)), ranker)) as c:
+        _wait_ready(c)
+        first = c.get("/example").json()
+        assert first == {
+            "index": 0,
+            "of": 2,
+            "qid": "v1",
+            "question": "question v1",
+            "answers": [{"id": "v12", "text": "answer 2", "url": ""}, {"id": "v11", "text": "answer 1", "url": ""}],
+        }  # CHiQA's order; validation only
+        assert c.get("/example?index=3").json()["qid"] == "v2"
+        assert c.post("/rank", json={k: first[k] for k in ("question", "answers")}).status_code == 200
+    with TestClient(create_app(ServeConfig(threads=1, warmup=False, examples=str(tmp_path / "none")), ranker)) as c:
+        _wait_ready(c)
+        _error(c.get("/example"), 404, "no examples:", "no cleaned answers here")
