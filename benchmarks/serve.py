@@ -11,7 +11,10 @@ Phases, each bounded in time and in requests:
               the overflow must be 503 with Retry-After, never a failure
 
 `load` and `overload` run once per --max-batch value (1: each question alone; >1: the questions waiting together in
-one pass). Peak RSS is the server's (sampled every 0.5 s); "flat memory" compares its RSS after the first and the
+one pass). --systems runs, side by side in the same run on the same requests: `medrank` (as served: its vector cache
+on), `medrank-nocache` (`--vector-cache-mb 0`: every text encoded at every request) and `peer`
+(benchmarks/peer_server.py: sentence-transformers `encode` of the same texts with the same encoder, precision and
+max length, cosine order; no queue bound, so it has no overload phase). Peak RSS is the server's (sampled every 0.5 s); "flat memory" compares its RSS after the first and the
 last quarter of the load phase. The machine's load average is recorded: on a shared machine the figures move with it.
 
     python benchmarks/serve.py --data ../main/data [--models models] [--clients 8] [--duration 120]
@@ -55,15 +58,23 @@ def free_port() -> int:
 
 
 class Server:
-    """`medrank serve` in a subprocess from a scratch folder (models linked, nothing else), its RSS sampled."""
+    """`medrank serve` (or the peer) in a subprocess from a scratch folder (models linked, nothing else), its RSS
+    sampled."""
 
-    def __init__(self, models: Path, max_batch: int, max_queue: int, timeout: float, threads: int | None) -> None:
+    def __init__(
+        self, models: Path, max_batch: int, max_queue: int, timeout: float, threads: int | None, system: str = "medrank"
+    ) -> None:
         self.scratch = Path(tempfile.mkdtemp(prefix="medrank-serve-bench-"))
         (self.scratch / "models").symlink_to(models.resolve())
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "medrank.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--max-batch", str(max_batch), "--max-queue", str(max_queue), "--timeout", str(timeout)]
+        if system == "peer":
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "peer_server.py"), "--models", "models"]
+            cmd += ["--port", str(self.port)]
+        else:
+            cmd = [sys.executable, "-m", "medrank.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+            cmd += ["--max-batch", str(max_batch), "--max-queue", str(max_queue), "--timeout", str(timeout)]
+            cmd += ["--vector-cache-mb", "0"] if system == "medrank-nocache" else []
         cmd += ["--threads", str(threads)] if threads else []
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.log = open(self.scratch / "server.log", "w")
@@ -170,8 +181,8 @@ def drive(url: str, questions: list[dict], clients: int, duration: float, max_re
         "requests": len(done),
         "ok": len(ok),
         "statuses": statuses,
-        "errors": sum(n for s, n in statuses.items() if s not in ("200", "503")),
-        "rejected_503": statuses.get("503", 0),
+        "errors": sum(n for s, n in statuses.items() if s not in ("200", "503", "429")),
+        "rejected_503": statuses.get("503", 0) + statuses.get("429", 0),
         "req_per_s": round(len(ok) / wall, 3) if wall else None,
         "p50_s": _r(percentile(ok, 0.5)),
         "p95_s": _r(percentile(ok, 0.95)),
@@ -208,9 +219,9 @@ def rss_summary(server: Server, start: float, end: float) -> dict:
     }
 
 
-def run_mode(args, questions: list[dict], max_batch: int) -> dict:
-    out: dict = {"max_batch": max_batch}
-    server = Server(args.models, max_batch, args.max_queue, args.timeout, args.threads)
+def run_mode(args, questions: list[dict], max_batch: int, system: str = "medrank") -> dict:
+    out: dict = {"max_batch": max_batch, "system": system}
+    server = Server(args.models, max_batch, args.max_queue, args.timeout, args.threads, system)
     try:
         out["ready"] = server.wait_ready()
         out["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
@@ -221,14 +232,16 @@ def run_mode(args, questions: list[dict], max_batch: int) -> dict:
         out["load"] = drive(server.url, questions, args.clients, args.duration, args.max_requests)
         out["load"].update(rss_summary(server, t0, time.monotonic()))
         out["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-        print(f"load (max_batch {max_batch}): {json.dumps(out['load'])}", flush=True)
+        print(f"load ({system}, max_batch {max_batch}): {json.dumps(out['load'])}", flush=True)
         import httpx
 
         out["server_stats"] = httpx.get(f"{server.url}/readyz", timeout=10).json()["stats"]
+        if system != "peer":
+            out["cache"] = cache_counts(httpx.get(f"{server.url}/metrics", timeout=10).text)
     finally:
         out["exit_code"] = server.stop()
-    if args.overload_duration > 0:
-        server = Server(args.models, max_batch, args.overload_queue, args.timeout, args.threads)
+    if args.overload_duration > 0 and system == "medrank":
+        server = Server(args.models, max_batch, args.overload_queue, args.timeout, args.threads, system)
         try:
             server.wait_ready()
             t0 = time.monotonic()
@@ -243,6 +256,20 @@ def run_mode(args, questions: list[dict], max_batch: int) -> dict:
     return out
 
 
+def cache_counts(text: str) -> dict:
+    """The vector cache's hits, misses and bytes from a /metrics scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    hits, misses = got.get("medrank_vector_cache_hits_total", 0), got.get("medrank_vector_cache_misses_total", 0)
+    return {
+        "hits": hits,
+        "misses": misses,
+        "hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
+        "mib": round(got.get("medrank_vector_cache_bytes", 0) / (1 << 20), 1),
+    }
+
+
 def table(result: dict) -> str:
     lines = [
         f"medrank serve on loopback, {result['date']}, commit {result['commit']}, {result['cores']} cores, "
@@ -250,9 +277,9 @@ def table(result: dict) -> str:
         f"load average (1/5/15 min) at the start: {result['loadavg_start']}, at the end: {result['loadavg_end']} "
         "(a shared machine: the other work on it moves every figure)",
         "",
-        "| phase | max_batch | clients | s | requests | ok | 503 | errors | req/s | p50 s | p95 s | p99 s | "
+        "| system | phase | max_batch | clients | s | requests | ok | 503/429 | errors | req/s | p50 s | p95 s | p99 s | "
         "peak RSS MiB | RSS by quarter MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in result["modes"]:
         for phase in ("single", "load", "overload"):
@@ -262,14 +289,16 @@ def table(result: dict) -> str:
             rss = " / ".join(str(x) for x in r.get("rss_quarters_mib", ["-"]))
             name = phase if phase != "overload" else f"overload (queue {r['max_queue']})"
             lines.append(
-                f"| {name} | {m['max_batch']} | {r['clients']} | {r['seconds']} | {r['requests']} | {r['ok']} | "
+                f"| {m['system']} | {name} | {m['max_batch']} | {r['clients']} | {r['seconds']} | {r['requests']} | {r['ok']} | "
                 f"{r['rejected_503']} | {r['errors']} | {r['req_per_s']} | {r['p50_s']} | {r['p95_s']} | "
                 f"{r['p99_s']} | {r.get('peak_rss_mib', '-')} | {rss} |"
             )
     lines.append("")
     for m in result["modes"]:
+        if m["system"] == "peer":
+            continue
         lines.append(
-            f"max_batch {m['max_batch']}: passes by size {m.get('server_stats', {}).get('batches')}, server exit code "
+            f"{m['system']}, max_batch {m['max_batch']}: vector cache after the load phase {m.get('cache')}; passes by size {m.get('server_stats', {}).get('batches')}, server exit code "
             f"{m['exit_code']} after SIGTERM, warm-up {m['ready'].get('warmup_s')} s"
         )
     return "\n".join(lines) + "\n"
@@ -283,7 +312,13 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of the load phase")
     ap.add_argument("--max-requests", type=int, default=2000, help="a bound on the requests of one phase")
     ap.add_argument("--single", type=int, default=5, help="10-answer questions in the single-client phase")
-    ap.add_argument("--max-batch", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--max-batch", type=int, nargs="+", default=[1, 4], help="medrank's (the peer: 1 only)")
+    ap.add_argument(
+        "--systems",
+        nargs="+",
+        default=["medrank", "medrank-nocache", "peer"],
+        choices=["medrank", "medrank-nocache", "peer"],
+    )
     ap.add_argument("--max-queue", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--threads", type=int, default=None)
@@ -315,8 +350,9 @@ def main() -> None:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "modes": [],
     }
-    for b in args.max_batch:
-        result["modes"].append(run_mode(args, questions, b))
+    for system in args.systems:
+        for b in args.max_batch if system != "peer" else [1]:
+            result["modes"].append(run_mode(args, questions, b, system))
     result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     text = table(result)
     print(text)
