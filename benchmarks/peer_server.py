@@ -24,7 +24,7 @@ def encoder_settings(models: Path) -> dict:
     from medrank.serving.rank import Ranker
 
     scores = Ranker.load(models).pipeline.scores
-    bi = scores.bienc
+    bi = scores.models.get("bienc")
     if bi is None:
         sys.exit("error: the decided system reads no bi-encoder: there is no like-for-like peer")
     return {

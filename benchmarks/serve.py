@@ -195,11 +195,52 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
+def single_questions(questions: list[dict], count: int) -> tuple[list[dict], list[dict]]:
+    """(the unmeasured warm-up question, the measured ones): 10-answer questions."""
+    tens = [q for q in questions if len(q["answers"]) == 10]
+    return tens[-1:], tens[:count]
+
+
+def compute_floor(models: Path, questions: list[dict], threads: int | None) -> dict:
+    """The decided system's compute floor per question: the bi-encoder's useful forward FLOPs over the question and
+    each answer (their real token counts, truncated at the encoder's max length; projections, FFN, attention:
+    benchmarks/extraction.py's flops_per_pair) at this CPU's measured matmul peak (n=1024, the server's threads and
+    precision). Everything else medrank does (cleaning, features, the fitted models) is counted as zero."""
+    import numpy as np
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from extraction import flops_per_pair, matmul_peak
+    from peer_server import encoder_settings
+
+    settings = encoder_settings(models)
+    config, tok = AutoConfig.from_pretrained(settings["path"]), AutoTokenizer.from_pretrained(settings["path"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    try:
+        peak = matmul_peak(torch.bfloat16 if settings["precision"] == "bf16" else torch.float32)
+    finally:
+        torch.set_num_threads(before)
+    floors = {}
+    for q in questions:
+        texts = [q["question"]] + [a["text"] for a in q["answers"]]
+        ids = tok(texts, truncation=True, max_length=settings["max_length"])["input_ids"]
+        tokens = np.array([len(x) for x in ids])
+        floors[q["qid"]] = round(flops_per_pair(config, tokens) * len(tokens) / (peak * 1e9), 3)
+    return {
+        "precision": settings["precision"],
+        "threads": threads or os.cpu_count(),
+        "matmul_peak_gflops": round(peak, 1),
+        "floor_s": floors,
+        "median_floor_s": round(statistics.median(floors.values()), 3),
+    }
+
+
 def single(url: str, questions: list[dict], count: int) -> dict:
     """One client, the 10-answer questions in turn: the latency of a question alone on a warm server."""
-    tens = [q for q in questions if len(q["answers"]) == 10]
-    drive(url, tens[-1:], 1, 3600, 1)  # one question first, not measured: the server is warm after it
-    tens = tens[:count]
+    warm, tens = single_questions(questions, count)
+    drive(url, warm, 1, 3600, 1)  # one question first, not measured: the server is warm after it
     return {**drive(url, tens, 1, 3600, len(tens)), "questions": [q["qid"] for q in tens]}
 
 
@@ -293,6 +334,19 @@ def table(result: dict) -> str:
                 f"{r['rejected_503']} | {r['errors']} | {r['req_per_s']} | {r['p50_s']} | {r['p95_s']} | "
                 f"{r['p99_s']} | {r.get('peak_rss_mib', '-')} | {rss} |"
             )
+    floor = result.get("floor")
+    if floor:
+        lines.append("")
+        lines.append(
+            f"compute floor of the single-phase questions: median {floor['median_floor_s']} s (the bi-encoder's useful "
+            f"FLOPs at the measured {floor['precision']} matmul peak, {floor['matmul_peak_gflops']} GFLOP/s on "
+            f"{floor['threads']} threads); single p50 / floor: "
+            + ", ".join(
+                f"{m['system']} {m['single']['p50_s'] / floor['median_floor_s']:.2f}x"
+                for m in result["modes"]
+                if m.get("single") and m["single"].get("p50_s")
+            )
+        )
     lines.append("")
     for m in result["modes"]:
         if m["system"] == "peer":
@@ -350,6 +404,9 @@ def main() -> None:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "modes": [],
     }
+    if args.single:
+        result["floor"] = compute_floor(args.models, single_questions(questions, args.single)[1], args.threads)
+        print(f"floor: {json.dumps(result['floor'])}", flush=True)
     for system in args.systems:
         for b in args.max_batch if system != "peer" else [1]:
             result["modes"].append(run_mode(args, questions, b, system))

@@ -441,3 +441,19 @@ def squad_comparison(dev: pd.DataFrame, ranker: CnnRanker, sample_size: int, see
     sample = {"n_questions": len(sample_ids)}
     sample.update({name: rank_metrics(sample_rows, s[mask]) for name, s in scores.items()})
     return {"dev": full, "dev_sample": sample}
+
+
+def cnn_scorer(ctx):
+    """Group cnn served (params.groups.REGISTRY's `serve`): models/cnn and stage cnn_mediqa's saved step (ctx:
+    medrank.steps.score_step.AnswerScores); `score(answers, groups)` -> {"cnn_score": ...}."""
+    from medrank.core import layout
+    from medrank.text.sentences import split_rule
+
+    path = ctx.saved_model(layout.CNN_MODEL.name, "cnn", "cnn_train")
+    cnn = ctx.shared("cnn", lambda: CnnRanker.load(path))
+    aggregation = ctx.p.cnn.mediqa_aggregation
+
+    def score(answers, groups: set[str]) -> dict:
+        return {"cnn_score": cnn_answer_scores(cnn, answers, aggregation, split_rule)["cnn_score"].to_numpy()}
+
+    return score

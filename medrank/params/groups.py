@@ -1,7 +1,11 @@
 """The Task 3 feature groups, one registry: the answer-table columns each group reads, the per-answer score another
-stage writes for it (and that stage's file), and where it may be used. medrank.task3.features builds from it,
-medrank.params validates against it, the stages read their score files through it. It sits in params (below every
-other package) so that validating params.yaml imports no Task 3 code."""
+stage writes for it (and that stage's file), where it may be used, and how the served pipeline computes it for new
+answers (the saved step it reads, its scorer). medrank.task3.features builds from it, medrank.params validates
+against it, the stages read their score files through it, medrank.steps.score_step serves from it. It sits in params
+(below every other package) so that validating params.yaml imports no Task 3 code: a scorer is named, not imported.
+
+A new per-answer group is its function and scorer (e.g. in medrank/task3/answer_scores.py), its stage, its entry
+here and its params section; dvc.yaml and params.yaml name them."""
 
 from __future__ import annotations
 
@@ -19,7 +23,13 @@ class Group:
     per_candidate: bool = False  # also reads <group>_i for each of the n_candidates entailed answers
     judged: bool = False  # its inputs exist for the judged LiveQA answers (medrank.data.judged)
     analysis: bool = False  # computed by analysis/dvc.yaml only: a candidate of the analysis rows, never a default's
+    step: str | None = None  # the saved step (models/steps/<step>) whose recipe its scorer reads when served
+    serve: str | None = (
+        None  # "module:function": scorer(ctx) -> score(answers, groups) -> {column: array}; None: not served
+    )
 
+
+_A = "medrank.task3.answer_scores:"
 
 REGISTRY: dict[str, Group] = {
     "metadata": Group(("source", "n_sentences", "chiqa_rank"), judged=True),
@@ -27,14 +37,30 @@ REGISTRY: dict[str, Group] = {
     "rqe": Group(per_candidate=True, judged=True),
     "rqe_emb": Group(per_candidate=True, judged=True),
     "anli": Group(per_candidate=True),
-    "bienc": Group(("bienc_cos",), "bienc_cos", L.BIENC, judged=True),
-    "heading": Group(("heading_cos",), "heading_cos", L.BIENC, judged=True),
-    "qtype": Group(("qtype_agree", "qtype_match"), "qtype_agree", L.BIENC, judged=True),
-    "cnn": Group(("cnn_score",), "cnn_score", L.CNN_SCORES),
-    "qa": Group(("qa_score",), "qa_score", L.QA_SCORES, analysis=True),
+    "bienc": Group(("bienc_cos",), "bienc_cos", L.BIENC, judged=True, step="answer_scores", serve=_A + "cosine_scorer"),
+    "heading": Group(
+        ("heading_cos",), "heading_cos", L.BIENC, judged=True, step="answer_scores", serve=_A + "cosine_scorer"
+    ),
+    "qtype": Group(
+        ("qtype_agree", "qtype_match"),
+        "qtype_agree",
+        L.BIENC,
+        judged=True,
+        step="answer_scores",
+        serve=_A + "qtype_scorer",
+    ),
+    "cnn": Group(("cnn_score",), "cnn_score", L.CNN_SCORES, step="cnn_scores", serve="medrank.models.cnn:cnn_scorer"),
+    "qa": Group(("qa_score",), "qa_score", L.QA_SCORES, analysis=True, serve=_A + "qa_scorer"),
     "qa_graded": Group(("qa_graded_score",), "qa_graded_score", L.QA_GRADED_SCORES, analysis=True),
     # analysis since the acceptance rule refused it (nested LOSO: it loses on validation; RESULTS): stage passages
-    "passage": Group(("passage_max_cos",), "passage_max_cos", L.PASSAGE_SCORES, analysis=True),
+    "passage": Group(
+        ("passage_max_cos",),
+        "passage_max_cos",
+        L.PASSAGE_SCORES,
+        analysis=True,
+        step="passages",
+        serve=_A + "passage_scorer",
+    ),
     "qa_bienc": Group(("qa_bienc_cos",), "qa_bienc_cos", L.QA_BIENC_SCORES, analysis=True),
     # the Task 3 README's own suggestion: the answer's agreement with the entailed MedQuAD questions' answers (bienc's
     # mpnet cosine, the best and the mean over the entailed ones): stage agree

@@ -176,11 +176,7 @@ def fingerprints(ranker: "Ranker", models_dir: str) -> dict[str, str]:
     p, root = ranker.pipeline, Path(models_dir)
     out = {"system.json": sha256_file(root / layout.SYSTEM.name)}
     steps = ["normalize"] + [s for s, on in (("retrieve", p.retrieve), ("grids", p.grids)) if on is not None]
-    groups = p.system.groups
-    steps += [
-        s for s, gs in (("answer_scores", {"bienc", "heading", "qtype"}), ("passages", {"passage"})) if groups & gs
-    ]
-    steps += ["cnn_scores"] if "cnn" in groups else []
+    steps += list(p.scores.steps)  # the saved steps the groups' scorers read (medrank.params.groups)
     for s in steps:
         record = json.loads((step_dir(s, root) / STEP_FILE).read_text(encoding="utf-8"))
         out[f"steps/{s}"] = record.get("record_sha256", sha256_file(step_dir(s, root) / STEP_FILE))
@@ -190,10 +186,10 @@ def fingerprints(ranker: "Ranker", models_dir: str) -> dict[str, str]:
     if p.system.mtl_meta is not None:
         out["mtl"] = str(p.system.mtl_meta.get("fingerprint") or p.system.mtl_meta.get("record_sha256") or "loaded")
     encoders = {
-        "bienc": getattr(p.scores, "bienc", None),
+        "bienc": p.scores.models.get("bienc"),
         "rqe": getattr(p.retrieve, "rqe", None),
         "nli": getattr(p.grids, "nli", None),
-        "qa": getattr(p.scores, "qa", None),
+        "qa": p.scores.models.get("qa"),
     }
     for name, enc in encoders.items():
         fp = getattr(enc, "fingerprint", None)

@@ -224,7 +224,7 @@ class Ranker:
 
     def share_vectors(self, memo: Any) -> None:
         """Hold the vectors the bi-encoders compute in `memo` (medrank.encoders.memo.VectorMemo), read by later calls."""
-        for enc in vars(self.pipeline.scores).values():
+        for enc in self.pipeline.scores.models.values():
             if hasattr(enc, "memo"):
                 enc.memo = memo
 

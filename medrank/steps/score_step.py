@@ -1,15 +1,19 @@
-"""The per-answer scores the final system's feature groups read (stages bienc, passages, cnn_mediqa; models/cnn, qa)."""
+"""The per-answer scores the final system's feature groups read, computed for new answers by each group's scorer
+(medrank.params.groups.REGISTRY: the saved step it reads and its `serve` function; nothing here is per group)."""
 
 from __future__ import annotations
 
+import importlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from medrank.core import layout
-from medrank.steps import load_recipe, load_step, model_dir
+from medrank.core.errors import MedrankError
 from medrank.core.frame import Composable, Frame
+from medrank.params.groups import REGISTRY
+from medrank.steps import load_recipe, load_step, model_dir
 
 if TYPE_CHECKING:
     import numpy as np
@@ -18,106 +22,73 @@ if TYPE_CHECKING:
     from medrank.params import Params
 
 
+def served(groups: set[str]) -> dict[str, set[str]]:
+    """{scorer: the groups it computes} of the groups read from per-answer score files, in the registry's order (one
+    scorer computing two groups runs once: bienc and heading share one encoding pass)."""
+    out: dict[str, set[str]] = {}
+    for g, spec in REGISTRY.items():
+        if g in groups and spec.file is not None:
+            if spec.serve is None:
+                raise MedrankError(
+                    f"feature group {g!r} has no scorer in the registry (medrank.params.groups): not servable"
+                )
+            out.setdefault(spec.serve, set()).add(g)
+    return out
+
+
+def _resolve(name: str) -> Callable:
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 @dataclass
 class AnswerScores(Composable):
-    """The per-answer scores the final system's feature groups read: bienc / heading cosines and question-type
-    agreement (stage bienc's step), the best answer window's cosine (stage passages' step), the CNN's answer score
-    (cnn_mediqa's step + models/cnn), the QA cross-encoder's (models/qa: analysis stage qa, whose knobs are not saved:
-    the qa section's defaults apply)."""
+    """The scorers of the groups the system reads, and what they share: the saved steps' records (`steps`), the
+    models loaded once (`models`, by name: bienc, qtypes, cnn, qa), the caches they read (`caches`)."""
 
     p: Params
     groups: set[str]
-    bienc: Any | None = None  # SentenceEncoder of groups bienc / heading / passage
-    qtypes: Any | None = None  # QuestionTypes of group qtype
-    cnn: Any | None = None  # CnnRanker of group cnn
-    qa: Any | None = None  # CrossEncoder of group qa
+    steps: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, Any] = field(default_factory=dict)
+    models_dir: Path = layout.MODELS
+    device: str = "auto"
     every_cosine: bool = False  # encode the headings too where the system reads only bienc (as before issue 48)
+    caches: dict[str, Path] = field(default_factory=dict)  # cache roots by name (default: layout's)
+    _scorers: dict[str, Callable] | None = None
 
     @classmethod
     def load(cls, groups: set[str], models_dir: str | os.PathLike = layout.MODELS, device: str = "auto"):
-        from medrank.encoders.cross_encoder import CrossEncoder
-        from medrank.encoders.sentence_encoder import SentenceEncoder
-
+        """The step's recipe from the saved steps the groups' scorers read, every model loaded now (a damaged one is
+        refused at load, not at the first question)."""
         models_dir = Path(models_dir)
-        steps = {}
-        if groups & {"bienc", "heading", "qtype"}:
-            steps["answer_scores"] = load_step("answer_scores", models_dir)
-        if "passage" in groups:
-            steps["passages"] = load_step("passages", models_dir)
-        if "cnn" in groups:
-            steps["cnn_scores"] = load_step("cnn_scores", models_dir)
-        p = load_recipe(steps, str(models_dir))
-        out = cls(p, set(groups))
-        if groups & {"bienc", "heading", "passage"}:
-            out.bienc = SentenceEncoder(p.bienc.model, device=device, max_length=p.bienc.max_length)
-        if "qtype" in groups:
-            from medrank.task3.qtype import QuestionTypes
-
-            out.qtypes = QuestionTypes.from_tables(steps["answer_scores"].tables, p.seed)  # stage bienc's, not refitted
-        if "cnn" in groups:
-            from medrank.models.cnn import CnnRanker
-
-            out.cnn = CnnRanker.load(model_dir(models_dir / layout.CNN_MODEL.name, "cnn", "cnn_train"))
-        if "qa" in groups:
-            path = model_dir(models_dir / layout.QA_MODEL.name, "qa", "qa")
-            out.qa = CrossEncoder.load(path, device=device, precision=p.qa.predict_precision, task="qa")
+        wanted = sorted({REGISTRY[g].step for g in groups if g in REGISTRY and REGISTRY[g].step})
+        steps = {name: load_step(name, models_dir) for name in wanted}
+        out = cls(load_recipe(steps, str(models_dir)), set(groups), steps, models_dir=models_dir, device=device)
+        out.scorers()
         return out
+
+    def shared(self, name: str, load: Callable[[], Any]) -> Any:
+        """The model `name`, loaded by `load` the first time any scorer asks."""
+        if name not in self.models:
+            self.models[name] = load()
+        return self.models[name]
+
+    def saved_model(self, folder: str, what: str, stage: str) -> Path:
+        return model_dir(self.models_dir / folder, what, stage)
+
+    def scorers(self) -> dict[str, Callable]:
+        if self._scorers is None:
+            self._scorers = {name: _resolve(name)(self) for name in served(self.groups)}
+        return self._scorers
 
     def transform(self, frame: Frame) -> Frame:
         """The frame with the per-answer scores of the groups the system reads (the caches under data/cache: read only)."""
         return frame.with_(scores={**frame.scores, **self.scores(frame.answers)})
 
-    def scores(
-        self,
-        answers: pd.DataFrame,
-        cache_root: str | os.PathLike = layout.CACHE_BIENC,
-        passage_cache: str | os.PathLike = layout.CACHE_PASSAGES,
-    ) -> dict[str, np.ndarray]:
+    def scores(self, answers: pd.DataFrame) -> dict[str, np.ndarray]:
         """Per-answer score columns aligned with `answers`, for the groups the system reads (the caches: read only)."""
-        p, groups, out = self.p, self.groups, {}
-        if groups & {"bienc", "heading"}:
-            from medrank.task3.answer_scores import answer_heading, bienc_cosines
-
-            bp = p.bienc
-            # only the cosines the system reads (stage bienc's answer_bienc_scores encodes both): a vector depends on
-            # its batch's padded width, not on the other rows, and a heading, a prefix of its answer, is sorted after
-            # it and sets no width, so the answers' bits stay the same (tests/serving/test_lean_pipeline.py)
-            answer = answers["answer_norm"].fillna("").astype(str)
-            texts = {}
-            if "bienc" in groups or self.every_cosine:
-                texts["bienc_cos"] = answer.tolist()
-            if "heading" in groups or self.every_cosine:
-                texts["heading_cos"] = answer.map(answer_heading).tolist()
-            cos, _ = bienc_cosines(
-                answers["question_norm"].fillna("").tolist(),
-                texts,
-                self.bienc,
-                cache_root=cache_root,
-                batch_size=bp.batch_size,
-                read_only=True,
-                precision=bp.precision,
-            )  # as stage bienc resolves it
-            out.update({k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups})
-        if "passage" in groups:
-            from medrank.task3.answer_scores import passage_scores
-
-            table, _ = passage_scores(
-                answers, self.bienc, cache_root=passage_cache, pp=p.passages, bp=p.bienc, read_only=True
-            )
-            out["passage_max_cos"] = table["passage_max_cos"].to_numpy()
-        if "qtype" in groups:
-            from medrank.task3.answer_scores import answer_qtype_scores
-
-            out.update(answer_qtype_scores(answers, self.qtypes))
-        if "cnn" in groups:
-            from medrank.models.cnn import cnn_answer_scores
-            from medrank.text.sentences import split_rule
-
-            scored = cnn_answer_scores(self.cnn, answers, p.cnn.mediqa_aggregation, split_rule)
-            out["cnn_score"] = scored["cnn_score"].to_numpy()
-        if "qa" in groups:
-            from medrank.task3.answer_scores import qa_pairs
-
-            probs = self.qa.predict(qa_pairs(answers), batch_size=p.qa.eval_batch_size, show_progress=False)
-            out["qa_score"] = probs[:, 1]
+        out: dict[str, np.ndarray] = {}
+        scorers = self.scorers()
+        for name, groups in served(self.groups).items():
+            out.update(scorers[name](answers, groups))
         return out

@@ -439,3 +439,92 @@ QA_GRADED_SCORES = answer_scores_schema(("qa_graded_score", pa.float64()))  # st
 AGREE_SCORES = answer_scores_schema(  # stage agree
     ("agree_max_cos", pa.float64()), ("agree_mean_cos", pa.float64()), ("n_entailed", pa.int64())
 )
+
+
+# ---------------------------------------------------------------- serving: the groups' scorers (params.groups.REGISTRY's
+# `serve`): `scorer(ctx)` loads what the group reads, once (ctx: medrank.steps.score_step.AnswerScores), and returns
+# `score(answers, groups) -> {column: array}` for new answers; the caches under data/cache are read, never written
+
+
+def _bienc(ctx) -> SentenceEncoder:
+    """The bi-encoder of groups bienc, heading and passage, loaded once per pipeline."""
+    from medrank.encoders.sentence_encoder import SentenceEncoder
+
+    bp = ctx.p.bienc
+    return ctx.shared("bienc", lambda: SentenceEncoder(bp.model, device=ctx.device, max_length=bp.max_length))
+
+
+def cosine_scorer(ctx):
+    """Groups bienc and heading: one encoding pass over the question, the answers and (where read) their headings."""
+    bi = _bienc(ctx)
+
+    def score(answers: pd.DataFrame, groups: set[str]) -> dict[str, np.ndarray]:
+        from medrank.core import layout
+
+        bp = ctx.p.bienc
+        # only the cosines the system reads (stage bienc's answer_bienc_scores encodes both): a vector depends on its
+        # batch's padded width, not on the other rows, and a heading, a prefix of its answer, is sorted after it and
+        # sets no width, so the answers' bits stay the same (tests/serving/test_lean_pipeline.py)
+        answer = answers["answer_norm"].fillna("").astype(str)
+        texts = {}
+        if "bienc" in groups or ctx.every_cosine:
+            texts["bienc_cos"] = answer.tolist()
+        if "heading" in groups or ctx.every_cosine:
+            texts["heading_cos"] = answer.map(answer_heading).tolist()
+        cos, _ = bienc_cosines(
+            answers["question_norm"].fillna("").tolist(),
+            texts,
+            bi,
+            cache_root=ctx.caches.get("bienc", layout.CACHE_BIENC),
+            batch_size=bp.batch_size,
+            read_only=True,
+            precision=bp.precision,
+        )  # as stage bienc resolves it
+        return {k: v for k, v in cos.items() if {"bienc_cos": "bienc", "heading_cos": "heading"}[k] in groups}
+
+    return score
+
+
+def passage_scorer(ctx):
+    """Group passage: the best window's cosine (stage passages' step)."""
+    bi = _bienc(ctx)
+
+    def score(answers: pd.DataFrame, groups: set[str]) -> dict[str, np.ndarray]:
+        from medrank.core import layout
+
+        table, _ = passage_scores(
+            answers,
+            bi,
+            cache_root=ctx.caches.get("passages", layout.CACHE_PASSAGES),
+            pp=ctx.p.passages,
+            bp=ctx.p.bienc,
+            read_only=True,
+        )
+        return {"passage_max_cos": table["passage_max_cos"].to_numpy()}
+
+    return score
+
+
+def qtype_scorer(ctx):
+    """Group qtype: stage bienc's question-type classifier, read from its saved step (not refitted)."""
+    from medrank.task3.qtype import QuestionTypes
+
+    qtypes = ctx.shared("qtypes", lambda: QuestionTypes.from_tables(ctx.steps["answer_scores"].tables, ctx.p.seed))
+    return lambda answers, groups: answer_qtype_scores(answers, qtypes)
+
+
+def qa_scorer(ctx):
+    """Group qa: the QA cross-encoder (models/qa: analysis stage qa, whose knobs are not saved: the qa section's
+    defaults apply)."""
+    from medrank.core import layout
+    from medrank.encoders.cross_encoder import CrossEncoder
+
+    qp = ctx.p.qa
+    path = ctx.saved_model(layout.QA_MODEL.name, "qa", "qa")
+    qa = ctx.shared("qa", lambda: CrossEncoder.load(path, device=ctx.device, precision=qp.predict_precision, task="qa"))
+
+    def score(answers: pd.DataFrame, groups: set[str]) -> dict[str, np.ndarray]:
+        probs = qa.predict(qa_pairs(answers), batch_size=qp.eval_batch_size, show_progress=False)
+        return {"qa_score": probs[:, 1]}
+
+    return score

@@ -135,7 +135,8 @@ def test_medrank_rank_scores_passages_as_the_stage_did(tmp_path, tiny_base):
     assert scores.p.passages == p.passages  # the saved step's params, not params.yaml's
     # with the stage's cache (read only) and without any (a machine holding only models/): the stage's values
     for cache in (stage_cache, tmp_path / "absent"):
-        got = scores.scores(ANSWERS, passage_cache=cache)
+        scores.caches["passages"] = cache
+        got = scores.scores(ANSWERS)
         np.testing.assert_allclose(got["passage_max_cos"], stage["passage_max_cos"], atol=2e-3)
     assert not (tmp_path / "absent").exists()
 

@@ -167,7 +167,7 @@ def test_feature_group_qtype(qtypes):
 def test_rank_computes_the_stage_columns(qtypes):
     from medrank.steps.score_step import AnswerScores
 
-    got = AnswerScores(Params(), {"qtype"}, qtypes=qtypes).scores(ANSWERS)
+    got = AnswerScores(Params(), {"qtype"}, models={"qtypes": qtypes}).scores(ANSWERS)
     expected = answer_qtype_scores(ANSWERS, qtypes)
     assert set(got) == set(expected)
     for k in expected:
