@@ -97,6 +97,12 @@ class Params(_Section):
                 f"baseline.judged_rows: {self.baseline.judged_rows!r} trains on the judged LiveQA answers, whose {lacking[0]} "
                 "scores stage bienc writes only with bienc.judged: true"
             )
+        folds = {"baseline": self.baseline.cv_folds, "mtl": self.mtl.cv_folds, "score": self.score.cv_folds}
+        if len(set(folds.values())) > 1:  # the ensemble and the CHiQA row pair both models' out-of-fold rows fold by fold
+            raise ValueError(
+                "cv_folds: " + ", ".join(f"{k}.cv_folds {v}" for k, v in folds.items()) + " differ; the final system "
+                "ensembles both models' out-of-fold rows on one set of question folds: give the three the same value"
+            )
         nested_recipes(self.baseline, self.mtl, self.analysis.nested.variants)
         rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
         for i, name in enumerate(

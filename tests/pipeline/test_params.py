@@ -92,6 +92,7 @@ def test_tiny_profile_keys_exist_in_params():
             "mtl:\n  feature_groups: [metadata, qa_graded]\n",
             "mtl.feature_groups: group qa_graded is computed by analysis/dvc.yaml",
         ),
+        ("mtl:\n  cv_folds: 4\n", "cv_folds: baseline.cv_folds 5, mtl.cv_folds 4, score.cv_folds 5 differ"),
         ("qa_graded:\n  folds: 1\n", "qa_graded.folds"),
         ("qa_graded:\n  target: rank\n", "qa_graded.target"),
     ],
