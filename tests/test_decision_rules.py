@@ -303,3 +303,16 @@ def test_em_guarded_needs_the_target_rows():
     for target in (None, np.array([])):
         with pytest.raises(MedrankError, match="target"):
             D.fit_keep("em_guarded", y, p, gid, target)
+
+
+def test_the_keep_rules_are_one_table_with_the_params_vocabulary():
+    """Every name params accepts has its fit in decision.KEEP_FITS, in the same order, and nothing else does; the
+    batch-adaptive rules are the table's transductive ones."""
+    from medrank.params.rankers import KEEP_RULES
+
+    assert list(D.KEEP_FITS) == list(KEEP_RULES)
+    assert D.BATCH_ADAPTIVE == tuple(r for r, (_, transductive) in D.KEEP_FITS.items() if transductive)
+    y, p, gid = np.array([1, 0, 1, 0]), np.array([0.9, 0.2, 0.6, 0.4]), np.array([0, 0, 1, 1])
+    for rule in D.BATCH_ADAPTIVE:
+        with pytest.raises(MedrankError, match=f"keep rule '{rule}' needs the target rows' probabilities"):
+            D.fit_keep(rule, y, p, gid)

@@ -98,7 +98,9 @@ class Params(_Section):
                 "scores stage bienc writes only with bienc.judged: true"
             )
         folds = {"baseline": self.baseline.cv_folds, "mtl": self.mtl.cv_folds, "score": self.score.cv_folds}
-        if len(set(folds.values())) > 1:  # the ensemble and the CHiQA row pair both models' out-of-fold rows fold by fold
+        if (
+            len(set(folds.values())) > 1
+        ):  # the ensemble and the CHiQA row pair both models' out-of-fold rows fold by fold
             raise ValueError(
                 "cv_folds: " + ", ".join(f"{k}.cv_folds {v}" for k, v in folds.items()) + " differ; the final system "
                 "ensembles both models' out-of-fold rows on one set of question folds: give the three the same value"

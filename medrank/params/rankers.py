@@ -200,7 +200,7 @@ KEEP_RULES = {
     "fraction of target rows",
     "bbse_fraction": "the target's positive rate by black-box shift estimation (the threshold rule's confusion "
     "matrix on the calibration rows); keep that fraction of target rows",
-    "minimax": "the threshold whose worst accuracy over the plausible positive rates (experiment.SHIFT_PRIORS) of the "
+    "minimax": "the threshold whose worst accuracy over the plausible positive rates (selection.metrics.SHIFT_PRIORS) of the "
     "calibration rows re-weighted is best",
     "minimax_min_keep_1": "the minimax threshold, and each question's most probable answer",
     "relative": "keep answers within delta of their question's most probable one (delta: accuracy-best)",

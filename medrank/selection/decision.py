@@ -11,7 +11,7 @@ Threshold rules (one home for "how is the threshold chosen?"):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 import numpy as np
 import pandas as pd
@@ -278,9 +278,6 @@ def bbse_prior(y: np.ndarray, p: np.ndarray, target_p: np.ndarray, t: float) -> 
     return float(np.clip((q - fpr) / max(tpr - fpr, 1e-6), 0.02, 0.98))
 
 
-# keep rules whose fit reads the target batch's probabilities (fit_keep's transductive ones): re-fitted on every batch;
-# every other rule's fit depends on the calibration rows only (a test guards the list)
-BATCH_ADAPTIVE = ("em", "em_guarded", "em_fraction", "posterior_fraction", "bbse_fraction")
 # what decides one request (`medrank rank`, `medrank serve`) when the chosen rule adapts to its batch: a question's ten
 # answers are no batch to estimate a prior from, and a server's micro-batch mixes callers (docs/serving.md)
 REQUEST_RULE = "min_keep_1"
@@ -310,54 +307,122 @@ def _best_on_grid(y: np.ndarray, grid: np.ndarray, labels_of) -> float:
     return float(grid[int(np.flatnonzero(np.isclose(acc, acc.max()))[0])])
 
 
-def fit_keep(rule: str, y: np.ndarray, p: np.ndarray, gid: np.ndarray, target_p: np.ndarray | None = None) -> Keep:
-    """Fit keep rule `rule` (KEEP_RULES) on labelled calibration rows (y, p, gid); transductive rules also read the
-    unlabelled target probabilities `target_p`. Every fit is returned as the Keep it applies."""
-    y, p, gid = np.asarray(y, dtype=int), np.asarray(p, dtype=float), np.asarray(gid)
-    if rule not in KEEP_RULES:
-        raise MedrankError(f"keep rule '{rule}': expected one of {', '.join(KEEP_RULES)}")
-    if rule == "fixed_0.5":
-        return Keep("threshold", 0.5)
-    if rule in ("threshold", "min_keep_1"):
-        return Keep("threshold", select_threshold(y, p), 1 if rule == "min_keep_1" else 0)
-    if rule in ("minimax", "minimax_min_keep_1"):
+# ---------------------------------------------------------------- the keep rules, one table (KEEP_FITS): each
+# fits on labelled calibration rows (y, p, gid) and, where transductive, the unlabelled target probabilities
+
+
+def _fixed(y, p, gid, target_p) -> Keep:
+    return Keep("threshold", 0.5)
+
+
+def _accuracy_best(min_keep: int):
+    return lambda y, p, gid, target_p: Keep("threshold", select_threshold(y, p), min_keep)
+
+
+def _minimax(min_keep: int):
+    def fit(y, p, gid, target_p) -> Keep:
         from medrank.selection.metrics import SHIFT_PRIORS
 
-        return Keep("threshold", minimax_threshold(y, p, SHIFT_PRIORS), 1 if rule.endswith("min_keep_1") else 0)
-    if rule == "relative":
-        return Keep("relative", _best_on_grid(y, RELATIVE_GRID, lambda d: Keep("relative", d).labels(p, gid)))
-    if rule == "top_k":
-        return Keep("top_k", _best_on_grid(y, TOP_K_GRID, lambda k: Keep("top_k", k).labels(p, gid)))
-    if rule == "isotonic":
-        from sklearn.isotonic import IsotonicRegression
+        return Keep("threshold", minimax_threshold(y, p, SHIFT_PRIORS), min_keep)
 
-        iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(p, y)
-        cand = np.unique(p)
-        above = cand[iso.predict(cand) >= 0.5]
-        return Keep("threshold", float(above.min()) if len(above) else 1.0)
-    if rule in ("platt", "platt_min_keep_1"):  # not transductive: the calibration rows only
+    return fit
+
+
+def _relative(y, p, gid, target_p) -> Keep:
+    return Keep("relative", _best_on_grid(y, RELATIVE_GRID, lambda d: Keep("relative", d).labels(p, gid)))
+
+
+def _top_k(y, p, gid, target_p) -> Keep:
+    return Keep("top_k", _best_on_grid(y, TOP_K_GRID, lambda k: Keep("top_k", k).labels(p, gid)))
+
+
+def _isotonic(y, p, gid, target_p) -> Keep:
+    from sklearn.isotonic import IsotonicRegression
+
+    iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(p, y)
+    cand = np.unique(p)
+    above = cand[iso.predict(cand) >= 0.5]
+    return Keep("threshold", float(above.min()) if len(above) else 1.0)
+
+
+def _platt(min_keep: int):
+    def fit(y, p, gid, target_p) -> Keep:  # not transductive: the calibration rows only
         a, b = platt(y, p)
-        return Keep("threshold", _threshold_where(0.0, a, b), 1 if rule.endswith("min_keep_1") else 0)
-    if target_p is None or not len(target_p):
-        raise MedrankError(f"keep rule '{rule}' needs the target rows' probabilities")
-    if rule == "bbse_fraction":
-        prior = bbse_prior(y, p, target_p, select_threshold(y, p))
-        return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
+        return Keep("threshold", _threshold_where(0.0, a, b), min_keep)
+
+    return fit
+
+
+def _bbse_fraction(y, p, gid, target_p) -> Keep:
+    prior = bbse_prior(y, p, target_p, select_threshold(y, p))
+    return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
+
+
+def _calibrated(y, p, target_p) -> tuple[float, float, np.ndarray]:
     a, b = platt(y, p)
-    calibrated = 1 / (1 + np.exp(-(a * _logit(target_p) + b)))
-    if rule == "posterior_fraction":  # the batch's mean calibrated posterior as its positive rate
-        prior = float(calibrated.mean())
-        return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
-    prior, _ = em_prior_shift(calibrated, float(y.mean()))
-    if rule == "em_fraction":
-        return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
-    if rule == "em_guarded" and not _label_shift_explains(y, p, target_p, prior):
-        # a batch no prior shift explains (LOSO Alexa: EM read a miscalibrated source as a 0.86 prior): the fixed rule
-        return fit_keep("min_keep_1", y, p, gid)
-    # em: prior-adjusted P >= 0.5  <=>  a logit(p) + b >= log of the prior odds ratio (calibration / target)
-    pi0 = float(np.clip(y.mean(), 1e-6, 1 - 1e-6))
-    shift = np.log(pi0 / (1 - pi0)) - np.log(max(prior, 1e-6) / max(1 - prior, 1e-6))
-    return Keep("threshold", _threshold_where(shift, a, b), 1 if rule == "em_guarded" else 0, target_prior=prior)
+    return a, b, 1 / (1 + np.exp(-(a * _logit(target_p) + b)))
+
+
+def _posterior_fraction(y, p, gid, target_p) -> Keep:  # the batch's mean calibrated posterior as its positive rate
+    prior = float(_calibrated(y, p, target_p)[2].mean())
+    return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
+
+
+def _em_fraction(y, p, gid, target_p) -> Keep:
+    prior, _ = em_prior_shift(_calibrated(y, p, target_p)[2], float(y.mean()))
+    return Keep("threshold", fraction_threshold(target_p, prior), target_prior=prior)
+
+
+def _em(guarded: bool):
+    def fit(y, p, gid, target_p) -> Keep:
+        a, b, calibrated = _calibrated(y, p, target_p)
+        prior, _ = em_prior_shift(calibrated, float(y.mean()))
+        if guarded and not _label_shift_explains(y, p, target_p, prior):
+            # a batch no prior shift explains (LOSO Alexa: EM read a miscalibrated source as a 0.86 prior): the fixed rule
+            return KEEP_FITS["min_keep_1"][0](y, p, gid, target_p)
+        # em: prior-adjusted P >= 0.5  <=>  a logit(p) + b >= log of the prior odds ratio (calibration / target)
+        pi0 = float(np.clip(y.mean(), 1e-6, 1 - 1e-6))
+        shift = np.log(pi0 / (1 - pi0)) - np.log(max(prior, 1e-6) / max(1 - prior, 1e-6))
+        return Keep("threshold", _threshold_where(shift, a, b), 1 if guarded else 0, target_prior=prior)
+
+    return fit
+
+
+# rule -> (fit, transductive: reads the target batch); the names and what each does: medrank.params.rankers.KEEP_RULES
+KEEP_FITS: dict[str, tuple[Callable[..., Keep], bool]] = {
+    "threshold": (_accuracy_best(0), False),
+    "fixed_0.5": (_fixed, False),
+    "min_keep_1": (_accuracy_best(1), False),
+    "platt": (_platt(0), False),
+    "platt_min_keep_1": (_platt(1), False),
+    "isotonic": (_isotonic, False),
+    "em": (_em(False), True),
+    "em_guarded": (_em(True), True),
+    "em_fraction": (_em_fraction, True),
+    "posterior_fraction": (_posterior_fraction, True),
+    "bbse_fraction": (_bbse_fraction, True),
+    "minimax": (_minimax(0), False),
+    "minimax_min_keep_1": (_minimax(1), False),
+    "relative": (_relative, False),
+    "top_k": (_top_k, False),
+}
+
+
+# keep rules whose fit reads the target batch's probabilities (the transductive ones): re-fitted on every batch; every
+# other rule's fit depends on the calibration rows only (a test guards the list)
+BATCH_ADAPTIVE = tuple(rule for rule, (_, transductive) in KEEP_FITS.items() if transductive)
+
+
+def fit_keep(rule: str, y: np.ndarray, p: np.ndarray, gid: np.ndarray, target_p: np.ndarray | None = None) -> Keep:
+    """Fit keep rule `rule` (KEEP_FITS) on labelled calibration rows (y, p, gid); transductive rules also read the
+    unlabelled target probabilities `target_p`. Every fit is returned as the Keep it applies."""
+    y, p, gid = np.asarray(y, dtype=int), np.asarray(p, dtype=float), np.asarray(gid)
+    if rule not in KEEP_FITS:
+        raise MedrankError(f"keep rule '{rule}': expected one of {', '.join(KEEP_RULES)}")
+    fit, transductive = KEEP_FITS[rule]
+    if transductive and (target_p is None or not len(target_p)):
+        raise MedrankError(f"keep rule '{rule}' needs the target rows' probabilities")
+    return fit(y, p, gid, target_p)
 
 
 def _label_shift_explains(y: np.ndarray, p: np.ndarray, target_p: np.ndarray, prior: float) -> bool:
