@@ -41,7 +41,8 @@ def create_peer(settings: dict):
     from sentence_transformers import SentenceTransformer
     from starlette.concurrency import run_in_threadpool
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[settings["precision"]]
+    # medrank's OpenVINO path at a precision: the peer runs torch at that precision (sentence-transformers' own path)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[settings["precision"].removeprefix("openvino-")]
     model = SentenceTransformer(settings["path"], device="cpu", model_kwargs={"torch_dtype": dtype})
     model.max_seq_length = settings["max_length"]
     app = FastAPI()

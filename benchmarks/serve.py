@@ -219,7 +219,8 @@ def compute_floor(models: Path, questions: list[dict], threads: int | None) -> d
     before = torch.get_num_threads()
     torch.set_num_threads(threads or os.cpu_count() or 1)
     try:
-        peak = matmul_peak(torch.bfloat16 if settings["precision"] == "bf16" else torch.float32)
+        bf16 = settings["precision"].removeprefix("openvino-") == "bf16"
+        peak = matmul_peak(torch.bfloat16 if bf16 else torch.float32)
     finally:
         torch.set_num_threads(before)
     floors = {}
