@@ -7,8 +7,6 @@ ranker, its queue, its vector cache. It keeps nothing between requests and has n
     python benchmarks/peer_server.py --models models --port 8001 [--threads 2]
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys
@@ -23,7 +21,12 @@ def encoder_settings(models: Path) -> dict:
     from medrank.encoders.hardware import hardware_precision
     from medrank.serving.rank import Ranker
 
-    scores = Ranker.load(models).pipeline.scores
+    here = Path.cwd()
+    os.chdir(Path(models).resolve().parent)  # a pinned base model resolves under the folder's models/base
+    try:
+        scores = Ranker.load(Path(models).resolve().name).pipeline.scores
+    finally:
+        os.chdir(here)
     bi = scores.models.get("bienc")
     if bi is None:
         sys.exit("error: the decided system reads no bi-encoder: there is no like-for-like peer")
@@ -43,8 +46,14 @@ def create_peer(settings: dict):
 
     # medrank's OpenVINO path at a precision: the peer runs torch at that precision (sentence-transformers' own path)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[settings["precision"].removeprefix("openvino-")]
-    model = SentenceTransformer(settings["path"], device="cpu", model_kwargs={"torch_dtype": dtype})
-    model.max_seq_length = settings["max_length"]
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    # built from its modules: the PyPI-packaged folder lacks 1_Pooling/, which sentence-transformers 6 needs to load it
+    # whole (the same modules as its modules.json: the transformer, mean pooling, unit vectors)
+    body = Transformer(settings["path"], model_kwargs={"torch_dtype": dtype}, max_seq_length=settings["max_length"])
+    model = SentenceTransformer(
+        modules=[body, Pooling(body.get_embedding_dimension(), "mean"), Normalize()], device="cpu"
+    )
     app = FastAPI()
 
     def rank(body: dict) -> dict:

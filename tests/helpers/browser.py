@@ -129,16 +129,18 @@ class Browser:
                 "Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1}
             )
 
-    def screenshot(self, path: Path, width: int = 1000) -> None:
-        """The whole page as a PNG at `path` (CDP Page.captureScreenshot beyond the viewport)."""
+    def screenshot(self, path: Path, width: int = 1000, max_height: int | None = None) -> None:
+        """The page as a PNG at `path` (CDP Page.captureScreenshot beyond the viewport), its top `max_height` pixels
+        where given."""
         import base64
 
         height = int(self.eval("document.documentElement.scrollHeight"))
+        height = min(height, max_height) if max_height else height
         self.send(
             "Emulation.setDeviceMetricsOverride",
             {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
         )
-        shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+        shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": not max_height})
         Path(path).write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:
