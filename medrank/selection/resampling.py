@@ -1,7 +1,7 @@
 """Resampled priors: a held-out fold's rows resampled to each positive rate by dropping answers within questions, the
 keep rule re-run on each resampled batch. Re-weighting (experiment.PriorShift) shows every rule the same batch at every
 prior, so it cannot credit (or blame) a rule that adapts to its batch; resampling can. For a fixed rule the two agree
-in expectation (tests/test_resampling.py).
+in expectation (tests/selection/test_resampling.py).
 
 How a batch at rate p is drawn from a fold with P correct and N incorrect answers (rate pi0 = P / (P + N)): only the
 over-represented class is thinned, so the batch stays as large as it can and p(x | y) is unchanged (pure prior shift).

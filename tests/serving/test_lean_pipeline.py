@@ -54,7 +54,7 @@ def test_the_mtl_still_runs_every_step(tiny_mtl_project, monkeypatch):
 
 def test_a_missing_unread_step_is_not_needed(tiny_project, tmp_path, monkeypatch):
     """The baseline never reads the retrieve step: `medrank rank` answers without it (the MTL's test keeps the error
-    line for a step the system reads: tests/test_rank_cli.py)."""
+    line for a step the system reads: tests/serving/test_rank_cli.py)."""
     import shutil
 
     from medrank.cli import main

@@ -16,7 +16,7 @@ from medrank import cli
 from medrank.selection.metrics import score_task2, score_task3
 from tests.helpers import FIXTURES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIX = FIXTURES / "metrics"
 GOLD, SUB = FIX / "tiny_gold.csv", FIX / "tiny_submission.csv"
 

@@ -32,7 +32,7 @@ from medrank.selection.metrics import (
 from medrank.selection.submission import write_task3_submission
 from tests.helpers import FIXTURES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIX = FIXTURES / "metrics"
 EVAL = REPO.parent / "shared" / "data" / "mediqa2019" / "Eval_Scripts"
 OFFICIAL_SCRIPT = EVAL / "mediqa2019_evaluator_allTasks_final.py"

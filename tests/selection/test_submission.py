@@ -16,7 +16,7 @@ from tests.helpers import FIXTURES
 
 FIX = FIXTURES / "metrics"
 QA_GOLD = (
-    Path(__file__).resolve().parents[1].parent
+    Path(__file__).resolve().parents[2].parent
     / "shared"
     / "data"
     / "mediqa2019"
