@@ -2,7 +2,9 @@
 
 - data: MTLData / build_mtl_data - candidates, (candidate, entailed answer) pairs, NLI grids, RQE vectors;
 - network: the conv grid encoder, the joint embedding, the filter and pairwise heads, the loss;
-- training: fit_mtl (early stopping on an inner split), FittedMTL / MTLBag (predict, save, load);
+- training: fit_mtl (batches of questions, the per-question loss, early stopping on an inner split);
+- fitted: FittedMTL / MTLBag (predict, save, load: state dict + JSON, no pickles) and the grid batching;
+- setup: what every MTL stage sets up before it fits (threads, device, data, feature builders, the folds' questions);
 - fits: FitJob / fit_many (fits side by side on forked workers);
 - decisions: ensembling over the N entailed answers, each fold decided on the other folds' rows;
 - system: the MTL as a medrank.selection.experiment system (CV, LOSO, refits), the seed spread, ablation rows, nested rows;
