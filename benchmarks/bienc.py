@@ -31,7 +31,7 @@ from extraction import matmul_peak  # noqa: E402
 
 from medrank.core import layout  # noqa: E402
 from medrank.encoders.hardware import cpu_flags  # noqa: E402
-from medrank.encoders.models import resolve_model_path  # noqa: E402
+from medrank.encoders.weights import resolve_model_path  # noqa: E402
 from medrank.encoders.sentence_encoder import SentenceEncoder  # noqa: E402
 
 TOLERANCE = 0.02  # max |1 - cos| against fp32 a path may show and still count

@@ -18,7 +18,7 @@ import torch
 
 from medrank.core import layout
 from medrank.encoders.hardware import cpu_flags
-from medrank.encoders.models import DEFAULT_MODEL
+from medrank.encoders.weights import DEFAULT_MODEL
 from medrank.encoders.cross_encoder import CrossEncoder
 
 

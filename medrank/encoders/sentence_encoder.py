@@ -14,7 +14,7 @@ import torch
 from medrank.encoders.hardware import resolve_device
 from medrank.encoders.low_precision import PrecisionCopies
 from medrank.encoders.openvino_path import LastHidden, is_openvino
-from medrank.encoders.models import (
+from medrank.encoders.weights import (
     ENCODER_META,
     model_fingerprint,
     quiet_transformers,

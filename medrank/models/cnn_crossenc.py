@@ -9,7 +9,7 @@ import pyarrow as pa
 from medrank.data.sentence_selection import sample_pairs
 from medrank.selection.metrics import rank_metrics
 from medrank.encoders.cross_encoder import CrossEncoder
-from medrank.encoders.models import DEFAULT_MODEL
+from medrank.encoders.weights import DEFAULT_MODEL
 from medrank.encoders.runtime import runtime_info
 
 # data/interim/cnn/crossenc_dev_scores.parquet: one score per dev-sample sentence

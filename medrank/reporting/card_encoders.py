@@ -33,7 +33,7 @@ def _encoder_rows(m: dict) -> list[list[str]]:
     return [
         [
             "base model",
-            f"`{m.get('base_model') or NOT_MEASURED}`: weights sha256-checked at load against the pin in `medrank/encoders/models.py`",
+            f"`{m.get('base_model') or NOT_MEASURED}`: weights sha256-checked at load against the pin in `medrank/encoders/weights.py`",
         ],
         ["base fingerprint", code_text(m["base_fingerprint"]) if m.get("base_fingerprint") else NOT_MEASURED],
         [

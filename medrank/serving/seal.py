@@ -46,7 +46,7 @@ def _read(path: Path) -> dict:
 def seal_encoder(folder: Path) -> bool:
     """Seal a saved cross- or sentence encoder's medrank_encoder.json (and a bi_encoder folder inside). True if
     anything was written."""
-    from medrank.encoders.models import ENCODER_META, model_fingerprint, verify_saved
+    from medrank.encoders.weights import ENCODER_META, model_fingerprint, verify_saved
 
     wrote = False
     inner = folder / "bi_encoder"
@@ -167,7 +167,7 @@ def seal_mtl(folder: Path) -> bool:
 
 def seal(folder: str | Path) -> bool:
     """Seal one folder (or models/system.json) by what it holds; True if a file was written."""
-    from medrank.encoders.models import ENCODER_META
+    from medrank.encoders.weights import ENCODER_META
     from medrank.steps import STEP_FILE
 
     folder = Path(folder)

