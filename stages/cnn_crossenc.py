@@ -8,7 +8,7 @@ Writes data/interim/cnn/crossenc_dev_scores.parquet (one score per dev-sample se
 from medrank.core import layout
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.stage.runner import run
-from medrank.data.sentence_selection import sample_questions
+from medrank.data.squad_sentences import sample_questions
 from medrank.models.cnn_crossenc import DEV_SCORES, crossenc_dev_scores
 from medrank.params import load_params
 

@@ -1,7 +1,7 @@
 """DVC stage `cnn_data`: SQuAD as answer-sentence selection (question, paragraph sentence, contains-answer label)."""
 
 from medrank.core import layout
-from medrank.data.sentence_selection import SENTENCE_PAIRS, build_sentence_pairs
+from medrank.data.squad_sentences import SENTENCE_PAIRS, build_sentence_pairs
 from medrank.core.io import read_parquet, write_json, write_parquet
 from medrank.params import load_params
 from medrank.stage.runner import run

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medrank.data import sentence_selection as ss
-from medrank.data.sentence_selection import FEATURE_NAMES, Idf, overlap_features, tokenize
+from medrank.data import squad_sentences as ss
+from medrank.data.squad_sentences import FEATURE_NAMES, Idf, overlap_features, tokenize
 from medrank.selection.metrics import rank_metrics
 from medrank.core.errors import MedrankError
 from medrank.core.io import RECORD_SHA256, atomic_path, read_sealed_json, sha256_file, write_json, write_sealed_json

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 
-from medrank.data.sentence_selection import sample_pairs
+from medrank.data.squad_sentences import sample_pairs
 from medrank.selection.metrics import rank_metrics
 from medrank.encoders.cross_encoder import CrossEncoder
 from medrank.encoders.weights import DEFAULT_MODEL

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from medrank.data.sentence_selection import Idf, hold_out_articles, sample_questions, tokenize
+from medrank.data.squad_sentences import Idf, hold_out_articles, sample_questions, tokenize
 from medrank.selection.metrics import rank_metrics
 from medrank.models.cnn import CnnRanker, TrainConfig, architecture
 from medrank.models.word2vec import WordVectors

@@ -12,7 +12,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from medrank.data.sentence_selection import tokenize
+from medrank.data.squad_sentences import tokenize
 from medrank.core.errors import MedrankError
 from medrank.core.io import atomic_path, sha256_file, write_json, write_text
 from medrank.text.sentences import split_rule

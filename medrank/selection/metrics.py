@@ -431,7 +431,7 @@ def rank_metrics(
     pairs: pd.DataFrame, scores: np.ndarray, metrics: Sequence[str] = ("mrr", "map", "precision@1")
 ) -> dict:
     """MRR / MAP / P@1 over the questions of sentence pairs (question_id, sent_idx; relevance = `label`): `ir_metrics`
-    (ranx). The CNN's answer-sentence selection scores with it (medrank.data.sentence_selection builds the pairs)."""
+    (ranx). The CNN's answer-sentence selection scores with it (medrank.data.squad_sentences builds the pairs)."""
     ids = pd.DataFrame({"qid": pairs["question_id"].to_numpy(), "aid": pairs["sent_idx"].astype(str).to_numpy()})
     res = ir_metrics(
         ids.assign(label=pairs["label"].to_numpy()), ids.assign(score=np.asarray(scores, dtype=np.float64)), metrics

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from medrank.data import sentence_selection as ss
+from medrank.data import squad_sentences as ss
 from medrank.data.schemas import SQUAD
 from medrank.selection.decision import best_cut_threshold, relative_to_question_best
 from medrank.selection.metrics import rank_metrics

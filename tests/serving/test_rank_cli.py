@@ -474,7 +474,7 @@ def test_rank_with_the_cnn_feature_group(workdir, monkeypatch, capsys, tmp_path)
     without models/cnn it stops with one clear line."""
     from medrank.models.word2vec import WordVectors
     from medrank.models.cnn import CnnRanker
-    from medrank.data import sentence_selection as ss
+    from medrank.data import squad_sentences as ss
 
     root = _project_with_group(workdir, tmp_path, "cnn", "cnn_score", seed=1, aggregation="mean")
     monkeypatch.chdir(root)

@@ -24,7 +24,7 @@ def _unseal(path: Path, drop: tuple[str, ...] = (), **add) -> None:
 
 
 def test_old_encoder_cnn_and_step_folders_are_refused_then_sealed(tiny_base, tmp_path):
-    from medrank.data import sentence_selection as ss
+    from medrank.data import squad_sentences as ss
     from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
     from medrank.models.cnn import CnnRanker
     from medrank.models.word2vec import WordVectors
