@@ -98,7 +98,8 @@ class Browser:
         target = self.send("Target.createTarget", {"url": url}, to_page=False)["targetId"]
         attached = self.send("Target.attachToTarget", {"targetId": target, "flatten": True}, to_page=False)
         self.session = attached["sessionId"]
-        self.wait_for("document.readyState === 'complete'")
+        # the new target starts on about:blank, already 'complete': wait for the page asked for
+        self.wait_for("location.href !== 'about:blank' && document.readyState === 'complete'")
 
     def eval(self, expression: str) -> Any:
         out = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})

@@ -165,6 +165,7 @@ def test_one_click_loads_a_real_example_and_ranks_it(browser, examples_folder, t
 
     with _serve(examples_folder, tmp_path) as url:
         browser.open(url + "/")
+        browser.wait_for("document.getElementById('example')")
         browser.click("#example")
         browser.wait_for("document.getElementById('question').value")
         assert (
