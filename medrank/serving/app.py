@@ -379,7 +379,7 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
         check_ready()
         check_room(1)
         body = await read_body(request, config.max_body_bytes)
-        kept_only = request.query_params.get("kept_only", str(config.rerank_kept_only)).lower() in ("1", "true", "yes")
+        kept_only = _query_flag(request, "kept_only", config.rerank_kept_only)
         req = await run_in_threadpool(parse, body, kept_only)
         (frame,) = await rank_frames(request, [req.inp])
         return timed(request, respond(req, frame), started)
@@ -409,14 +409,19 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
     examples: list = []
 
     @app.get("/example", summary="A MEDIQA validation question and CHiQA's answers (a /rank body), where present")
-    async def example(index: int = 0) -> JSONResponse:
+    async def example(request: Request) -> JSONResponse:
+        raw = request.query_params.get("index", "0")
+        if not raw.lstrip("-").isdigit() or len(raw) > 12:
+            raise RequestError(422, f"index: expected an integer, got {raw[:40]!r}")
+        index = int(raw)
         if not examples:
             from medrank.serving.examples import validation_questions
 
             try:
-                examples.extend(await run_in_threadpool(validation_questions, config.examples))
+                loaded = await run_in_threadpool(validation_questions, config.examples)
             except MedrankError as e:
                 raise RequestError(404, f"no examples: {e}") from None
+            examples[:] = loaded  # two first requests at once: both load, neither doubles the list
         q = examples[index % len(examples)]
         return JSONResponse({"index": index % len(examples), "of": len(examples), **q})
 
@@ -461,6 +466,17 @@ def create_app(config: ServeConfig | None = None, ranker: "Ranker | None" = None
     app.add_middleware(BodyDeadline, timeout_s=config.body_timeout_s)
     app.add_middleware(AccessLog, metrics=svc.metrics)
     return app
+
+
+def _query_flag(request: Request, name: str, default: bool) -> bool:
+    """A true/false query parameter; anything else is a 422 naming it."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    value = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}.get(raw.lower())
+    if value is None:
+        raise RequestError(422, f"?{name}: expected true or false, got {raw[:40]!r}")
+    return value
 
 
 class AccessLog:

@@ -93,6 +93,7 @@ def test_cohere_objects_top_n_documents_and_kept_only(client, ranker):
     assert [x["index"] for x in only["results"]] == kept
     by_query = client.post("/v2/rerank?kept_only=true", json={"query": QUERY, "documents": docs}).json()
     assert [x["index"] for x in by_query["results"]] == kept
+    _error(client.post("/v2/rerank?kept_only=maybe", json={"query": QUERY, "documents": docs}), 422, "?kept_only")
     empty = client.post("/v2/rerank", json={"query": QUERY, "documents": []})
     assert empty.status_code == 200 and empty.json()["results"] == []
 
@@ -283,6 +284,7 @@ def test_example_is_a_validation_question_where_the_folder_has_them(ranker, tmp_
             "answers": [{"id": "v12", "text": "answer 2", "url": ""}, {"id": "v11", "text": "answer 1", "url": ""}],
         }  # CHiQA's order; validation only
         assert c.get("/example?index=3").json()["qid"] == "v2"
+        _error(c.get("/example?index=two"), 422, "index: expected an integer, got 'two'")
         assert c.post("/rank", json={k: first[k] for k in ("question", "answers")}).status_code == 200
     with TestClient(create_app(ServeConfig(threads=1, warmup=False, examples=str(tmp_path / "none")), ranker)) as c:
         _wait_ready(c)
