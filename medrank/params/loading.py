@@ -97,14 +97,6 @@ class Params(_Section):
                 f"baseline.judged_rows: {self.baseline.judged_rows!r} trains on the judged LiveQA answers, whose {lacking[0]} "
                 "scores stage bienc writes only with bienc.judged: true"
             )
-        folds = {"baseline": self.baseline.cv_folds, "mtl": self.mtl.cv_folds, "score": self.score.cv_folds}
-        if (
-            len(set(folds.values())) > 1
-        ):  # the ensemble and the CHiQA row pair both models' out-of-fold rows fold by fold
-            raise ValueError(
-                "cv_folds: " + ", ".join(f"{k}.cv_folds {v}" for k, v in folds.items()) + " differ; the final system "
-                "ensembles both models' out-of-fold rows on one set of question folds: give the three the same value"
-            )
         nested_recipes(self.baseline, self.mtl, self.analysis.nested.variants)
         rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
         for i, name in enumerate(
@@ -314,6 +306,13 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         more = f" [+{len(missing) - 1} more]" if len(missing) > 1 else ""
         raise MedrankError(
             f"{path}: missing key '{missing[0]}'{more} (params.yaml spells out every key, as DVC reads it)"
+        )
+    # the ensemble and the CHiQA row pair both models' out-of-fold rows fold by fold
+    folds = {"baseline": params.baseline.cv_folds, "mtl": params.mtl.cv_folds, "score": params.score.cv_folds}
+    if len(set(folds.values())) > 1:
+        raise MedrankError(
+            f"{path}: cv_folds: " + ", ".join(f"{k}.cv_folds {v}" for k, v in folds.items()) + " differ; the final "
+            "system ensembles both models' out-of-fold rows on one set of question folds: give the three the same value"
         )
     return params
 

@@ -92,7 +92,6 @@ def test_tiny_profile_keys_exist_in_params():
             "mtl:\n  feature_groups: [metadata, qa_graded]\n",
             "mtl.feature_groups: group qa_graded is computed by analysis/dvc.yaml",
         ),
-        ("mtl:\n  cv_folds: 4\n", "cv_folds: baseline.cv_folds 5, mtl.cv_folds 4, score.cv_folds 5 differ"),
         ("qa_graded:\n  folds: 1\n", "qa_graded.folds"),
         ("qa_graded:\n  target: rank\n", "qa_graded.target"),
     ],
@@ -654,3 +653,14 @@ def test_what_medrank_reads_is_what_dvc_reads(tmp_path):
 
     for text in (PARAMS_TEXT, _spelled("seed", "0x0d"), _spelled("mtl.lr", "1e-3"), _spelled("seed", "1_3")):
         assert load_params(write(tmp_path, text)) == Params.model_validate(parse_yaml(text, "params.yaml"))
+
+
+def test_cv_folds_that_differ_are_one_line(tmp_path):
+    """The final system pairs both models' out-of-fold rows fold by fold: the three cv_folds must agree."""
+    from medrank.params import load_params
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["mtl"]["cv_folds"] = 4
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(MedrankError, match="cv_folds: baseline.cv_folds 5, mtl.cv_folds 4, score.cv_folds 5 differ"):
+        load_params(tmp_path / "params.yaml")
