@@ -660,7 +660,9 @@ def test_cv_folds_that_differ_are_one_line(tmp_path):
     from medrank.params import load_params
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    raw["mtl"]["cv_folds"] = 4
+    folds = raw["baseline"]["cv_folds"]  # the checkout's (the tiny repo's: 2)
+    raw["mtl"]["cv_folds"] = folds + 1
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    with pytest.raises(MedrankError, match="cv_folds: baseline.cv_folds 5, mtl.cv_folds 4, score.cv_folds 5 differ"):
+    want = f"cv_folds: baseline.cv_folds {folds}, mtl.cv_folds {folds + 1}, score.cv_folds {raw['score']['cv_folds']} differ"
+    with pytest.raises(MedrankError, match=want):
         load_params(tmp_path / "params.yaml")
