@@ -141,7 +141,8 @@ def _rank_arguments(p: argparse.ArgumentParser) -> None:
         "input",
         nargs="?",
         default="-",
-        help='JSON file {"question": ..., "answers": [{"id", "text", "url"}, ...]}; "-" or none = stdin',
+        help='JSON file {"question": ..., "answers": [{"id", "text", "url"}, ...]}, or {"questions": [...]} of several '
+        '(ranked as one batch); "-" or none = stdin',
     )
     p.add_argument("--format", choices=("json", "table"), default="json", help="output format (default json)")
     p.add_argument("--all", action="store_true", help="also list the filtered-out answers (after the kept ones)")
@@ -160,10 +161,39 @@ def _rank_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _rank(args: argparse.Namespace) -> None:
-    from medrank.serving.rank import rank_question, read_rank_input
+    from medrank.serving.rank import rank_file, rank_question, read_rank_input
 
     inp = read_rank_input(args.input)  # validate before loading any model
-    emit(format_result(inp.question, rank_question(inp, args.models, args.fit), args.format, args.all))
+    if not isinstance(inp, list):
+        emit(format_result(inp.question, rank_question(inp, args.models, args.fit), args.format, args.all))
+        return
+    results, keep = rank_file(inp, args.models, args.fit)  # a file of questions: one batch
+    emit(format_batch([q.question for q in inp], results, keep, args.format, args.all))
+
+
+def format_batch(
+    questions: list[str], results: list[pd.DataFrame], keep: dict | None, fmt: str = "json", show_all: bool = False
+) -> str:
+    """A file of questions' results in input order (`{"results": [...], "keep": ...}`, /rank/batch's results beside the
+    keep rule the batch was decided by), or their tables one after another."""
+    if fmt == "json":
+        from medrank.serving.rank import result_record
+
+        records = [result_record(q, r, show_all) for q, r in zip(questions, results)]
+        return json.dumps({"results": records, "keep": keep}, indent=2)
+    how = (
+        "no answers"
+        if keep is None
+        else (
+            f"keep rule {keep['rule']}"
+            + (f", fitted on these {keep['questions']} questions" if keep["fitted_on_batch"] else "")
+        )
+    )
+    blocks = [
+        f"question {i + 1}: {printable(q)[:80]}\n" + format_result(q, r, fmt, show_all)
+        for i, (q, r) in enumerate(zip(questions, results))
+    ]
+    return "\n\n".join(blocks + [f"{len(questions)} questions; {how}"])
 
 
 def format_result(question: str, result: pd.DataFrame, fmt: str = "json", show_all: bool = False) -> str:

@@ -23,7 +23,7 @@ def main(params_path: str = "params.yaml") -> None:
     from medrank.core.live import stage_live
     from medrank.models import rqe_training as R
     from medrank.params import load_params
-    from medrank.task2.decisions import PROBS_SCHEMA
+    from medrank.task2.rules import PROBS_SCHEMA
 
     p = load_params(params_path)
     tp = p.finetune.rqe

@@ -1,4 +1,4 @@
-"""Stage `task2`: the Task 2 submissions, decided within each CHQ (medrank.task2.decisions) from finetune_rqe's P(entailed).
+"""Stage `task2`: the Task 2 submissions, decided within each CHQ (medrank.task2.rules) from finetune_rqe's P(entailed).
 
 Every rule of `task2.rules` is scored by the CHQ-grouped CV over the 302 validation pairs (finetune_rqe's folds and
 its out-of-fold probabilities; a rule's floor/margin fitted on the other folds); the best mean CV accuracy wins (a tie
@@ -17,7 +17,7 @@ log = logging.getLogger("stages.task2")
 
 def main(params_path: str = "params.yaml") -> None:
     from medrank.core import layout
-    from medrank.task2 import decisions as T
+    from medrank.task2 import rules as T
     from medrank.core.io import read_parquet, write_json
     from medrank.selection.metrics import score_task2
     from medrank.params import load_params

@@ -29,6 +29,7 @@ class Frame:
     grid: pd.DataFrame | None = None  # grids: NLI_GRID rows against the entailed answers
     scores: dict[str, np.ndarray] = field(default_factory=dict)  # answer scores: per-answer columns, answers' order
     decided: pd.DataFrame | None = None  # system: gid, aid, prob, rank_key, label, score
+    keep: dict | None = None  # system: the keep rule the rows were decided by (SystemStep.keep_for)
 
     def with_(self, **changes) -> "Frame":
         return replace(self, **changes)

@@ -149,18 +149,35 @@ def held_out_rows(
     """Rows for a nested selection (medrank.selection.nested): part oof / loso (CV and LOSO over the `inner` questions and
     `inner_sources` only) and test (the `outer` questions, by a model trained on every inner question); columns
     part, gid, aid, fold, prob, rank_score. No fit sees an outer question."""
-    system = BaselineSystem(table, cfg, tfidf)
-    questions = system.questions()
-    questions = questions[questions["gid"].isin(set(inner))]
-    proto = [
-        CV(cfg.params.cv_folds, cfg.seed),
-        LOSO(tuple(inner_sources), cfg.seed),
-        Refit(tuple(questions["gid"]), tuple(outer), cfg.seed),
-    ]
-    r = experiment({"baseline": system}, questions, proto)["baseline"]
+    r = _inner_experiment(table, cfg, tfidf, inner, outer, [LOSO(tuple(inner_sources), cfg.seed)])
     cols = ["part", "gid", "aid", "fold", "prob", "rank_score"]
     parts = {"oof": r["cv"].rows, "loso": r["loso"].rows, "test": r["test"].rows.assign(fold=-1)}
     return pd.concat([rows.assign(part=part)[cols] for part, rows in parts.items()], ignore_index=True)
+
+
+STACKED_COLUMNS = {"rank_score": "stacked_rank_score", "prob": "stacked_prob"}  # group stacked (params.groups)
+
+
+def stacked_scores(
+    table: pd.DataFrame, cfg: BaselineConfig, tfidf, train: Sequence[str], test: Sequence[str]
+) -> pd.DataFrame:
+    """The baseline's scores as another model's input (group stacked: the MTL fed the baseline's score), with no row
+    scored by a fit that saw its question: the `train` questions' rows out of fold (question-grouped CV over them
+    only, cfg's folds and seed) and the `test` questions' by a model fitted on every `train` question.
+    -> gid, aid, stacked_rank_score, stacked_prob (train rows first)."""
+    r = _inner_experiment(table, cfg, tfidf, train, test, [])
+    rows = pd.concat([r["cv"].rows, r["test"].rows], ignore_index=True)
+    return rows[["gid", "aid", *STACKED_COLUMNS]].rename(columns=STACKED_COLUMNS)
+
+
+def _inner_experiment(table, cfg: BaselineConfig, tfidf, inner, outer, more: list[Protocol]) -> dict:
+    """The baseline over the `inner` questions only: question-grouped CV, `more` protocols, and a refit on every
+    inner question scoring the `outer` ones (key "test")."""
+    system = BaselineSystem(table, cfg, tfidf)
+    questions = system.questions()
+    questions = questions[questions["gid"].isin(set(inner))]
+    proto = [CV(cfg.params.cv_folds, cfg.seed), *more, Refit(tuple(questions["gid"]), tuple(outer), cfg.seed)]
+    return experiment({"baseline": system}, questions, proto)["baseline"]
 
 
 def spread_over_seeds(table: pd.DataFrame, cfg: BaselineConfig, tfidf, sources: Sequence[str], n: int) -> dict:

@@ -23,6 +23,7 @@ class Group:
     per_candidate: bool = False  # also reads <group>_i for each of the n_candidates entailed answers
     judged: bool = False  # its inputs exist for the judged LiveQA answers (medrank.data.judged)
     analysis: bool = False  # computed by analysis/dvc.yaml only: a candidate of the analysis rows, never a default's
+    stacked: bool = False  # another model's held-out scores, computed inside each MTL fit (no stage, no file)
     step: str | None = None  # the saved step (models/steps/<step>) whose recipe its scorer reads when served
     serve: str | None = (
         None  # "module:function": scorer(ctx) -> score(answers, groups) -> {column: array}; None: not served
@@ -65,6 +66,10 @@ REGISTRY: dict[str, Group] = {
     # the Task 3 README's own suggestion: the answer's agreement with the entailed MedQuAD questions' answers (bienc's
     # mpnet cosine, the best and the mean over the entailed ones): stage agree
     "agree": Group(("agree_max_cos", "agree_mean_cos"), "agree_max_cos", L.AGREE_SCORES, analysis=True),
+    # issue 61's early fusion, "the MTL fed the baseline's score": the baseline's rank score and probability as MTL
+    # inputs, cross-fitted inside every MTL fit (its training questions out of fold, its held-out ones by a baseline
+    # fitted on the training questions: medrank.models.baseline_protocols.stacked_scores); nested_loso's rows only
+    "stacked": Group(("stacked_rank_score", "stacked_prob"), "stacked_rank_score", stacked=True),
 }
 
 GROUPS = tuple(REGISTRY)
@@ -72,8 +77,9 @@ GROUPS = tuple(REGISTRY)
 # read; adopting one moves its stage to dvc.yaml
 ANALYSIS_GROUPS = tuple(g for g, s in REGISTRY.items() if s.analysis)
 JUDGED_GROUPS = tuple(g for g, s in REGISTRY.items() if s.judged)
+STACKED_GROUPS = tuple(g for g, s in REGISTRY.items() if s.stacked)  # computed inside a fit: no stage computes them
 BIENC_GROUPS = tuple(g for g, s in REGISTRY.items() if s.file == L.BIENC)  # the groups stage bienc writes
 # per-answer scores of other stages, by group: (its score column, file)
-SCORE_FILES = {g: (s.score, s.file) for g, s in REGISTRY.items() if s.score is not None}
+SCORE_FILES = {g: (s.score, s.file) for g, s in REGISTRY.items() if s.score is not None and s.file is not None}
 # the answer-table columns those stages write (medrank.task3.features.answer_table's per-answer scores)
 SCORE_COLUMNS = tuple(c for g, s in REGISTRY.items() if s.file is not None for c in s.columns)

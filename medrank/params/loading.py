@@ -7,14 +7,14 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from medrank.core.errors import MedrankError
 from medrank.core.io import read_text_capped
-from medrank.params.base import MAX_COUNT, _Section
+from medrank.params.base import MAX_COUNT, MAX_STEPS, _Section
 from medrank.params.pipeline import (
     AcquireParams,
     ChiqaParams,
@@ -25,7 +25,7 @@ from medrank.params.pipeline import (
     NormalizeParams,
     RetrieveParams,
 )
-from medrank.params.groups import ANALYSIS_GROUPS, BIENC_GROUPS
+from medrank.params.groups import ANALYSIS_GROUPS, BIENC_GROUPS, STACKED_GROUPS
 from medrank.params.rankers import (
     AnalysisParams,
     BaselineParams,
@@ -47,6 +47,8 @@ MAX_PARAMS_BYTES = 2**20  # the repository's params.yaml is ~25 KB
 # mappings and lists inside one another, aliases expanded; the repository's params.yaml is 7 deep (the top-level mapping,
 # analysis, nested, variants, a variant, its baseline, features); PyYAML's composer recurses, out of stack at ~500
 MAX_PARAMS_DEPTH = 32
+# the sections whose cv_folds is the top-level key (Params._one_cv_folds): params.yaml spells it once, at top level
+FOLDS_OF = ("baseline", "mtl", "score")
 
 
 class Params(_Section):
@@ -56,6 +58,9 @@ class Params(_Section):
     rqe_threshold: float | None = Field(default=0.5, ge=0.0, le=1.0)
     # the first questions of each split by (split, qid), the same for every stage (tiny profiles cap it); None = all
     max_questions_per_split: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    # the question-grouped CV folds over train+val, one value for the baseline, the MTL and the final system (which
+    # pairs both models' out-of-fold rows fold by fold): each section's cv_folds is this key, filled in (FOLDS_OF)
+    cv_folds: int = Field(default=5, ge=2, le=MAX_STEPS)
     # one section per stage, in DAG order (params.yaml spells out every key: see load_params)
     acquire: AcquireParams = AcquireParams()
     clean: CleanParams = CleanParams()
@@ -79,6 +84,20 @@ class Params(_Section):
         AnalysisParams()
     )  # analysis/dvc.yaml: rqe_selection, baseline_ablations, mtl_ablations, mtl_confirm
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_cv_folds(cls, data: Any) -> Any:
+        """The top-level cv_folds into each section of FOLDS_OF (load_params refuses a params file whose section
+        spells its own; a dumped Params holds both, the same)."""
+        if not isinstance(data, dict) or "cv_folds" not in data:
+            return data
+        data = dict(data)
+        for section in FOLDS_OF:
+            raw = data.get(section, {})
+            if isinstance(raw, dict):
+                data[section] = {**raw, "cv_folds": data["cv_folds"]}
+        return data
+
     @model_validator(mode="after")
     def _check_rows(self) -> "Params":
         for key, groups in (
@@ -91,13 +110,27 @@ class Params(_Section):
                         f"{key}: group {g} is computed by analysis/dvc.yaml (stage {g}), which `dvc repro` does not run; "
                         f"use it in analysis rows, or move stage {g} into dvc.yaml and its output into this stage's deps to adopt it"
                     )
+        recipes = nested_recipes(self.baseline, self.mtl, self.analysis.nested.variants)
+        # a stacked group is computed inside the nested refits' MTL fits (Refits.systems) and nowhere else
+        where = {
+            "baseline.features": self.baseline.features,
+            "mtl.feature_groups": self.mtl.feature_groups,
+            **{f"analysis.baseline.rows[{i}]": row for i, row in enumerate(self.analysis.baseline.rows)},
+            **{f"analysis.mtl.rows[{i}]": r.get("feature_groups", []) for i, r in enumerate(self.analysis.mtl.rows)},
+            **{f"analysis.nested.variants ({n}).baseline.features": bp.features for n, (bp, _) in recipes.items()},
+        }
+        for key, groups in where.items():
+            for g in (g for g in groups if g in STACKED_GROUPS):
+                raise ValueError(
+                    f"{key}: group {g} is the baseline's held-out scores fed to the MTL, computed inside nested_loso's "
+                    "refits only: use it in an analysis.nested.variants row's mtl.feature_groups"
+                )
         lacking = [g for g in self.baseline.features if g in BIENC_GROUPS]
         if self.baseline.judged_rows != "none" and lacking and not self.bienc.judged:
             raise ValueError(
                 f"baseline.judged_rows: {self.baseline.judged_rows!r} trains on the judged LiveQA answers, whose {lacking[0]} "
                 "scores stage bienc writes only with bienc.judged: true"
             )
-        nested_recipes(self.baseline, self.mtl, self.analysis.nested.variants)
         rows = mtl_rows(self.mtl, self.analysis.mtl.rows)
         for i, name in enumerate(
             self.analysis.confirm.mtl_rows if rows else []
@@ -258,6 +291,8 @@ def _missing_keys(model: type[BaseModel], raw: dict, prefix: str = "") -> list[s
     """Dotted keys of `model` (sections recursed) that `raw` does not spell out."""
     out = []
     for name, field in model.model_fields.items():
+        if name == "cv_folds" and prefix.rstrip(".") in FOLDS_OF:  # filled in from the top-level key
+            continue
         if name not in raw:
             out.append(prefix + name)
         elif (
@@ -297,6 +332,12 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     if not isinstance(raw, dict):
         raise MedrankError(f"{path}: expected a mapping of sections at top level")
     _as_dvc_reads(path, text, raw)
+    for section in FOLDS_OF:  # one owner: the top-level key (Params._one_cv_folds fills each section in)
+        if isinstance(raw.get(section), dict) and "cv_folds" in raw[section]:
+            raise MedrankError(
+                f"{path}: {section}.cv_folds: the CV folds are the top-level cv_folds (one value for "
+                f"{', '.join(FOLDS_OF)}: the final system pairs both models' out-of-fold rows fold by fold)"
+            )
     try:
         params = Params.model_validate(raw)
     except ValidationError as e:
@@ -306,13 +347,6 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         more = f" [+{len(missing) - 1} more]" if len(missing) > 1 else ""
         raise MedrankError(
             f"{path}: missing key '{missing[0]}'{more} (params.yaml spells out every key, as DVC reads it)"
-        )
-    # the ensemble and the CHiQA row pair both models' out-of-fold rows fold by fold
-    folds = {"baseline": params.baseline.cv_folds, "mtl": params.mtl.cv_folds, "score": params.score.cv_folds}
-    if len(set(folds.values())) > 1:
-        raise MedrankError(
-            f"{path}: cv_folds: " + ", ".join(f"{k}.cv_folds {v}" for k, v in folds.items()) + " differ; the final "
-            "system ensembles both models' out-of-fold rows on one set of question folds: give the three the same value"
         )
     return params
 

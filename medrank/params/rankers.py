@@ -140,7 +140,7 @@ class MtlParams(_Section):
     threshold: float | None = Field(default=None, le=50.0)
     prior_shift: Literal["none", "em"] = "none"
     min_keep: int = Field(default=0, ge=0, le=MAX_STEPS)
-    cv_folds: int = Field(default=5, ge=2, le=MAX_STEPS)
+    cv_folds: int = Field(default=5, ge=2, le=MAX_STEPS)  # params.yaml's top-level cv_folds (Params fills it in)
     n_seeds: int = Field(default=1, ge=1, le=MAX_STEPS)  # networks per fit (different seeds), predictions averaged
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)  # CPU threads for training; None = torch's default
     workers: int = Field(
@@ -181,7 +181,7 @@ def mtl_rows(
 
 
 # ---------------------------------------------------------------- the decision rules' vocabulary (one owner: their
-# implementations, medrank.selection.decision and medrank.task2.decisions, are keyed by these names; the params Literals derive from them)
+# implementations, medrank.selection.decision and medrank.task2.rules, are keyed by these names; the params Literals derive from them)
 
 # how kept answers are chosen, each fitted on labelled calibration rows (out-of-fold or out-of-source predictions)
 # and applied to a target set whose labels it never sees (transductive rules read the target's probabilities):
@@ -226,7 +226,7 @@ ChqRule = Literal[tuple(CHQ_RULES)]
 
 
 class Task2Params(_Section):
-    """Stage task2: the within-CHQ decision over finetune_rqe's P(entailed) (medrank.task2.decisions.CHQ_RULES), chosen by the
+    """Stage task2: the within-CHQ decision over finetune_rqe's P(entailed) (medrank.task2.rules.CHQ_RULES), chosen by the
     CHQ-grouped CV over the validation pairs; listed simplest first (a tie keeps the earlier rule)."""
 
     rules: list[ChqRule] = Field(default_factory=lambda: list(get_args(ChqRule)), min_length=1)
@@ -257,9 +257,7 @@ class ScoreParams(_Section):
     # which CV / LOSO figure of each select_on metric: "shift_worst" = the held-out folds re-weighted to every
     # positive rate of experiment.SHIFT_PRIORS, the worst rate's (a new set's prior is unknown); "mean" = as they are
     select_under: Literal["shift_worst", "mean"] = "shift_worst"
-    cv_folds: int = Field(
-        default=5, ge=2, le=MAX_STEPS
-    )  # the CV folds the CHiQA row is scored on (the models' own: baseline/mtl cv_folds)
+    cv_folds: int = Field(default=5, ge=2, le=MAX_STEPS)  # params.yaml's top-level cv_folds (Params fills it in)
     # final system minus the baseline, paired question bootstrap (validation and CV questions); 0 = not computed
     bootstrap_resamples: int = Field(default=2000, ge=0, le=MAX_RESAMPLES)
 
@@ -317,7 +315,7 @@ class BaselineParams(_Section):
     # groups of `features` (or of an ablation row) that the filter reads and the rank SVM does not: the passage score
     # sharpens which answers are correct but blurred their order under nested LOSO (RESULTS)
     filter_only: list[FeatureGroup] = Field(default_factory=list)
-    cv_folds: int = Field(default=5, ge=2, le=MAX_STEPS)
+    cv_folds: int = Field(default=5, ge=2, le=MAX_STEPS)  # params.yaml's top-level cv_folds (Params fills it in)
     # the judged LiveQA answers of the train_liveqa questions (medrank.data.judged) train: none | ranker (the rank SVM's
     # pairs, from their grades) | all (the filter too)
     judged_rows: Literal["none", "ranker", "all"] = "none"
@@ -387,6 +385,9 @@ def nested_recipes(
     for i, v in enumerate(variants):
         if v.name in out or v.name == "default":
             raise ValueError(f"{where}[{i}]: needs a unique name other than 'default', got {v.name!r}")
+        for section, over in (("baseline", v.baseline), ("mtl", v.mtl)):
+            if "cv_folds" in over:  # the folds are the top-level cv_folds: every row is scored on the same ones
+                raise ValueError(f"{where}[{i}] ({v.name}).{section}: cv_folds cannot vary between rows")
         out[v.name] = (
             with_overrides(baseline, v.baseline, f"{where}[{i}] ({v.name}).baseline"),
             with_overrides(mtl, v.mtl, f"{where}[{i}] ({v.name}).mtl"),

@@ -213,10 +213,10 @@ def mtl_card(repo: Repo, art: dict) -> Card:
                 "rank_by",
                 "threshold",
                 "n_seeds",
-                "cv_folds",
             )
         )
         + (
+            "cv_folds",
             "n_candidates",
             "rqe_threshold",
             "embed.max_sentences",

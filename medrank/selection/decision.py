@@ -281,6 +281,9 @@ def bbse_prior(y: np.ndarray, p: np.ndarray, target_p: np.ndarray, t: float) -> 
 # what decides one request (`medrank rank`, `medrank serve`) when the chosen rule adapts to its batch: a question's ten
 # answers are no batch to estimate a prior from, and a server's micro-batch mixes callers (docs/serving.md)
 REQUEST_RULE = "min_keep_1"
+# a batch a rule that adapts may be re-fitted on (`medrank rank` over a file of questions): at least the smallest batch
+# the protocol scored such rules on (the 25 validation questions); a smaller one is decided by REQUEST_RULE
+MIN_BATCH_QUESTIONS = 25
 
 # em_guarded: the significance of the test that label shift alone explains the target batch, and the EM priors it trusts
 EM_GUARD_ALPHA = 0.01

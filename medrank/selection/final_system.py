@@ -111,7 +111,18 @@ def system_record(sel: dict) -> dict:
         cal = {"val": oof[oof["split"].isin(L.TRAIN_SPLITS)], "test": oof}  # as decide_system fits val and test
         out["request"] = {k: fit_keep_on(REQUEST_RULE, rows, rows).to_json() for k, rows in cal.items()}
         out["request_rule"] = REQUEST_RULE
+        # the calibration rows themselves: `medrank rank` over a batch of questions re-fits the rule on that batch
+        out["calibration"] = {k: calibration_record(rows) for k, rows in cal.items()}
     return out
+
+
+def calibration_record(rows: pd.DataFrame) -> dict[str, list]:
+    """The calibration rows a keep rule is fitted on (decision.fit_keep_on: gid, label_true, prob) as JSON lists."""
+    return {
+        "gid": rows["gid"].astype(str).tolist(),
+        "label_true": rows["label_true"].astype(int).tolist(),
+        "prob": rows["prob"].astype(float).tolist(),
+    }
 
 
 def system_rows(metrics: dict) -> dict[str, dict]:

@@ -15,6 +15,7 @@ from medrank.serving.rank import (
     MAX_TOTAL_CHARS,
     MalformedInput,
     RankInput,
+    batch_input,
     load_json,
     rank_input,
 )
@@ -51,22 +52,9 @@ def parse_batch(body: bytes, max_questions: int) -> list[RankInput]:
     except MalformedInput as e:
         raise RequestError(400, str(e)) from None
     try:
-        if not isinstance(obj, dict) or set(obj) != {"questions"}:
-            raise MedrankError("body: expected a JSON object with one key, 'questions' (a list of /rank bodies)")
-        qs = obj["questions"]
-        if not isinstance(qs, list) or not qs:
-            raise MedrankError("body: 'questions' must be a non-empty list of objects with 'question' and 'answers'")
-        if len(qs) > max_questions:
-            raise MedrankError(f"body: {len(qs)} questions; at most {max_questions} per call")
-        out = [rank_input(q, f"body: questions[{i}]") for i, q in enumerate(qs)]
+        return batch_input(obj, "body", max_questions, MAX_TOTAL_CHARS)
     except MedrankError as e:
         raise RequestError(422, str(e)) from None
-    total = sum(len(q.question) + sum(len(a.text) for a in q.answers) for q in out)
-    if total > MAX_TOTAL_CHARS:
-        raise RequestError(
-            422, f"body: {total} characters of questions and answers; at most {MAX_TOTAL_CHARS} per call"
-        )
-    return out
 
 
 async def read_body(request: Any, limit: int) -> bytes:

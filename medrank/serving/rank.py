@@ -53,6 +53,9 @@ MAX_QUESTION_CHARS = 10_000
 MAX_ANSWER_CHARS = 100_000
 MAX_TOTAL_CHARS = 1_000_000  # question + every answer: about half a minute of work on 2 cores
 MAX_INT_DIGITS = 30  # an integer id longer than this is not an id
+# `medrank rank` over a file of questions (`{"questions": [...]}`, /rank/batch's body): bounded in count, and in text by
+# MAX_INPUT_BYTES (the file) and each question's caps
+MAX_FILE_QUESTIONS = 1000
 
 
 def _no_duplicate_keys(where: str):
@@ -167,22 +170,43 @@ def rank_input(obj: Any, where: str = "input") -> RankInput:
     return RankInput(q, tuple(out))
 
 
-def read_rank_input(path: str) -> RankInput:
-    """Read the JSON input from a file path, or stdin for '-'."""
+def batch_input(obj: Any, where: str, max_questions: int, max_total_chars: int | None = None) -> list[RankInput]:
+    """`{"questions": [<one question's object>, ...]}` (POST /rank/batch's body, or a file for `medrank rank`): each
+    question under `rank_input`'s caps, at most `max_questions`, and (`max_total_chars`) all of their text together."""
+    if not isinstance(obj, dict) or set(obj) != {"questions"}:
+        raise MedrankError(f"{where}: expected a JSON object with one key, 'questions' (a list of /rank bodies)")
+    qs = obj["questions"]
+    if not isinstance(qs, list) or not qs:
+        raise MedrankError(f"{where}: 'questions' must be a non-empty list of objects with 'question' and 'answers'")
+    if len(qs) > max_questions:
+        raise MedrankError(f"{where}: {len(qs)} questions; at most {max_questions} per call")
+    out = [rank_input(q, f"{where}: questions[{i}]") for i, q in enumerate(qs)]
+    total = sum(len(q.question) + sum(len(a.text) for a in q.answers) for q in out)
+    if max_total_chars is not None and total > max_total_chars:
+        raise MedrankError(f"{where}: {total} characters of questions and answers; at most {max_total_chars} per call")
+    return out
+
+
+def read_rank_input(path: str) -> RankInput | list[RankInput]:
+    """Read the JSON input from a file path, or stdin for '-': one question's object, or `{"questions": [...]}` (a
+    file of up to MAX_FILE_QUESTIONS questions, ranked together: `rank_file`)."""
     if path == "-":
         data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)  # no more than the cap is ever held
         if len(data) > MAX_INPUT_BYTES:
-            raise MedrankError(
-                f"<stdin>: more than {MAX_INPUT_BYTES >> 20} MiB, more than one question's answers can be"
-            )
-        return parse_rank_input(data, "<stdin>")
-    p = Path(path)
-    if not p.exists():
-        raise MedrankError(f"{path}: input file not found")
-    if p.is_dir():
-        raise MedrankError(f"{path}: a folder, not an input file")
-    # a pipe (`<(cat in.json)`, /dev/stdin) is read as `medrank score` reads one: at most the cap is held
-    return parse_rank_input(read_text_capped(p, MAX_INPUT_BYTES, "one question's answers"), path)
+            raise MedrankError(f"<stdin>: more than {MAX_INPUT_BYTES >> 20} MiB, more than a rank input can be")
+        where, raw = "<stdin>", data
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise MedrankError(f"{path}: input file not found")
+        if p.is_dir():
+            raise MedrankError(f"{path}: a folder, not an input file")
+        # a pipe (`<(cat in.json)`, /dev/stdin) is read as `medrank score` reads one: at most the cap is held
+        where, raw = path, read_text_capped(p, MAX_INPUT_BYTES, "a rank input")
+    obj = load_json(raw, where)
+    if isinstance(obj, dict) and "questions" in obj:
+        return batch_input(obj, where, MAX_FILE_QUESTIONS)
+    return rank_input(obj, where)
 
 
 def answers_table(inp: RankInput, qid: str = _QID) -> pd.DataFrame:
@@ -217,10 +241,11 @@ class Ranker:
     pipeline: Any  # InferencePipeline
 
     @classmethod
-    def load(cls, models_dir: str | Path = layout.MODELS, fit: Fit = "final") -> "Ranker":
+    def load(cls, models_dir: str | Path = layout.MODELS, fit: Fit = "final", adapt: bool = False) -> "Ranker":
+        """`adapt`: a keep rule that adapts to its batch is re-fitted on a large enough `rank_batch` (SystemStep.adapt)."""
         from medrank.steps.pipeline import InferencePipeline
 
-        return cls(InferencePipeline.load(models_dir, fit))
+        return cls(InferencePipeline.load(models_dir, fit, adapt=adapt))
 
     def share_vectors(self, memo: Any) -> None:
         """Hold the vectors the bi-encoders compute in `memo` (medrank.encoders.memo.VectorMemo), read by later calls."""
@@ -238,21 +263,27 @@ class Ranker:
         """`rank` of several questions in one pass through the pipeline (one encoder call over all their texts: the
         micro-batches of `medrank serve`). One question alone is exactly `rank`; beside others its texts may share a
         batch of another padded width, so its scores may differ in the last bits."""
-        import pandas as pd
-
         if len(inputs) == 1:
             return [self.rank(inputs[0])]
+        return self.rank_batch(inputs)[0]
+
+    def rank_batch(self, inputs: Sequence[RankInput]) -> tuple[list[pd.DataFrame], dict | None]:
+        """Every question's `rank` rows from one pass through the pipeline, and the keep rule they were decided by
+        (SystemStep.keep_for; None when no question has an answer)."""
+        import pandas as pd
+
         todo = [i for i, inp in enumerate(inputs) if inp.answers]
         out: list[pd.DataFrame] = [empty_result() for _ in inputs]
         if not todo:
-            return out
+            return out, None
         table = pd.concat([answers_table(inputs[i], f"{_QID}{i}") for i in todo], ignore_index=True)
-        decided = self.pipeline.transform(table)
+        frame = self.pipeline.run(table)
+        decided = frame.decided
         gid = decided["gid"].astype(str)
         for i in todo:
             rows = decided[gid == f"{_SPLIT}:{_QID}{i}"]  # ids repeat between questions; the question key does not
             out[i] = _result(inputs[i], rows)
-        return out
+        return out, frame.keep
 
 
 def _result(inp: RankInput, out: pd.DataFrame) -> pd.DataFrame:
@@ -333,6 +364,16 @@ def ranked_ids(result: pd.DataFrame) -> list[str]:
 def rank_question(inp: RankInput, models_dir: str | Path = layout.MODELS, fit: Fit = "final") -> pd.DataFrame:
     """Load the trained system and rank one question (an empty answer list loads nothing)."""
     return Ranker.load(models_dir, fit).rank(inp) if inp.answers else empty_result()
+
+
+def rank_file(
+    inputs: Sequence[RankInput], models_dir: str | Path = layout.MODELS, fit: Fit = "final"
+) -> tuple[list[pd.DataFrame], dict | None]:
+    """`medrank rank` over a file of questions: ranked together, as one batch (a keep rule that adapts to its batch
+    is re-fitted on it when it holds at least decision.MIN_BATCH_QUESTIONS questions); -> (results, keep rule)."""
+    if not any(inp.answers for inp in inputs):
+        return [empty_result() for _ in inputs], None
+    return Ranker.load(models_dir, fit, adapt=True).rank_batch(inputs)
 
 
 def as_input(question: str, answers: Sequence[tuple[str, str, str]]) -> RankInput:

@@ -37,9 +37,11 @@ class InferencePipeline:
         fit: Fit = "final",
         device: str = "auto",
         every_step: bool = False,
+        adapt: bool = False,
     ) -> "InferencePipeline":
-        """`every_step`: also load and run what the system does not read (what `medrank rank` ran before issue 48)."""
-        system = SystemStep.load(models_dir, fit)
+        """`every_step`: also load and run what the system does not read (what `medrank rank` ran before issue 48);
+        `adapt`: SystemStep.adapt (a batch-adaptive keep rule re-fitted on a large enough batch)."""
+        system = SystemStep.load(models_dir, fit, adapt)
         retrieve = every_step or system.reads_retrieval
         scores = AnswerScores.load(system.groups, models_dir, device)
         scores.every_cosine = every_step
@@ -60,4 +62,8 @@ class InferencePipeline:
     def transform(self, answers: pd.DataFrame) -> pd.DataFrame:
         """Decided rows of a cleaned answers table (medrank.serving.rank.answers_table): the caches under data/cache are read
         when the working folder has them (the very values the stages computed), else every pair is computed."""
-        return self.steps.transform(Frame(answers)).decided
+        return self.run(answers).decided
+
+    def run(self, answers: pd.DataFrame) -> Frame:
+        """The last step's frame: the decided rows and the keep rule they were decided by (Frame.keep)."""
+        return self.steps.transform(Frame(answers))

@@ -40,6 +40,11 @@ def read_system(models_dir: str | os.PathLike = layout.MODELS) -> dict:
             Keep.from_json(system["keep"][fit])
             if "request" in system:
                 Keep.from_json(system["request"][fit])
+            if "calibration" in system:  # a batch-adaptive pick's calibration rows (final_system.calibration_record)
+                cal = system["calibration"][fit]
+                sizes = {len(cal[k]) for k in ("gid", "label_true", "prob")}
+                if len(sizes) != 1 or not all(isinstance(v, (int, float)) for v in cal["prob"]):
+                    raise ValueError(f"calibration.{fit}: gid, label_true and prob of one length, prob numbers")
         if system["order"] not in ORDERS:
             raise ValueError(f"order {system['order']!r}")
         weight = system["mtl_weight"]
@@ -64,6 +69,9 @@ class SystemStep(Composable):
     baseline: Any | None  # FittedBaseline
     mtl: Any | None  # MTLBag
     mtl_meta: dict | None
+    # a keep rule that adapts to its batch is re-fitted on a batch of at least decision.MIN_BATCH_QUESTIONS questions
+    # (`medrank rank` over a file of questions); off for the server, whose micro-batches mix callers
+    adapt: bool = False
 
     @property
     def groups(self) -> set[str]:
@@ -88,7 +96,9 @@ class SystemStep(Composable):
         return self.baseline is None or self.baseline.config.params.prior_shift != "em"
 
     @classmethod
-    def load(cls, models_dir: str | os.PathLike = layout.MODELS, fit: Fit = "final") -> "SystemStep":
+    def load(
+        cls, models_dir: str | os.PathLike = layout.MODELS, fit: Fit = "final", adapt: bool = False
+    ) -> "SystemStep":
         from medrank.models.baseline import FittedBaseline
         from medrank.models.mtl import MTLBag
 
@@ -102,7 +112,7 @@ class SystemStep(Composable):
         if system["system"] in ("mtl", "ensemble"):
             mtl_dir = models_dir / layout.MTL_MODEL.name
             mtl, meta = MTLBag.load(mtl_dir / "val" if fit == "val" else mtl_dir)
-        return cls(system, fit, baseline, mtl, meta)
+        return cls(system, fit, baseline, mtl, meta, adapt)
 
     def transform(self, frame: Frame) -> Frame:
         """The frame with apply_decision's rows (gid, aid, prob, rank_key, label, score) of its answers, read from
@@ -115,7 +125,7 @@ class SystemStep(Composable):
             )
         answers, retrieved, grid, scores = frame.answers, frame.retrieved, frame.grid, frame.scores
         n_candidates = frame.n_candidates
-        from medrank.selection.decision import Keep, apply_decision, combine_systems, decide
+        from medrank.selection.decision import apply_decision, combine_systems, decide
         from medrank.task3.features import answer_table
         from medrank.models.mtl import build_mtl_data, ensemble
 
@@ -142,12 +152,36 @@ class SystemStep(Composable):
             rows = combine_systems(part(systems["mtl"]), part(systems["baseline"]), float(self.system["mtl_weight"]))
         else:
             rows = part(systems[name])
-        keep = Keep.from_json(request_keep(self.system)["val" if self.fit == "val" else "test"])
-        return frame.with_(decided=apply_decision(rows, keep, self.system["order"]))
+        keep, how = self.keep_for(rows)
+        return frame.with_(decided=apply_decision(rows, keep, self.system["order"]), keep=how)
+
+    def keep_for(self, rows: Any) -> tuple[Any, dict]:
+        """The Keep the rows (one batch: gid, prob) are decided by, and how it was chosen ({rule, fitted_on_batch,
+        questions}): the pick's own fit for a fixed rule; for one that adapts to its batch, the rule re-fitted on these
+        rows when `adapt` and the batch holds at least MIN_BATCH_QUESTIONS questions, else system.json's "request"
+        (decision.REQUEST_RULE on the same calibration rows)."""
+        import pandas as pd
+
+        from medrank.selection.decision import MIN_BATCH_QUESTIONS, Keep, fit_keep_on
+
+        target = "val" if self.fit == "val" else "test"
+        n = int(rows["gid"].nunique())
+        rule = self.system.get("keep_rule")
+        if "request" not in self.system:  # a fixed rule: its fit is the same for any batch
+            return Keep.from_json(self.system["keep"][target]), {"rule": rule, "fitted_on_batch": False, "questions": n}
+        if self.adapt and "calibration" in self.system and n >= MIN_BATCH_QUESTIONS:
+            cal = pd.DataFrame(self.system["calibration"][target])
+            return fit_keep_on(rule, cal, rows), {"rule": rule, "fitted_on_batch": True, "questions": n}
+        request = self.system.get("request_rule")
+        return Keep.from_json(request_keep(self.system)[target]), {
+            "rule": request,
+            "fitted_on_batch": False,
+            "questions": n,
+        }
 
 
 def request_keep(system: dict) -> dict:
     """The keep fits a request is decided by: the pick's own (a fixed rule's fit is the same for any batch), or, for a
     rule that adapts to its batch (system.json "request"), decision.REQUEST_RULE's fit on the same calibration rows:
-    one question is no batch, and a micro-batch mixes callers."""
+    one question is no batch, and a micro-batch mixes callers (SystemStep.keep_for: a file of questions may be one)."""
     return system.get("request") or system["keep"]

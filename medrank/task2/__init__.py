@@ -1,2 +1,2 @@
-"""MEDIQA Task 2 (question entailment): `decisions` (the within-CHQ rules over P(entailed), chosen by CHQ-grouped
+"""MEDIQA Task 2 (question entailment): `rules` (the within-CHQ decision rules over P(entailed), chosen by CHQ-grouped
 CV)."""

@@ -150,7 +150,7 @@ def test_each_inference_step_is_saved_by_a_stage_that_declares_its_params(step):
     assert f"models/steps/{step}" in _paths(stages[stage]["outs"])
     saved = step_params(Params(), step)
     assert "backend" not in saved.get("embed", {}) and "ray" not in saved.get("retrieve", {})  # where, not what
-    assert set(stages["score"]["params"]) == {"seed", "score"}
+    assert set(stages["score"]["params"]) == {"seed", "cv_folds", "score"}
 
 
 @pytest.mark.parametrize("stage", ["mtl_ablations", "mtl_confirm"])

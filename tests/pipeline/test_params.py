@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from medrank.core.errors import MedrankError
 from medrank.params import NestedVariant, Params, load_params, mtl_rows
+from medrank.params.loading import FOLDS_OF
 from tests.conftest import REPO, error_lines, run_module
 
 # the checkout's params.yaml is the base of every case here: the slow set runs them again in the tiny repo
@@ -91,6 +92,20 @@ def test_tiny_profile_keys_exist_in_params():
         (
             "mtl:\n  feature_groups: [metadata, qa_graded]\n",
             "mtl.feature_groups: group qa_graded is computed by analysis/dvc.yaml",
+        ),
+        # group stacked (the baseline's held-out scores fed to the MTL) exists inside nested_loso's refits only
+        (
+            "baseline:\n  features: [metadata, stacked]\n",
+            "baseline.features: group stacked is the baseline's held-out scores fed to the MTL",
+        ),
+        ("mtl:\n  feature_groups: [metadata, stacked]\n", "mtl.feature_groups: group stacked is the baseline's"),
+        (
+            "analysis:\n  mtl:\n    rows: [{name: x, feature_groups: [metadata, stacked]}]\n",
+            "analysis.mtl.rows[0]: group stacked",
+        ),
+        (
+            "analysis:\n  nested:\n    variants: [{name: x, baseline: {features: [metadata, stacked]}}]\n",
+            "analysis.nested.variants (x).baseline.features: group stacked",
         ),
         ("qa_graded:\n  folds: 1\n", "qa_graded.folds"),
         ("qa_graded:\n  target: rank\n", "qa_graded.target"),
@@ -388,7 +403,12 @@ def _numbers(node: dict, defs: dict, path: str = "") -> list[tuple[str, dict, di
     return out
 
 
-PARAM_NUMBERS = _numbers(Params.model_json_schema(), Params.model_json_schema()["$defs"])
+# each section's cv_folds is the top-level key, filled in (params.loading.FOLDS_OF): params.yaml spells only that one
+PARAM_NUMBERS = [
+    n
+    for n in _numbers(Params.model_json_schema(), Params.model_json_schema()["$defs"])
+    if n[0] not in {f"{s}.cv_folds" for s in FOLDS_OF}
+]
 
 
 def test_every_numeric_param_has_an_upper_bound():
@@ -655,14 +675,26 @@ def test_what_medrank_reads_is_what_dvc_reads(tmp_path):
         assert load_params(write(tmp_path, text)) == Params.model_validate(parse_yaml(text, "params.yaml"))
 
 
-def test_cv_folds_that_differ_are_one_line(tmp_path):
-    """The final system pairs both models' out-of-fold rows fold by fold: the three cv_folds must agree."""
+def test_the_cv_folds_have_one_owner(tmp_path):
+    """The final system pairs both models' out-of-fold rows fold by fold: one top-level cv_folds is every section's
+    (a section spelling its own is refused in one line, and a nested variant cannot vary it)."""
     from medrank.params import load_params
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    folds = raw["baseline"]["cv_folds"]  # the checkout's (the tiny repo's: 2)
-    raw["mtl"]["cv_folds"] = folds + 1
+    raw["cv_folds"] = raw["cv_folds"] + 1  # the checkout's (the tiny repo's: 2), plus one
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    want = f"cv_folds: baseline.cv_folds {folds}, mtl.cv_folds {folds + 1}, score.cv_folds {raw['score']['cv_folds']} differ"
-    with pytest.raises(MedrankError, match=want):
+    p = load_params(tmp_path / "params.yaml")
+    assert p.baseline.cv_folds == p.mtl.cv_folds == p.score.cv_folds == raw["cv_folds"]
+    for section in ("baseline", "mtl", "score"):
+        bad = {**raw, section: {**raw[section], "cv_folds": 3}}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
+        with pytest.raises(
+            MedrankError, match=rf": {section}.cv_folds: the CV folds are the top-level cv_folds \("
+        ) as e:
+            load_params(tmp_path / "params.yaml")
+        assert "\n" not in str(e.value)
+    bad = {**raw, "analysis": {**raw["analysis"], "nested": {**raw["analysis"]["nested"]}}}
+    bad["analysis"]["nested"]["variants"] = [{"name": "x", "mtl": {"cv_folds": 3}}]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(MedrankError, match=r"analysis.nested.variants\[0\] \(x\).mtl: cv_folds cannot vary"):
         load_params(tmp_path / "params.yaml")

@@ -166,6 +166,8 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
     agree = pd.read_parquet(tiny_repo / "data/processed/agree_scores.parquet")
     assert len(agree) and agree["agree_max_cos"].between(-1, 1).all()
     assert {"with_passage", "with_agree"} <= set(nested["variants"])
+    # the MTL fed the baseline's scores (group stacked), cross-fitted inside each of its fits, priced in seconds
+    assert "mtl_stacked" in nested["variants"] and nested["seconds"]["stacked_baseline_fits"] > 0
     graded = json.loads((tiny_repo / "metrics/qa_graded.json").read_text())
     assert graded["n_judged_questions"] == 2 and all(f["n_train_judged"] > 0 for f in graded["folds"])
     # the cross-encoder's SQuAD row: the dev sample of the default cnn_squad table, the same questions

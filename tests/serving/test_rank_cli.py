@@ -89,7 +89,7 @@ def test_oversized_input_is_refused_before_it_is_read(tmp_path, monkeypatch):
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
         f.truncate(rank.MAX_INPUT_BYTES + 1)
-    with pytest.raises(MedrankError, match="more than one question's answers can be"):
+    with pytest.raises(MedrankError, match="more than a rank input can be"):
         rank.read_rank_input(str(big))
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b" " * (rank.MAX_INPUT_BYTES + 1))))
     with pytest.raises(MedrankError, match="<stdin>: more than 16 MiB"):
@@ -572,3 +572,112 @@ def test_edited_step_params_are_one_error_line(workdir, monkeypatch, capsys, tmp
     lines = error_lines(capsys.readouterr().err)
     assert e.value.code == 2 and len(lines) == 1, lines
     assert "retrieve/step.json: edited or damaged since it was saved" in lines[0] and "dvc repro retrieve" in lines[0]
+
+
+# ---------------------------------------------------------------- a file of questions: one batch
+
+
+def _batch_file(tmp_path: Path, n: int) -> Path:
+    one = json.loads((FIXTURES / "rank_input.json").read_text())
+    path = tmp_path / f"batch{n}.json"
+    path.write_text(json.dumps({"questions": [one] * n}))
+    return path
+
+
+def test_a_file_of_questions_is_ranked_as_one_batch(workdir, monkeypatch, capsys, tmp_path):
+    """`medrank rank` over `{"questions": [...]}` (/rank/batch's body): each question's record in input order, as
+    `Ranker.rank_many` ranks them, and the keep rule the batch was decided by (a fixed rule: the pick's)."""
+    from medrank.serving.rank import Ranker, read_rank_input
+
+    out = json.loads(_rank(workdir, monkeypatch, capsys, str(_batch_file(tmp_path, 3)), "--all"))
+    system = json.loads((workdir / "models" / "system.json").read_text())
+    assert out["keep"] == {"rule": system["keep_rule"], "fitted_on_batch": False, "questions": 3}
+    alone = json.loads(_rank(workdir, monkeypatch, capsys, str(FIXTURES / "rank_input.json"), "--all"))
+    assert len(out["results"]) == 3 and all(r["question"] == alone["question"] for r in out["results"])
+    together = Ranker.load("models").rank_many(read_rank_input(str(_batch_file(tmp_path, 3))))
+    for record, result in zip(out["results"], together):
+        kept = [a["id"] for a in record["answers"] if a["kept"]]
+        assert kept == result.loc[result["kept"]].sort_values("rank")["id"].tolist()
+    table = _rank(workdir, monkeypatch, capsys, str(_batch_file(tmp_path, 2)), "--format", "table")
+    assert table.count("question ") == 2 and table.rstrip().endswith(f"2 questions; keep rule {system['keep_rule']}")
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ({"questions": []}, "'questions' must be a non-empty list"),
+        ({"questions": [{"question": "q"}]}, "questions[0]: 'answers' must be a list"),
+        ({"questions": [], "x": 1}, "expected a JSON object with one key, 'questions'"),
+    ],
+)
+def test_a_bad_file_of_questions_is_one_line(tmp_path, body, says):
+    from medrank.serving.rank import read_rank_input
+
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(body))
+    with pytest.raises(MedrankError) as e:
+        read_rank_input(str(path))
+    assert str(e.value).startswith(f"{path}: ") and says in str(e.value) and "\n" not in str(e.value)
+
+
+def _adaptive_system(rule: str, cal: pd.DataFrame) -> dict:
+    from medrank.selection.decision import fit_keep_on
+    from medrank.selection.final_system import calibration_record
+
+    request = fit_keep_on("min_keep_1", cal, cal).to_json()
+    return {
+        "system": "baseline",
+        "mtl_weight": 0.0,
+        "keep": {"val": request, "test": request},  # the val / test batches' own fits: not a new batch's
+        "keep_rule": rule,
+        "order": "rank",
+        "request": {"val": request, "test": request},
+        "request_rule": "min_keep_1",
+        "calibration": {"val": calibration_record(cal), "test": calibration_record(cal)},
+    }
+
+
+@pytest.mark.parametrize("rule", ["em_guarded", "posterior_fraction"])
+def test_a_batch_adaptive_rule_is_refitted_on_a_file_of_enough_questions(rule):
+    """A rule that adapts to its batch is re-fitted on a file of at least MIN_BATCH_QUESTIONS questions (the smallest
+    batch the protocol scored it on), from system.json's calibration rows; a smaller batch, and the server (adapt off:
+    its micro-batches mix callers), get the request rule."""
+    from medrank.selection.decision import MIN_BATCH_QUESTIONS, Keep, fit_keep_on
+    from medrank.steps.system_step import SystemStep
+
+    rng = np.random.default_rng(5)
+    n = 300
+    cal = pd.DataFrame({"gid": [f"c{i // 10}" for i in range(n)], "label_true": (rng.random(n) < 0.3).astype(int)})
+    cal["prob"] = np.clip(0.25 + 0.4 * cal["label_true"] + 0.15 * rng.normal(size=n), 0.01, 0.99)
+    system = _adaptive_system(rule, cal)
+    rows = pd.DataFrame({"gid": [f"q{i // 4}" for i in range(4 * MIN_BATCH_QUESTIONS)]})
+    rows["prob"] = np.clip(0.5 + 0.2 * rng.normal(size=len(rows)), 0.01, 0.99)  # a batch with more correct answers
+    step = SystemStep(system, "final", None, None, None, adapt=True)
+    keep, how = step.keep_for(rows)
+    assert how == {"rule": rule, "fitted_on_batch": True, "questions": MIN_BATCH_QUESTIONS}
+    assert keep == fit_keep_on(rule, cal, rows) and keep != Keep.from_json(system["request"]["test"])
+    few = rows[rows["gid"] != "q0"]
+    assert step.keep_for(few) == (
+        Keep.from_json(system["request"]["test"]),
+        {"rule": "min_keep_1", "fitted_on_batch": False, "questions": MIN_BATCH_QUESTIONS - 1},
+    )
+    served = SystemStep(system, "final", None, None, None, adapt=False)
+    assert served.keep_for(rows)[1]["fitted_on_batch"] is False
+
+
+def test_the_system_record_of_a_batch_adaptive_pick_carries_its_calibration_rows():
+    from medrank.selection.final_system import system_record
+
+    decided = pd.DataFrame(
+        {
+            "part": "oof",
+            "gid": ["a", "a", "b"],
+            "split": ["train_liveqa", "train_liveqa", "val"],
+            "label_true": [1, 0, 1],
+        }
+    ).assign(prob=[0.9, 0.2, 0.7])
+    sel = {"weight": 0.0, "fits": {"val": {}, "test": {}}, "rule": "em_guarded", "order": "rank", "decided": decided}
+    got = system_record(sel)["calibration"]
+    assert got["val"] == {"gid": ["a", "a"], "label_true": [1, 0], "prob": [0.9, 0.2]}
+    assert got["test"] == {"gid": ["a", "a", "b"], "label_true": [1, 0, 1], "prob": [0.9, 0.2, 0.7]}
+    assert "calibration" not in system_record({**sel, "rule": "min_keep_1"})

@@ -1,9 +1,9 @@
-"""Task 2 decisions within a CHQ (medrank.task2.decisions): the rules on tiny cases, their CV and the nested CV's isolation."""
+"""Task 2 decisions within a CHQ (medrank.task2.rules): the rules on tiny cases, their CV and the nested CV's isolation."""
 
 import numpy as np
 import pytest
 
-from medrank.task2 import decisions as T
+from medrank.task2 import rules as T
 from medrank.core.errors import MedrankError
 
 # three CHQs: a (2 FAQs, one entailed), b (4 FAQs, two entailed), c (1 FAQ, not entailed)

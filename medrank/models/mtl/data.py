@@ -3,9 +3,10 @@ pair's NLI sentence grid and the RQE vector of (question, entailed question)."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -47,6 +48,18 @@ class MTLData:
         if any(g.ndim != 3 for g in self.grids) or len(hs) > 1:
             raise MedrankError(f"MTL data: grids must be 3-d (a, c, H) with one H, got H in {sorted(hs)}")
         self.pairs["gid"] = self.cand["gid"].to_numpy()[self.pairs["cand"].to_numpy()]
+
+    def with_columns(self, columns: Mapping[str, np.ndarray]) -> "MTLData":
+        """The same data (pairs, grids and their float32 copy shared, not copied) with `columns` added to `cand`:
+        what one fit reads beside the shared inputs (a stacked group's scores differ per fit)."""
+        bad = [k for k, v in columns.items() if len(v) != len(self.cand)]
+        if bad:
+            raise MedrankError(
+                f"MTL data: column {bad[0]} has {len(columns[bad[0]])} rows, the candidates {len(self.cand)}"
+            )
+        out = copy.copy(self)
+        out.cand = self.cand.assign(**{k: np.asarray(v) for k, v in columns.items()})
+        return out
 
     @property
     def hidden_size(self) -> int:

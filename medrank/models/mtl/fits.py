@@ -8,8 +8,9 @@ import importlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -35,7 +36,7 @@ class CVResult:
 @dataclass(frozen=True)
 class FitJob:
     """One fit_mtl_bag: `cfg` on the `train` questions with `seed`; then `predict` those questions (None: keep the
-    model; `keep_model`: both). Jobs are independent (each fit seeds itself), so any order and any number of processes
+    model; `keep_model`: both), the candidate table extended by `columns` for this fit alone. Jobs are independent (each fit seeds itself), so any order and any number of processes
     give the same bits."""
 
     cfg: MtlParams
@@ -45,6 +46,7 @@ class FitJob:
     seed: int
     label: str = ""
     keep_model: bool = False
+    columns: Mapping[str, np.ndarray] | None = None  # candidate columns of this fit only (a stacked group's scores)
 
 
 @dataclass
@@ -65,6 +67,8 @@ def _run_job(i: int) -> tuple[int, FitResult]:
     if threads:
         torch.set_num_threads(threads)
     job = jobs[i]
+    if job.columns:
+        data = data.with_columns(job.columns)
     t0 = time.perf_counter()
     model = fit_mtl_bag(data, list(job.train), job.cfg, job.make_builder, seed=job.seed, device=device)
     if job.predict is None:

@@ -1,5 +1,5 @@
 """The mtl stage's recipe: the MTL system's CV and LOSO (medrank.selection.experiment), its decision-rule variants, thresholds
-and the train-only / train+val models, in one batch of fits. Decisions: medrank.models.mtl.decisions."""
+and the train-only / train+val models, in one batch of fits. Decisions: medrank.models.mtl.ensembling."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from medrank.selection.decision import ENSEMBLE_MODES, choose_threshold, decide
 from medrank.selection.evaluation import evaluate_rows
 from medrank.selection.experiment import CV, LOSO, collect, plan
 from medrank.models.mtl.data import MTLData
-from medrank.models.mtl.decisions import ensembled
+from medrank.models.mtl.ensembling import ensembled
 from medrank.models.mtl.fits import FitJob, fit_many, labelled_gids
 from medrank.models.mtl.system import REFIT_SEED_OFFSET, MTLSystem
 from medrank.models.mtl.training import MTLBag

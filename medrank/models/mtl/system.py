@@ -8,13 +8,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
+from medrank.core.errors import MedrankError
 from medrank.selection.decision import decide
 from medrank.selection.experiment import CV, LOSO, Protocol, Refit, Scored, Task, experiment, reseeded, seed_spread_of
 from medrank.models.mtl.data import MTLData
-from medrank.models.mtl.decisions import decide_folds, ensembled
+from medrank.models.mtl.ensembling import decide_folds, ensembled
 from medrank.models.mtl.fits import FitJob, FitResult, cv_result, fit_many
 from medrank.params import MtlParams
 
@@ -36,6 +38,9 @@ class MTLSystem:
     workers: int = 1
     variants: dict[str, MtlParams] = field(default_factory=dict)
     name: str = ""
+    # (train, test) questions -> gid, aid + the columns of a stacked group (baseline_protocols.stacked_scores): each
+    # fit reads them for its own questions only (its training rows held out of the model that scored them)
+    stack: Callable[[Sequence[str], Sequence[str]], pd.DataFrame] | None = None
 
     def questions(self, gids: Sequence[str]) -> pd.DataFrame:
         split_of = self.data.cand.drop_duplicates("gid").set_index("gid")["split"]
@@ -54,9 +59,24 @@ class MTLSystem:
                 t.test,
                 t.seed + (REFIT_SEED_OFFSET if t.refit else t.fold),
                 f"{tag}{t.protocol} fold {t.fold + 1}/{n[t.protocol]}",
+                columns=self._stacked(t),
             )
             for t in tasks
         ]
+
+    def _stacked(self, t: Task) -> dict[str, np.ndarray] | None:
+        """The stacked group's columns for task `t`, aligned with the candidate table (NaN outside its questions)."""
+        if self.stack is None:
+            return None
+        rows = self.stack(t.train, t.test)
+        cand = self.data.cand[["gid", "aid"]]
+        m = cand.merge(rows, on=["gid", "aid"], how="left", validate="one_to_one")
+        cols = [c for c in rows.columns if c not in ("gid", "aid")]
+        need = cand["gid"].isin(set(t.train) | set(t.test or ())).to_numpy()
+        lacking = int(m.loc[need, cols].isna().any(axis=1).sum())
+        if lacking:
+            raise MedrankError(f"stacked scores: {lacking} candidate answers of {t.protocol}'s fold {t.fold} have none")
+        return {c: m[c].to_numpy(dtype=float) for c in cols}
 
     def run(self, tasks: Sequence[Task]) -> list[FitResult]:
         return fit_many(self.data, self.jobs(tasks), device=self.device, workers=self.workers)
@@ -135,11 +155,13 @@ def held_out_rows(
     seed: int,
     device: str | torch.device = "cpu",
     workers: int = 1,
+    stack: Callable[[Sequence[str], Sequence[str]], pd.DataFrame] | None = None,
 ) -> pd.DataFrame:
     """Rows for a nested selection (medrank.selection.nested): part oof (question-grouped CV over the `inner` questions),
     loso (leave one of `inner_sources` out; fold = its index) and test (the `outer` questions, by a model trained
-    on every inner question); columns part, gid, aid, fold, prob_mean, rank_key. No fit sees an outer question."""
-    system = MTLSystem(data, cfg, make_builder, device, workers, name="nested")
+    on every inner question); columns part, gid, aid, fold, prob_mean, rank_key. No fit sees an outer question
+    (`stack`: MTLSystem.stack, called with each fit's questions only)."""
+    system = MTLSystem(data, cfg, make_builder, device, workers, name="nested", stack=stack)
     protocols = [CV(cfg.cv_folds, seed), LOSO(tuple(inner_sources), seed), Refit(tuple(inner), tuple(outer), seed)]
     r = experiment({"mtl": system}, system.questions(inner), protocols)["mtl"]
     cols = ["part", "gid", "aid", "fold", "prob_mean", "rank_key"]
