@@ -165,18 +165,28 @@ def stacked_scores(
     scored by a fit that saw its question: the `train` questions' rows out of fold (question-grouped CV over them
     only, cfg's folds and seed) and the `test` questions' by a model fitted on every `train` question.
     -> gid, aid, stacked_rank_score, stacked_prob (train rows first)."""
-    r = _inner_experiment(table, cfg, tfidf, train, test, [])
-    rows = pd.concat([r["cv"].rows, r["test"].rows], ignore_index=True)
+    k = cfg.params.cv_folds  # each baseline fit also picks its threshold by a k-fold CV of its own rows
+    n_train = len(set(train) & set(table["gid"]))
+    zero = lambda gids: table[table["gid"].isin(set(gids))][["gid", "aid"]].assign(prob=0.0, rank_score=0.0)
+    if n_train >= 2 * k:
+        r = _inner_experiment(table, cfg, tfidf, train, test, [])
+        rows = pd.concat([r["cv"].rows, r["test"].rows], ignore_index=True)
+    elif n_train >= k:  # too few to hold training questions out (tiny profiles): they get no information, 0
+        r = _inner_experiment(table, cfg, tfidf, train, test, [], cv=False)
+        rows = pd.concat([zero(train), r["test"].rows], ignore_index=True)
+    else:  # too few for any baseline fit
+        rows = pd.concat([zero(train), zero(test)], ignore_index=True)
     return rows[["gid", "aid", *STACKED_COLUMNS]].rename(columns=STACKED_COLUMNS)
 
 
-def _inner_experiment(table, cfg: BaselineConfig, tfidf, inner, outer, more: list[Protocol]) -> dict:
-    """The baseline over the `inner` questions only: question-grouped CV, `more` protocols, and a refit on every
-    inner question scoring the `outer` ones (key "test")."""
+def _inner_experiment(table, cfg: BaselineConfig, tfidf, inner, outer, more: list[Protocol], cv: bool = True) -> dict:
+    """The baseline over the `inner` questions only: question-grouped CV (`cv` False: none),
+    `more` protocols, and a refit on every inner question scoring the `outer` ones (key "test")."""
     system = BaselineSystem(table, cfg, tfidf)
     questions = system.questions()
     questions = questions[questions["gid"].isin(set(inner))]
-    proto = [CV(cfg.params.cv_folds, cfg.seed), *more, Refit(tuple(questions["gid"]), tuple(outer), cfg.seed)]
+    first = [CV(cfg.params.cv_folds, cfg.seed)] if cv else []
+    proto = [*first, *more, Refit(tuple(questions["gid"]), tuple(outer), cfg.seed)]
     return experiment({"baseline": system}, questions, proto)["baseline"]
 
 

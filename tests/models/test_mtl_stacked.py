@@ -99,3 +99,16 @@ def test_with_columns_shares_the_inputs_and_checks_lengths(data):
     assert "x" in more.cand.columns and "x" not in data.cand.columns and more.grids is data.grids
     with pytest.raises(MedrankError, match="^MTL data: column x has 1 rows, the candidates"):
         data.with_columns({"x": np.zeros(1)})
+
+
+def test_a_fit_with_few_training_questions_still_gets_stacked_scores(data):
+    """Tiny profiles: with fewer than 2 x cv_folds training questions none can be held out of a baseline fit that
+    still picks its own threshold by CV: they get 0 (no information), never a score fitted on themselves."""
+    table = _labelled(data)
+    gids = list(pd.unique(table["gid"]))
+    few = stacked_scores(table, _cfg(), None, gids[:4], gids[24:26]).set_index("gid")
+    assert set(few.index) == set(gids[:4]) | set(gids[24:26]) and not few.isna().any().any()
+    assert (few.loc[gids[:4], ["stacked_rank_score", "stacked_prob"]] == 0.0).all().all()
+    assert (few.loc[gids[24:26], "stacked_prob"] != 0.0).any()  # the held-out ones by a baseline on the four
+    none = stacked_scores(table, _cfg(), None, gids[:1], gids[24:26])
+    assert (none[["stacked_rank_score", "stacked_prob"]] == 0.0).all().all()
