@@ -163,7 +163,8 @@ def stacked_scores(
 ) -> pd.DataFrame:
     """The baseline's scores as another model's input (group stacked: the MTL fed the baseline's score), with no row
     scored by a fit that saw its question: the `train` questions' rows out of fold (question-grouped CV over them
-    only, cfg's folds and seed) and the `test` questions' by a model fitted on every `train` question.
+    only, cfg's folds and seed) and the `test` questions' by a model fitted on every `train` question. Fewer training
+    questions than that CV needs (tiny profiles) get 0, no information.
     -> gid, aid, stacked_rank_score, stacked_prob (train rows first)."""
     k = cfg.params.cv_folds  # each baseline fit also picks its threshold by a k-fold CV of its own rows
     n_train = len(set(train) & set(table["gid"]))

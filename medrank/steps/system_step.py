@@ -173,15 +173,8 @@ class SystemStep(Composable):
             cal = pd.DataFrame(self.system["calibration"][target])
             return fit_keep_on(rule, cal, rows), {"rule": rule, "fitted_on_batch": True, "questions": n}
         request = self.system.get("request_rule")
-        return Keep.from_json(request_keep(self.system)[target]), {
+        return Keep.from_json(self.system["request"][target]), {
             "rule": request,
             "fitted_on_batch": False,
             "questions": n,
         }
-
-
-def request_keep(system: dict) -> dict:
-    """The keep fits a request is decided by: the pick's own (a fixed rule's fit is the same for any batch), or, for a
-    rule that adapts to its batch (system.json "request"), decision.REQUEST_RULE's fit on the same calibration rows:
-    one question is no batch, and a micro-batch mixes callers (SystemStep.keep_for: a file of questions may be one)."""
-    return system.get("request") or system["keep"]
