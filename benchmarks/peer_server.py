@@ -27,13 +27,13 @@ def encoder_settings(models: Path) -> dict:
         scores = Ranker.load(Path(models).resolve().name).pipeline.scores
     finally:
         os.chdir(here)
-    bi = scores.models.get("bienc")
+    bi = scores.models.get(f"encoders.{scores.p.bienc.encoder}")
     if bi is None:
         sys.exit("error: the decided system reads no bi-encoder: there is no like-for-like peer")
     return {
         "path": str(bi.path),
         "max_length": bi.max_length,
-        "precision": hardware_precision(bi.device, scores.p.bienc.precision),
+        "precision": hardware_precision(bi.device, scores.p.encoder_of("bienc").precision),
     }
 
 

@@ -1,6 +1,6 @@
 """Stage `agree` (analysis/dvc.yaml): group agree, the Task 3 README's own suggestion: how well each MEDIQA answer
 agrees with the answers of the MedQuAD questions its question entails (stage retrieve's rows that pass
-`rqe_threshold`), as stage bienc's mpnet cosine: the best and the mean over the entailed answers
+`rqe_threshold`), as the cosine of the encoder `agree.encoder` names (stage bienc's): the best and the mean over the entailed answers
 (medrank.task3.answer_scores.agreement_scores). Writes data/processed/agree_scores.parquet (split, qid, aid,
 agree_max_cos, agree_mean_cos, n_entailed) and metrics/agree.json (AUC against the label per labelled source, beside
 bienc_cos). A candidate of analysis.nested.variants (row with_agree); no default reads it.
@@ -32,7 +32,7 @@ def main(params_path: str = "params.yaml") -> None:
     columns = {c: table[c].to_numpy() for c in ("agree_max_cos", "agree_mean_cos")}
     metrics = {
         "answers": len(table),
-        "model": p.bienc.model,
+        "model": p.encoder_of("agree").model,
         "answers_with_an_entailed_answer": int((table["n_entailed"] > 0).sum()),
         "encode": stats,
         "auc": auc_by_source(answers, {"bienc_cos": bienc["bienc_cos"].to_numpy(), **columns}),

@@ -2,8 +2,8 @@
 answer too: medrank.data.judged) and of its heading with the question, and the question-type agreement of the
 question and the heading.
 
-One pass of the packaged MiniLM (mean pooling, unit vectors) over the normalized questions, answers
-(truncated to `bienc.max_length` tokens) and answer headings (`answer_scores.answer_heading`: the "focus (aspect)"
+One pass of the encoder `bienc.encoder` names in the encoders table (mean pooling, unit vectors) over the normalized
+questions, answers (truncated to its `max_length` tokens) and answer headings (`answer_scores.answer_heading`: the "focus (aspect)"
 title a CHiQA answer starts with). Vectors go through a content-addressed cache (data/cache/bienc, persist),
 so a re-run encodes only texts it has not seen. The question types come from a classifier fitted on the clean
 MedQuAD table (seed `seed`; `answer_scores.answer_qtype_scores`). Writes data/processed/bienc.parquet (split, qid,
@@ -38,7 +38,8 @@ def main(params_path: str = "params.yaml") -> None:
     # bienc.judged: the judged LiveQA answers too (baseline.judged_rows trains on them)
     judged = judged_answers(read_parquet(layout.JUDGED), answers) if bp.judged else None
     answers = with_judged(answers, judged)[["split", "qid", "aid", "question_norm", "answer_norm", "judged"]]
-    bi = SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)
+    enc = p.encoder_of("bienc")
+    bi = SentenceEncoder(enc.model, device=p.device, max_length=enc.max_length)
     qtypes = QuestionTypes(qtype_training_questions(), p.seed)
     table, stats = score_answers(answers, p, bi, qtypes=qtypes)
     write_parquet(table, layout.BIENC, BIENC_SCORES)

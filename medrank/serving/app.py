@@ -185,11 +185,10 @@ def fingerprints(ranker: "Ranker", models_dir: str) -> dict[str, str]:
         out[f"{layout.BASELINE_MODEL.name}/{f.name}"] = sha256_file(f)
     if p.system.mtl_meta is not None:
         out["mtl"] = str(p.system.mtl_meta.get("fingerprint") or p.system.mtl_meta.get("record_sha256") or "loaded")
-    encoders = {
-        "bienc": p.scores.models.get("bienc"),
+    encoders = {  # the scorers' models by their name (an encoders table entry: "encoders.<name>"), then the steps'
+        **{name: m for name, m in p.scores.models.items() if name.startswith("encoders.") or name == "qa"},
         "rqe": getattr(p.retrieve, "rqe", None),
         "nli": getattr(p.grids, "nli", None),
-        "qa": p.scores.models.get("qa"),
     }
     for name, enc in encoders.items():
         fp = getattr(enc, "fingerprint", None)

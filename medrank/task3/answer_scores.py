@@ -127,15 +127,15 @@ def agreement_from_vectors(
 
 def agreement_scores(answers: pd.DataFrame, retrieved: pd.DataFrame, p, bi=None) -> tuple[pd.DataFrame, dict]:
     """Group agree (the Task 3 README's suggestion): each normalized answer's cosine with the answers of the MedQuAD
-    questions its question entails (stage retrieve's rows that pass `rqe_threshold`), by stage bienc's bi-encoder at
-    its precision. The answers' vectors are read from stage bienc's cache (read-only: it is that stage's output; a
-    text it lacks is encoded, not stored); the entailed answers are encoded (a few hundred)."""
+    questions its question entails (stage retrieve's rows that pass `rqe_threshold`), by the encoder `agree.encoder`
+    names, at its precision. The answers' vectors are read from stage bienc's cache (read-only: it is that stage's
+    output; a text it lacks, e.g. every text when agree names another encoder than bienc, is encoded, not stored); the entailed answers are encoded (a few hundred)."""
     from medrank.core import layout
     from medrank.encoders.extract import cached_sentence_embeddings
     from medrank.encoders.hardware import hardware_precision
     from medrank.encoders.sentence_encoder import SentenceEncoder
 
-    bp = p.bienc
+    bp = p.encoder_of("agree")
     bi = bi or SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)
     precision = hardware_precision(bi.device, bp.precision)
     entailed = retrieved[retrieved["passes_threshold"].astype(bool)]
@@ -178,7 +178,7 @@ def passage_scores(
 ) -> tuple[pd.DataFrame, dict]:
     """(split, qid, aid, passage_max_cos, n_passages; the encoding stats): the best cosine between the question and a
     window of the answer (`answer_passages` over answer_sentences, else answer_norm), vectors at `bp.precision` through
-    the content-addressed cache. `pp`: the passages section, `bp`: bienc (batch size, precision)."""
+    the content-addressed cache. `pp`: the passages section, `bp`: its encoder (batch size, precision)."""
     from medrank.encoders.extract import cached_sentence_embeddings
     from medrank.encoders.hardware import hardware_precision
 
@@ -356,13 +356,13 @@ def qtype_training_questions() -> pd.DataFrame:
 
 def score_answers(answers: pd.DataFrame, p, bi=None, read_only: bool = False, qtypes=None) -> tuple[pd.DataFrame, dict]:
     """(split, qid, aid + bienc_cos, heading_cos, qtype_agree, qtype_match; the encoding stats) of `answers`, vectors
-    at `bienc.precision` through the persistent cache (only unseen texts are encoded; `read_only`: none is stored, the
+    at the precision of the encoder `bienc.encoder` names, through the persistent cache (only unseen texts are encoded; `read_only`: none is stored, the
     cache staying the stage's output): stage bienc; analysis/judged_rows.py scores the judged answers so."""
     from medrank.core import layout
     from medrank.encoders.sentence_encoder import SentenceEncoder
     from medrank.task3.qtype import QuestionTypes
 
-    bp = p.bienc
+    bp = p.encoder_of("bienc")
     bi = bi or SentenceEncoder(bp.model, device=p.device, max_length=bp.max_length)
     if not read_only:
         layout.CACHE_BIENC.mkdir(parents=True, exist_ok=True)  # a declared (persist) out, even with no answers
@@ -394,7 +394,7 @@ def bienc_metrics(answers: pd.DataFrame, labelled: pd.DataFrame, table: pd.DataF
     from medrank.encoders.hardware import resolve_device
     from medrank.encoders.runtime import BLAS_THREADS, runtime_info
 
-    bp = p.bienc
+    bp = p.encoder_of("bienc")
     mediqa = ~answers["judged"].to_numpy(dtype=bool)  # the means describe the MEDIQA answers
     sample = np.random.default_rng(p.seed).choice(len(answers), size=min(CHECK_ANSWERS, len(answers)), replace=False)
     q32 = bi.encode(answers["question_norm"].fillna("").iloc[sample].tolist(), "fp32", bp.batch_size)
@@ -446,22 +446,24 @@ AGREE_SCORES = answer_scores_schema(  # stage agree
 # `score(answers, groups) -> {column: array}` for new answers; the caches under data/cache are read, never written
 
 
-def _bienc(ctx) -> SentenceEncoder:
-    """The bi-encoder of groups bienc, heading and passage, loaded once per pipeline."""
+def _encoder(ctx, section: str) -> SentenceEncoder:
+    """The encoder `section` names (bienc: groups bienc and heading; passages: group passage), loaded once per pipeline
+    for every section that names it."""
     from medrank.encoders.sentence_encoder import SentenceEncoder
 
-    bp = ctx.p.bienc
-    return ctx.shared("bienc", lambda: SentenceEncoder(bp.model, device=ctx.device, max_length=bp.max_length))
+    name = getattr(ctx.p, section).encoder
+    bp = ctx.p.encoders[name]
+    return ctx.shared(f"encoders.{name}", lambda: SentenceEncoder(bp.model, device=ctx.device, max_length=bp.max_length))
 
 
 def cosine_scorer(ctx):
     """Groups bienc and heading: one encoding pass over the question, the answers and (where read) their headings."""
-    bi = _bienc(ctx)
+    bi = _encoder(ctx, "bienc")
 
     def score(answers: pd.DataFrame, groups: set[str]) -> dict[str, np.ndarray]:
         from medrank.core import layout
 
-        bp = ctx.p.bienc
+        bp = ctx.p.encoder_of("bienc")
         # only the cosines the system reads (stage bienc's answer_bienc_scores encodes both): a vector depends on its
         # batch's padded width, not on the other rows, and a heading, a prefix of its answer, is sorted after it and
         # sets no width, so the answers' bits stay the same (tests/serving/test_lean_pipeline.py)
@@ -487,7 +489,7 @@ def cosine_scorer(ctx):
 
 def passage_scorer(ctx):
     """Group passage: the best window's cosine (stage passages' step)."""
-    bi = _bienc(ctx)
+    bi = _encoder(ctx, "passages")
 
     def score(answers: pd.DataFrame, groups: set[str]) -> dict[str, np.ndarray]:
         from medrank.core import layout
@@ -497,7 +499,7 @@ def passage_scorer(ctx):
             bi,
             cache_root=ctx.caches.get("passages", layout.CACHE_PASSAGES),
             pp=ctx.p.passages,
-            bp=ctx.p.bienc,
+            bp=ctx.p.encoder_of("passages"),
             read_only=True,
         )
         return {"passage_max_cos": table["passage_max_cos"].to_numpy()}

@@ -137,7 +137,7 @@ def build_tiny_project(root: Path) -> Path:
         normalize={"preferred_names": False},
         retrieve={"bm25_top_k": 4},
         embed={"bi_encoder": str(bert), "max_sentences": 3, "prefilter_top_k": 2},
-        bienc={"model": str(bert), "max_length": 32},
+        encoders={"zero_shot": {"model": str(bert), "max_length": 32}},
     )
     # each step as its stage saves it: all `medrank rank` reads besides the models (no params.yaml, no data/)
     models = root / "models"
@@ -208,7 +208,7 @@ def use_tiny_baseline(
     for fit in ("final", "val"):
         model.save(root / "models" / "baseline" / f"{fit}.json")
     bert = bert or root / "bert"
-    recipe = Params(device="cpu", n_candidates=2, bienc={"model": str(bert), "max_length": 32})
+    recipe = Params(device="cpu", n_candidates=2, encoders={"zero_shot": {"model": str(bert), "max_length": 32}})
     save_step("passages", step_params(recipe, "passages"), models_dir=root / "models")
     keep = {"kind": "threshold", "value": 0.5, "min_keep": 1, "target_prior": None}
     write_sealed_json(

@@ -86,7 +86,7 @@ def test_stage_passages_writes_group_passage(tmp_path, monkeypatch, tiny_base):
     write_params(
         tmp_path,
         {
-            "bienc": {"model": str(tiny_base), "max_length": 32, "precision": "fp32"},
+            "encoders": {"zero_shot": {"model": str(tiny_base), "max_length": 32, "precision": "fp32"}},
             "passages": {"window_tokens": 16, "max_passages": 2},
         },
     )
@@ -118,8 +118,12 @@ def test_medrank_rank_scores_passages_as_the_stage_did(tmp_path, tiny_base):
 
     p = Params.model_validate(
         {
-            "bienc": {"model": str(tiny_base), "max_length": 32, "precision": "fp32", "batch_size": 4},
-            "passages": {"window_tokens": 16, "max_passages": 2},
+            # the passage group's own encoder (one owner per encoder): bienc keeps the default entry
+            "encoders": {
+                "zero_shot": {},
+                "windows": {"model": str(tiny_base), "max_length": 32, "precision": "fp32", "batch_size": 4},
+            },
+            "passages": {"encoder": "windows", "window_tokens": 16, "max_passages": 2},
         }
     )
     stage_cache = tmp_path / "cache"
@@ -128,11 +132,12 @@ def test_medrank_rank_scores_passages_as_the_stage_did(tmp_path, tiny_base):
         SentenceEncoder(str(tiny_base), device="cpu", max_length=32),
         cache_root=stage_cache,
         pp=p.passages,
-        bp=p.bienc,
+        bp=p.encoder_of("passages"),
     )
     save_step("passages", step_params(p, "passages"), {}, models_dir=tmp_path / "models")
     scores = AnswerScores.load({"passage"}, tmp_path / "models", device="cpu")
     assert scores.p.passages == p.passages  # the saved step's params, not params.yaml's
+    assert scores.p.encoder_of("passages") == p.encoders["windows"]
     # with the stage's cache (read only) and without any (a machine holding only models/): the stage's values
     for cache in (stage_cache, tmp_path / "absent"):
         scores.caches["passages"] = cache

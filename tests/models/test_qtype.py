@@ -123,7 +123,7 @@ def test_stage_bienc_writes_the_qtype_columns(tmp_path, monkeypatch, tiny_base):
     MEDQUAD.to_parquet(tmp_path / layout.CLEAN_MEDQUAD)
     NORMALIZED_LIVEQA_QRELS.empty_table().to_pandas().to_parquet(tmp_path / layout.JUDGED)  # no judged answers here
     # the tiny base, not the acquired mpnet: a test never depends on what the machine happens to have installed
-    write_params(tmp_path, {"seed": 0, "bienc": {"model": str(tiny_base)}})
+    write_params(tmp_path, {"seed": 0, "encoders": {"zero_shot": {"model": str(tiny_base)}}})
     n = len(ANSWERS)
     # the encoder is tested elsewhere (test_embed_cache): fixed cosines here
     monkeypatch.setattr(

