@@ -8,6 +8,11 @@ move an output (a refactor, an unused path); a change that can is a re-run of th
 
     python -m tests.helpers.relock_code medrank/encoders stages/embed.py   # rewrite these deps where stale, print each
     python -m tests.helpers.relock_code --check                            # exit 1 if any code dep is stale
+    python -m tests.helpers.relock_code --params nested_loso mtl_ablations # these stages' params values: today's
+
+`--params` is for a params change that cannot move the named stages' outputs (a key moved to its one owner, its value
+the same; a key the stage declares but whose outputs are independent of it): it records today's params.yaml values of
+each named stage's declared params, as `dvc commit -f` would, and nothing else.
 
 Name the paths your change touched: a dep left stale by an earlier change (a stage that should have re-run) stays so.
 """
@@ -73,11 +78,47 @@ def rewrite(lock_path: str, stages: dict[str, list[tuple[dict, dict]]]) -> None:
     write_text(lock_path, text)  # temp file, then rename
 
 
+def relock_params(names: list[str], dvc_files: tuple[str, ...] = DVC_FILES, root=REPO) -> list[str]:
+    """Rewrite the locked params values of the stages `names` to today's (DVC's own reading and serialisation);
+    the lock lines of each rewritten stage, printed."""
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+    from dvc.stage.serialize import _serialize_params_values
+    from dvc.utils.serialize import dump_yaml, parse_yaml_for_update
+
+    repo = Repo(str(root))
+    done: list[str] = []
+    for dvc_file in dvc_files:
+        lock_path = root / dvc_file.replace("dvc.yaml", "dvc.lock")
+        lock = parse_yaml_for_update(lock_path.read_text(), str(lock_path))
+        changed = False
+        for stage in repo.index.stages:
+            if stage.path != str(root / dvc_file) or stage.name not in names or stage.name not in lock["stages"]:
+                continue
+            params = [d for d in stage.deps if isinstance(d, ParamsDependency)]
+            for dep in params:
+                dep.save()
+            lock["stages"][stage.name]["params"] = _serialize_params_values(params)
+            changed = True
+            done.append(f"{lock_path.name}: {stage.name}")
+        if changed:
+            dump_yaml(str(lock_path), lock)
+    missing = sorted(set(names) - {d.split(": ")[1] for d in done})
+    if missing:
+        raise SystemExit(f"no locked stage named {', '.join(missing)}")
+    return done
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="*", help="the code deps to rewrite (default with --check: every one)")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--params", nargs="+", metavar="STAGE", help="record today's params values of these stages")
     args = ap.parse_args()
+    if args.params:
+        for line in relock_params(args.params):
+            print(f"{line}: params recorded")
+        return
     if not args.paths and not args.check:
         ap.error("name the code deps your change touched (or --check)")
     stale = stale_code_deps([p.rstrip("/") for p in args.paths] or None)

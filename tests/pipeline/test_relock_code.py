@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.relock_code import rewrite, stale_code_deps
+from tests.helpers.relock_code import relock_params, rewrite, stale_code_deps
 
 ENCODERS = """    - path: medrank/encoders
       hash: md5
@@ -38,6 +38,29 @@ def test_rewrite_changes_the_named_stages_entries_only(tmp_path):
     assert "md5: ccc.dir\n      size: 12\n      nfiles: 3\n" in embed and "md5: bbb\n      size: 5\n" in embed
     assert score == LOCK.split("  score:\n")[1]  # the same dep of another stage is untouched
     assert text.count("\n") == LOCK.count("\n")
+
+
+def test_relock_params_records_todays_values_of_the_named_stages_only(tmp_path):
+    """A key moved to its one owner (the value the same): the named stage's locked params become today's, as
+    `dvc commit -f` writes them; another stage's stay."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q", "--no-scm"], cwd=tmp_path, check=True)
+    (tmp_path / "params.yaml").write_text("a: {x: 1}\nkeep: [min_keep_1]\n")
+    stages = {n: {"cmd": "true", "params": ["a", "keep"]} for n in ("one", "two")}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    old = {"a": {"x": 1, "min_keep": 1}}  # before: the section spelled the key
+    lock = {"schema": "2.0", "stages": {n: {"cmd": "true", "params": {"params.yaml": old}} for n in stages}}
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
+    assert relock_params(["one"], ("dvc.yaml",), root=tmp_path) == ["dvc.lock: one"]
+    got = yaml.safe_load((tmp_path / "dvc.lock").read_text())["stages"]
+    assert got["one"]["params"] == {"params.yaml": {"a": {"x": 1}, "keep": ["min_keep_1"]}}
+    assert got["two"]["params"] == {"params.yaml": old}
+    with pytest.raises(SystemExit, match="no locked stage named nope"):
+        relock_params(["nope"], ("dvc.yaml",), root=tmp_path)
 
 
 @pytest.mark.checkout
