@@ -27,6 +27,7 @@ from medrank.params.pipeline import (
 )
 from medrank.params.groups import ANALYSIS_GROUPS, BIENC_GROUPS, STACKED_GROUPS
 from medrank.params.rankers import (
+    DEFAULT_ENCODER,
     ENCODER_SECTIONS,
     AgreeParams,
     AnalysisParams,
@@ -401,8 +402,8 @@ STEP_PARAMS: dict[str, tuple[str, tuple[str, ...]]] = {  # step: (the stage that
     "normalize": ("normalize", ("normalize",)),
     "retrieve": ("retrieve", ("n_candidates", "rqe_threshold", "retrieve")),
     "grids": ("embed", ("embed",)),
-    "answer_scores": ("bienc", ("seed", "encoders", "bienc")),  # seed: the question-type classifier of group qtype
-    "passages": ("passages", ("encoders", "passages")),  # group passage: its encoder over the answer's windows
+    "answer_scores": ("bienc", ("seed", "bienc")),  # seed: the question-type classifier of group qtype
+    "passages": ("passages", ("passages",)),  # group passage: its encoder over the answer's windows
     "cnn_scores": ("cnn_mediqa", ("cnn.mediqa_aggregation",)),
 }
 
@@ -411,18 +412,43 @@ _PLACEMENT = {"retrieve": {"backend", "workers", "ray"}, "embed": {"backend", "w
 
 
 def step_params(p: Params, step: str) -> dict:
-    """The params keys of `step` (STEP_PARAMS) as a nested dict, less where extraction runs."""
+    """The params keys of `step` (STEP_PARAMS) as a nested dict, less where extraction runs; a section that names an
+    encoder is recorded with that encoder's fields in place of its name (the values the step ran with: a recipe
+    depends on no name of the encoders table, and renaming an entry changes no saved step)."""
     out: dict = {}
     for key in STEP_PARAMS[step][1]:
         section, _, field = key.partition(".")
         value = p.model_dump(mode="json", include={section}, exclude=_PLACEMENT)[section]
+        if section in ENCODER_SECTIONS and not field:
+            value = {**{k: v for k, v in value.items() if k != "encoder"}, **p.encoder_of(section).model_dump(mode="json")}
         out[section] = {field: value[field]} if field else value
     return out
+
+
+def _tabled(recipe: dict) -> dict:
+    """A saved recipe's sections with their encoder in place (step_params) as the encoders table: one entry per distinct
+    encoder (two sections with the same one share it, and a scorer loads it once), each section naming its entry; a
+    section without encoder fields names the default entry (a step saved before the table: passages read bienc's)."""
+    fields = set(EncoderParams.model_fields)
+    recipe, table = dict(recipe), dict(recipe.get("encoders") or {})
+    for section in ENCODER_SECTIONS:
+        value = recipe.get(section)
+        if not isinstance(value, dict) or not fields & set(value):
+            continue
+        encoder = {k: v for k, v in value.items() if k in fields}
+        name = next((n for n, e in table.items() if e == encoder), None)
+        if name is None:
+            name = DEFAULT_ENCODER if DEFAULT_ENCODER not in table else section
+            table[name] = encoder
+        recipe[section] = {**{k: v for k, v in value.items() if k not in fields}, "encoder": name}
+    if table:
+        recipe["encoders"] = table
+    return recipe
 
 
 def recipe_params(recipe: dict, where: str) -> Params:
     """Params of a saved inference recipe (sections it does not hold get their defaults; nothing read from params.yaml)."""
     try:
-        return Params.model_validate(recipe)
+        return Params.model_validate(_tabled(recipe))
     except ValidationError as e:
         raise MedrankError(_format_error(Path(where), e)) from None

@@ -728,3 +728,30 @@ def test_each_encoder_has_one_owner(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(MedrankError, match=r": encoders.windows.max_length: Input should be greater than or equal to 16"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_a_saved_step_records_its_encoder_resolved(tmp_path):
+    """models/steps/ record each section with its encoder's values in place of the table's name: renaming an entry
+    changes no saved step (the answer-score step keeps the bits it had before the table), and a recipe read back
+    shares one entry between sections that ran with the same encoder (a scorer loads it once)."""
+    from medrank.params import load_params, recipe_params, step_params
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    p = load_params(tmp_path / "params.yaml")
+    enc = raw["encoders"]["zero_shot"]
+    assert step_params(p, "answer_scores")["bienc"] == {**enc, "judged": raw["bienc"]["judged"]}
+    renamed = {**raw, "encoders": {"other": enc}, "bienc": {**raw["bienc"], "encoder": "other"}}
+    renamed["passages"] = {**raw["passages"], "encoder": "other"}
+    renamed["agree"] = {"encoder": "other"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(renamed))
+    q = load_params(tmp_path / "params.yaml")
+    for step in ("answer_scores", "passages"):
+        assert step_params(q, step) == step_params(p, step)
+    merged = {**step_params(p, "answer_scores"), **step_params(p, "passages")}
+    back = recipe_params(merged, "models/steps")
+    assert back.bienc.encoder == back.passages.encoder and len(back.encoders) == 1
+    assert back.encoder_of("passages") == p.encoder_of("passages")
+    # a passage step saved before the table (it read bienc's encoder) beside the answer-score step
+    old = {**step_params(p, "answer_scores"), "passages": {"window_tokens": 16, "max_passages": 2}}
+    assert recipe_params(old, "models/steps").encoder_of("passages") == p.encoder_of("bienc")
