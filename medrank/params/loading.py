@@ -420,7 +420,10 @@ def step_params(p: Params, step: str) -> dict:
         section, _, field = key.partition(".")
         value = p.model_dump(mode="json", include={section}, exclude=_PLACEMENT)[section]
         if section in ENCODER_SECTIONS and not field:
-            value = {**{k: v for k, v in value.items() if k != "encoder"}, **p.encoder_of(section).model_dump(mode="json")}
+            value = {
+                **{k: v for k, v in value.items() if k != "encoder"},
+                **p.encoder_of(section).model_dump(mode="json"),
+            }
         out[section] = {field: value[field]} if field else value
     return out
 

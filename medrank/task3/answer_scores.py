@@ -453,7 +453,9 @@ def _encoder(ctx, section: str) -> SentenceEncoder:
 
     name = getattr(ctx.p, section).encoder
     bp = ctx.p.encoders[name]
-    return ctx.shared(f"encoders.{name}", lambda: SentenceEncoder(bp.model, device=ctx.device, max_length=bp.max_length))
+    return ctx.shared(
+        f"encoders.{name}", lambda: SentenceEncoder(bp.model, device=ctx.device, max_length=bp.max_length)
+    )
 
 
 def cosine_scorer(ctx):

