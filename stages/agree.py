@@ -1,6 +1,7 @@
 """Stage `agree` (analysis/dvc.yaml): group agree, the Task 3 README's own suggestion: how well each MEDIQA answer
 agrees with the answers of the MedQuAD questions its question entails (stage retrieve's rows that pass
-`rqe_threshold`), as the cosine of the encoder `agree.encoder` names (stage bienc's): the best and the mean over the entailed answers
+`rqe_threshold`), as the cosine of the encoder `agree.encoder` names (stage bienc's): the best and the mean over the
+entailed answers
 (medrank.task3.answer_scores.agreement_scores). Writes data/processed/agree_scores.parquet (split, qid, aid,
 agree_max_cos, agree_mean_cos, n_entailed) and metrics/agree.json (AUC against the label per labelled source, beside
 bienc_cos). A candidate of analysis.nested.variants (row with_agree); no default reads it.

@@ -4,7 +4,8 @@ window of the answer.
 Stage bienc reads an answer's first `max_length` tokens (of its encoder); half the MEDIQA answers are longer, and for a
 quarter the best-matching window is past the first. Here each answer's sentences are packed into windows of up to
 `passages.window_tokens` tokens (its first `passages.max_passages` windows) and encoded by the encoder
-`passages.encoder` names in the encoders table (by default bienc's), at its precision, through a content-addressed cache (data/cache/passages, persist: a re-run encodes only unseen
+`passages.encoder` names in the encoders table (by default bienc's), at its precision, through a content-addressed
+cache (data/cache/passages, persist: a re-run encodes only unseen
 texts). Writes data/processed/passage_scores.parquet (split, qid, aid, passage_max_cos, n_passages), read by the
 baseline's filter (`baseline.filter_only`), medrank rank's passage step (the params it ran with) and
 metrics/passages.json (windows, encoding, the score's AUC per labelled source beside bienc_cos, seconds).

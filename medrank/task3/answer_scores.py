@@ -129,7 +129,8 @@ def agreement_scores(answers: pd.DataFrame, retrieved: pd.DataFrame, p, bi=None)
     """Group agree (the Task 3 README's suggestion): each normalized answer's cosine with the answers of the MedQuAD
     questions its question entails (stage retrieve's rows that pass `rqe_threshold`), by the encoder `agree.encoder`
     names, at its precision. The answers' vectors are read from stage bienc's cache (read-only: it is that stage's
-    output; a text it lacks, e.g. every text when agree names another encoder than bienc, is encoded, not stored); the entailed answers are encoded (a few hundred)."""
+    output; a text it lacks, e.g. every text when agree names another encoder than bienc, is encoded, not stored);
+    the entailed answers are encoded (a few hundred)."""
     from medrank.core import layout
     from medrank.encoders.extract import cached_sentence_embeddings
     from medrank.encoders.hardware import hardware_precision
@@ -356,7 +357,8 @@ def qtype_training_questions() -> pd.DataFrame:
 
 def score_answers(answers: pd.DataFrame, p, bi=None, read_only: bool = False, qtypes=None) -> tuple[pd.DataFrame, dict]:
     """(split, qid, aid + bienc_cos, heading_cos, qtype_agree, qtype_match; the encoding stats) of `answers`, vectors
-    at the precision of the encoder `bienc.encoder` names, through the persistent cache (only unseen texts are encoded; `read_only`: none is stored, the
+    at the precision of the encoder `bienc.encoder` names, through the persistent cache (only unseen texts are
+    encoded; `read_only`: none is stored, the
     cache staying the stage's output): stage bienc; analysis/judged_rows.py scores the judged answers so."""
     from medrank.core import layout
     from medrank.encoders.sentence_encoder import SentenceEncoder
