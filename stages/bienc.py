@@ -4,8 +4,7 @@ question and the heading.
 
 One pass of the encoder `bienc.encoder` names in the encoders table (mean pooling, unit vectors) over the normalized
 questions, answers (truncated to its `max_length` tokens) and answer headings (`answer_scores.answer_heading`: the
-"focus (aspect)"
-title a CHiQA answer starts with). Vectors go through a content-addressed cache (data/cache/bienc, persist),
+"focus (aspect)" title a CHiQA answer starts with). Vectors go through a content-addressed cache (data/cache/bienc, persist),
 so a re-run encodes only texts it has not seen. The question types come from a classifier fitted on the clean
 MedQuAD table (seed `seed`; `answer_scores.answer_qtype_scores`). Writes data/processed/bienc.parquet (split, qid,
 aid, bienc_cos, heading_cos, qtype_agree, qtype_match), read by the baseline and mtl stages (feature groups `bienc`,
