@@ -8,6 +8,16 @@ per slice), so load from other processes hits them alike. Prints texts/s, the ra
 cosine tolerance, the share of the bf16 / fp32 matmul peak, and max |1 - cos| against medrank fp32.
 
     python benchmarks/bienc.py [--texts 256] [--max-length 256] [--threads N]
+
+With --request K: a served request instead (issue 65), the 10-answer validation questions' texts (question + answers,
+normalized, as /rank encodes them), one question at a time, K of them in turns: medrank at --precision with the
+stages' batching (one batch padded to the longest: one OpenVINO stream busy) and with serving's
+(`request_batches`: each text at its own width, the call shared by the streams), and the peer (sentence-transformers
+fp32, batch 32). Prints the median seconds per question, the ratio to the question's compute floor (its useful
+FLOPs at the measured matmul peak of the precision on these threads) and whether the two batchings' vectors are the
+same bits.
+
+    python benchmarks/bienc.py --request 5 [--precision openvino-fp32] [--threads N]
 """
 
 from __future__ import annotations
@@ -51,21 +61,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--request", type=int, default=0, help="time K served requests instead (validation questions)")
+    ap.add_argument("--precision", default="openvino-fp32", help="medrank's precision in --request mode")
     args = ap.parse_args()
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
+    if args.request:
+        return request_rows(args, threads)
     answers = pd.read_parquet(layout.NORMALIZED / "answers.parquet", columns=["answer_norm"])["answer_norm"]
     rng = np.random.default_rng(13)
     texts = answers.fillna("").iloc[rng.choice(len(answers), args.texts, replace=False)].tolist()
 
     ours = SentenceEncoder(args.model, device="cpu", max_length=args.max_length)
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-
-    # the model card's pipeline (transformer, mean pooling, L2 normalisation), built from its modules: the packaged
-    # folder's pooling config predates this sentence-transformers' keyword names
-    body = Transformer(str(resolve_model_path(args.model)), max_seq_length=args.max_length)
-    st = SentenceTransformer(modules=[body, Pooling(ours.hidden, "mean"), Normalize()], device="cpu")
+    st = peer_model(ours, args.model, args.max_length)
     st_cast = copy.deepcopy(st).to(torch.bfloat16)  # the peer at its own bf16: weights cast
     tokens = np.array([len(x) for x in ours.tokenizer(texts, truncation=True, max_length=args.max_length)["input_ids"]])
     fpt = flops_per_text(ours.model.config, tokens)
@@ -123,6 +131,77 @@ def main() -> None:
     for name, prec, rate, d in rows:
         share = 100 * rate * fpt / 1e9 / peak["fp32" if prec.endswith("fp32") else "bf16"]
         print(f"| {name} | {prec} | {rate:.2f} | {rate / best_peer_rate:.2f} | {share:.1f}% | {d:.5f} |")
+
+
+def peer_model(ours: SentenceEncoder, model: str, max_length: int):
+    """sentence-transformers on the same weights: the model card's pipeline (transformer, mean pooling, L2
+    normalisation), built from its modules (the packaged folder's pooling config predates its keyword names)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    body = Transformer(str(resolve_model_path(model)), max_seq_length=max_length)
+    return SentenceTransformer(modules=[body, Pooling(ours.hidden, "mean"), Normalize()], device="cpu")
+
+
+def request_rows(args, threads: int) -> None:
+    """One served request at a time: the stages' batching, serving's, and the peer, in turns on the same questions."""
+    import statistics
+
+    answers = pd.read_parquet(
+        layout.NORMALIZED / "answers.parquet", columns=["split", "qid", "question_norm", "answer_norm"]
+    )
+    val = answers[answers["split"] == "val"].fillna("")
+    questions = [
+        [g["question_norm"].iloc[0], *g["answer_norm"].tolist()]
+        for _, g in val.groupby("qid", sort=False)
+        if len(g) == 10
+    ][: args.request]
+    ours = SentenceEncoder(args.model, device="cpu", max_length=args.max_length)
+    st = peer_model(ours, args.model, args.max_length)
+    prec = args.precision
+    fp = torch.float32 if prec.endswith("fp32") else torch.bfloat16
+    peak = matmul_peak(fp)
+
+    def medrank(parts):
+        def run(texts):
+            ours.parts = parts
+            return ours.encode(texts, prec, 32)
+
+        return run
+
+    methods = {
+        f"medrank {prec}, the stages' batching": medrank(1),
+        f"medrank {prec}, serving's batching": medrank(max(2, threads)),
+        "ST fp32 b32 (peer)": lambda texts: np.asarray(st.encode(texts, batch_size=32, normalize_embeddings=True)),
+    }
+    for fn in methods.values():
+        fn(questions[0])  # warm: graphs compiled
+    seconds: dict[str, list[float]] = {k: [] for k in methods}
+    same = True
+    floors = []
+    for texts in questions:
+        tokens = np.array(
+            [len(x) for x in ours.tokenizer(texts, truncation=True, max_length=args.max_length)["input_ids"]]
+        )
+        floors.append(flops_per_text(ours.model.config, tokens) * len(tokens) / (peak * 1e9))
+        outs = {}
+        for name, fn in methods.items():
+            t = time.perf_counter()
+            outs[name] = fn(texts)
+            seconds[name].append(time.perf_counter() - t)
+        a, b = (outs[k] for k in list(methods)[:2])
+        same = same and bool(np.array_equal(a, b))
+    floor = statistics.median(floors)
+    print(
+        f"{len(questions)} served requests (10-answer validation questions, 11 texts each); model {args.model}; CPU flags "
+        f"{','.join(cpu_flags())}; threads {threads}; {prec} matmul peak {peak:.1f} GFLOP/s; median floor {floor:.3f} s; "
+        f"the two batchings' vectors the same bits: {same}\n"
+    )
+    print("| method | median s | min s | max s | x floor |")
+    print("|---|---|---|---|---|")
+    for name, ts in seconds.items():
+        med = statistics.median(ts)
+        print(f"| {name} | {med:.3f} | {min(ts):.3f} | {max(ts):.3f} | {med / floor:.2f} |")
 
 
 if __name__ == "__main__":

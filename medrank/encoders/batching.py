@@ -51,6 +51,32 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int, max_tokens: i
     return batches
 
 
+def request_batches(
+    lengths: Sequence[int], batch_size: int, max_length: int, parts: int, max_tokens: int = 16384
+) -> list[np.ndarray]:
+    """Batches of one request's texts for `parts` streams at once, longest first: every text is padded to its own
+    width (a batch never mixes widths, so each vector is the text's vector encoded alone, whatever is beside it),
+    and a batch holds at most 1/parts of the call's padded tokens, so a question's ten answers keep every stream
+    busy instead of one. Serving's batching (the stages keep `length_sorted_batches`: their bits are locked)."""
+    if batch_size < 1 or parts < 1:
+        raise ValueError("batch_size and parts must be >= 1")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    widths = [padded_width(max(int(n), 1), max_length) for n in lengths]
+    cap = max(1, min(max_tokens, -(-sum(widths) // parts)))
+    batches: list[np.ndarray] = []
+    current: list[int] = []
+    for i in np.argsort(-lengths, kind="stable"):
+        if current and (
+            widths[i] != widths[current[0]] or len(current) >= batch_size or (len(current) + 1) * widths[i] > cap
+        ):
+            batches.append(np.asarray(current))
+            current = []
+        current.append(int(i))
+    if current:
+        batches.append(np.asarray(current))
+    return batches
+
+
 def bucketed_shuffle_batches(
     lengths: Sequence[int], batch_size: int, rng: np.random.Generator, bucket_batches: int = 50
 ) -> list[np.ndarray]:

@@ -6,10 +6,12 @@ bf16 kernels. The stage's thread count runs as that many streams of one thread e
 stream (`OpenVinoModel.map`): these encoders' matrices are too small to keep two threads busy on one batch (on 2
 cores 1.1x one 2-thread stream for the NLI cross-encoder, 1.0-1.3x for the mpnet bi-encoder:
 benchmarks/results/extraction-openvino-streams-*, bienc-streams-*), and a batch's outputs are
-the same bits whichever stream runs it. The same tokenized, length-sorted, padded batches go in as on the torch
-path, and the outputs come back as torch tensors, so pooling and probabilities are computed as before. The
-precision's name is part of each cache namespace (encoders.cache.namespace_name), so a cache written by the torch
-path is never read as this path's, and the choice is explicit in params.yaml (`auto` never picks it).
+the same bits whichever stream runs it. A served request's few texts would make one batch and so run on one
+stream: serving cuts them into width-pure pieces that every stream shares (`encoders.batching.request_batches`).
+The same tokenized, length-sorted, padded batches go in as on the torch path, and the outputs come back as torch
+tensors, so pooling and probabilities are computed as before. The precision's name is part of each cache namespace
+(encoders.cache.namespace_name), so a cache written by the torch path is never read as this path's, and the choice
+is explicit in params.yaml (`auto` never picks it).
 """
 
 from __future__ import annotations

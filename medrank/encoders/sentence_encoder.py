@@ -22,7 +22,7 @@ from medrank.encoders.weights import (
     save_checkpoint,
     verify_saved,
 )
-from medrank.encoders.batching import length_sorted_batches, padded_width
+from medrank.encoders.batching import length_sorted_batches, padded_width, request_batches
 from medrank.core.errors import MedrankError
 
 
@@ -50,6 +50,9 @@ class SentenceEncoder(PrecisionCopies):
         self.memo = (
             None  # a VectorMemo (medrank.encoders.memo) cached_sentence_embeddings reads: a server's, across requests
         )
+        # 1: the stages' batching (length-sorted, batch_size at a time); n > 1: a served request's, for n streams at
+        # once, each text padded to its own width (encoders.batching.request_batches; set by serving's scorers)
+        self.parts = 1
 
     @property
     def model(self) -> torch.nn.Module:
@@ -85,7 +88,11 @@ class SentenceEncoder(PrecisionCopies):
             return out
         enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length, padding=False)
         ids = enc["input_ids"]
-        batches = length_sorted_batches([len(x) for x in ids], batch_size, max_tokens=16384)
+        lengths = [len(x) for x in ids]
+        if self.parts > 1:  # served: each text as if alone, the call shared by the streams
+            batches = request_batches(lengths, batch_size, self.max_length, self.parts)
+        else:
+            batches = length_sorted_batches(lengths, batch_size, max_tokens=16384)
 
         def collate(idx) -> dict[str, torch.Tensor]:
             width = padded_width(max(len(ids[i]) for i in idx), self.max_length)

@@ -455,9 +455,17 @@ def _encoder(ctx, section: str) -> SentenceEncoder:
 
     name = getattr(ctx.p, section).encoder
     bp = ctx.p.encoders[name]
-    return ctx.shared(
-        f"encoders.{name}", lambda: SentenceEncoder(bp.model, device=ctx.device, max_length=bp.max_length)
-    )
+
+    def load() -> SentenceEncoder:
+        import torch
+
+        encoder = SentenceEncoder(bp.model, device=ctx.device, max_length=bp.max_length)
+        # a request's texts shared by the process's threads (one OpenVINO stream each), every text padded to its own
+        # width: its vector is the text's encoded alone, the same bits for any thread count or texts beside it
+        encoder.parts = max(2, torch.get_num_threads())  # >= 2: the request batching even on one thread
+        return encoder
+
+    return ctx.shared(f"encoders.{name}", load)
 
 
 def cosine_scorer(ctx):
@@ -468,9 +476,9 @@ def cosine_scorer(ctx):
         from medrank.core import layout
 
         bp = ctx.p.encoder_of("bienc")
-        # only the cosines the system reads (stage bienc's answer_bienc_scores encodes both): a vector depends on its
-        # batch's padded width, not on the other rows, and a heading, a prefix of its answer, is sorted after it and
-        # sets no width, so the answers' bits stay the same (tests/serving/test_lean_pipeline.py)
+        # only the cosines the system reads (stage bienc's answer_bienc_scores encodes both): each served vector is its
+        # text's encoded alone (`_encoder`), so leaving the headings out moves no answer's bits
+        # (tests/serving/test_lean_pipeline.py)
         answer = answers["answer_norm"].fillna("").astype(str)
         texts = {}
         if "bienc" in groups or ctx.every_cosine:

@@ -12,7 +12,13 @@ import torch
 from medrank.encoders import hardware, runtime, weights
 from medrank.encoders.hardware import pick_precision, probe_precision, resolve_device
 from medrank.encoders.weights import DEFAULT_MODEL, DEFAULT_MODEL_SHA256, model_fingerprint, resolve_model_path
-from medrank.encoders.batching import bucketed_shuffle_batches, dedup, length_sorted_batches, padded_width
+from medrank.encoders.batching import (
+    bucketed_shuffle_batches,
+    dedup,
+    length_sorted_batches,
+    padded_width,
+    request_batches,
+)
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.core.errors import MedrankError
 from medrank.core.io import RECORD_SHA256, write_sealed_json
@@ -48,6 +54,21 @@ def test_length_sorted_batches_cover_all_once_longest_first():
     # the token budget shrinks batches of long items
     capped = length_sorted_batches([100, 100, 100, 10, 10, 10], 3, max_tokens=200)
     assert [len(b) for b in capped] == [2, 2, 2]
+
+
+def test_request_batches_never_mix_widths_and_share_the_tokens():
+    lengths = [70, 103, 134, 256, 256, 256, 179, 73, 256, 156, 256]  # a validation question and its 10 answers
+    batches = request_batches(lengths, 32, 256, parts=2)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(11))
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+    widths = [{padded_width(lengths[i], 256) for i in b} for b in batches]
+    assert all(len(w) == 1 for w in widths)  # one width per batch: its own for every text
+    assert [len(b) for b in batches] == [4, 1, 1, 1, 1, 1, 2]  # 2,048 padded tokens: at most 1,024 a batch
+    assert [len(b) for b in request_batches([256] * 11, 32, 256, parts=2)] == [5, 5, 1]
+    assert [len(b) for b in request_batches([5, 5, 5], 2, 256, parts=1)] == [2, 1]  # batch_size still caps
+    with pytest.raises(ValueError):
+        request_batches([5], 8, 256, parts=0)
 
 
 def test_bucketed_shuffle_is_seeded_and_complete():
