@@ -55,9 +55,9 @@ def request_batches(
     lengths: Sequence[int], batch_size: int, max_length: int, parts: int, max_tokens: int = 16384
 ) -> list[np.ndarray]:
     """Batches of one request's texts for `parts` streams at once, longest first: every text is padded to its own
-    width (a batch never mixes widths, so each vector is the text's vector encoded alone, whatever is beside it),
-    and a batch holds at most 1/parts of the call's padded tokens, so a question's ten answers keep every stream
-    busy instead of one. Serving's batching (the stages keep `length_sorted_batches`: their bits are locked)."""
+    width (a batch never mixes widths, so a text's width does not depend on the texts beside it or on `parts`), and
+    a batch holds at most 1/parts of the call's padded tokens, so a question's ten answers keep every stream busy
+    instead of one. Serving's batching (the stages keep `length_sorted_batches`: their bits are locked)."""
     if batch_size < 1 or parts < 1:
         raise ValueError("batch_size and parts must be >= 1")
     lengths = np.asarray(lengths, dtype=np.int64)

@@ -461,7 +461,7 @@ def _encoder(ctx, section: str) -> SentenceEncoder:
 
         encoder = SentenceEncoder(bp.model, device=ctx.device, max_length=bp.max_length)
         # a request's texts shared by the process's threads (one OpenVINO stream each), every text padded to its own
-        # width: its vector is the text's encoded alone, the same bits for any thread count or texts beside it
+        # width: the same bits for any thread count (tests/encoders/test_openvino_path.py)
         encoder.parts = max(2, torch.get_num_threads())  # >= 2: the request batching even on one thread
         return encoder
 
@@ -476,9 +476,9 @@ def cosine_scorer(ctx):
         from medrank.core import layout
 
         bp = ctx.p.encoder_of("bienc")
-        # only the cosines the system reads (stage bienc's answer_bienc_scores encodes both): each served vector is its
-        # text's encoded alone (`_encoder`), so leaving the headings out moves no answer's bits
-        # (tests/serving/test_lean_pipeline.py)
+        # only the cosines the system reads (stage bienc's answer_bienc_scores encodes both): a served text is padded to
+        # its own width (`_encoder`), and the rows beside it do not move its vector, so leaving the headings out moves
+        # no answer's bits (tests/serving/test_lean_pipeline.py)
         answer = answers["answer_norm"].fillna("").astype(str)
         texts = {}
         if "bienc" in groups or ctx.every_cosine:
