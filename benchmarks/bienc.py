@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from extraction import matmul_peak  # noqa: E402
+from extraction import flops_per_pair, matmul_peak  # noqa: E402
 
 from medrank.core import layout  # noqa: E402
 from medrank.encoders.hardware import cpu_flags  # noqa: E402
@@ -45,12 +45,6 @@ from medrank.encoders.weights import resolve_model_path  # noqa: E402
 from medrank.encoders.sentence_encoder import SentenceEncoder  # noqa: E402
 
 TOLERANCE = 0.02  # max |1 - cos| against fp32 a path may show and still count
-
-
-def flops_per_text(config, tokens: np.ndarray) -> float:
-    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    t = tokens.astype(np.float64)
-    return float(np.mean(layers * (2 * t * (4 * h * h + 2 * h * i) + 4 * t * t * h)))
 
 
 def main() -> None:
@@ -76,7 +70,7 @@ def main() -> None:
     st = peer_model(ours, args.model, args.max_length)
     st_cast = copy.deepcopy(st).to(torch.bfloat16)  # the peer at its own bf16: weights cast
     tokens = np.array([len(x) for x in ours.tokenizer(texts, truncation=True, max_length=args.max_length)["input_ids"]])
-    fpt = flops_per_text(ours.model.config, tokens)
+    fpt = flops_per_pair(ours.model.config, tokens)
     peak = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     load = os.getloadavg()
 
@@ -183,7 +177,7 @@ def request_rows(args, threads: int) -> None:
         tokens = np.array(
             [len(x) for x in ours.tokenizer(texts, truncation=True, max_length=args.max_length)["input_ids"]]
         )
-        floors.append(flops_per_text(ours.model.config, tokens) * len(tokens) / (peak * 1e9))
+        floors.append(flops_per_pair(ours.model.config, tokens) * len(tokens) / (peak * 1e9))
         outs = {}
         for name, fn in methods.items():
             t = time.perf_counter()
