@@ -37,10 +37,12 @@ from tests.conftest import GIT, REPO, SHARED_DATA, build_tiny_repo
 
 _RUNNING = re.compile(r"^Running stage '([^']+)'")
 _SKIPPED = re.compile(r"^Stage '([^']+)' didn't change, skipping")
+_PEAK = re.compile(r"stage (\S+): peak RSS (\d+) MiB \(its largest worker: (\d+) MiB\)")  # medrank.stage.runner
 
 
-def timed_dvc(args: list[str], cwd: Path) -> tuple[float, dict[str, float | None]]:
-    """Run `dvc <args>`, streaming its output; (wall seconds, {stage: seconds it ran, or None if skipped})."""
+def timed_dvc(args: list[str], cwd: Path, peaks: dict[str, int] | None = None) -> tuple[float, dict[str, float | None]]:
+    """Run `dvc <args>`, streaming its output; (wall seconds, {stage: seconds it ran, or None if skipped}). `peaks`
+    gets each stage's peak RSS in MiB (its process or its largest worker, from the line the stage ends with)."""
     stages: dict[str, float | None] = {}
     current, since = None, 0.0
     t0 = time.perf_counter()
@@ -51,6 +53,8 @@ def timed_dvc(args: list[str], cwd: Path) -> tuple[float, dict[str, float | None
     for line in proc.stdout:
         now = time.perf_counter()
         tail = (tail + [line])[-40:]
+        if peaks is not None and (p := _PEAK.search(line)):
+            peaks[p[1]] = max(int(p[2]), int(p[3]))
         if (m := _RUNNING.match(line)) or (s := _SKIPPED.match(line)):
             if current is not None:
                 stages[current] = now - since
@@ -299,6 +303,8 @@ def main() -> None:
     speed_before = machine_speed()
     work_root = args.workdir or Path(tempfile.mkdtemp(prefix="medrank-exp-"))
     work = work_root / "repo"
+    full_peaks: dict[str, int] = {}
+    exp_peaks: dict[str, int] = {}
     try:
         if args.profile == "tiny" or args.cold:
             if not SHARED_DATA.is_dir():
@@ -308,7 +314,7 @@ def main() -> None:
             else:
                 scratch_cold(work)
             committed = lock_outs((work / "dvc.lock").read_text())
-            full, full_stages = timed_dvc(["repro"], work)
+            full, full_stages = timed_dvc(["repro"], work, full_peaks)
             same, differ = rebuilt(committed, lock_outs((work / "dvc.lock").read_text()))
             subprocess.run([*GIT, "add", "-A"], cwd=work, check=True)
             subprocess.run([*GIT, "commit", "-qm", "full repro"], cwd=work, check=True)
@@ -317,7 +323,7 @@ def main() -> None:
             full, full_stages = None, {}
             same, differ = None, []
         before = cache_hits(work)
-        exp, exp_stages = timed_dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], work)
+        exp, exp_stages = timed_dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], work, exp_peaks)
         after = cache_hits(work)
         diff = subprocess.run(
             [sys.executable, "-m", "dvc", "metrics", "diff", "--md"], cwd=work, capture_output=True, text=True
@@ -331,10 +337,11 @@ def main() -> None:
     )
     # the same cores give other seconds when the host is busy (a shared VM): this says how fast they were, before and after
     print(f"machine speed (1-thread fp32 / bf16 matmul GFLOP/s): before {speed_before}, after {machine_speed()}")
-    print(f"{'stage':<14} {'full repro s':>12} {'experiment s':>12}")
+    print(f"{'stage':<14} {'full repro s':>12} {'experiment s':>12} {'peak RSS MiB':>12}")
     for st in dict.fromkeys([*full_stages, *exp_stages]):
         f, e = full_stages.get(st), exp_stages.get(st)
-        print(f"{st:<14} {'-' if f is None else f'{f:.1f}':>12} {'skipped' if e is None else f'{e:.1f}':>12}")
+        rss = max(full_peaks.get(st, 0), exp_peaks.get(st, 0)) or "-"
+        print(f"{st:<14} {'-' if f is None else f'{f:.1f}':>12} {'skipped' if e is None else f'{e:.1f}':>12} {rss:>12}")
     ratio = f"  ({exp / full:.2f}x the full repro)" if full else ""
     print(f"{'total':<14} {'-' if full is None else f'{full:.1f}':>12} {exp:>12.1f}{ratio}")
     # ru_maxrss of waited-for descendants: the largest single process (a stage, or one of the mtl stage's fit workers)

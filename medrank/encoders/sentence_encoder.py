@@ -22,7 +22,7 @@ from medrank.encoders.weights import (
     save_checkpoint,
     verify_saved,
 )
-from medrank.encoders.batching import length_sorted_batches, padded_width, request_batches
+from medrank.encoders.batching import length_sorted_batches, padded_width, request_batches, width_kept_chunks
 from medrank.core.errors import MedrankError
 
 
@@ -94,8 +94,11 @@ class SentenceEncoder(PrecisionCopies):
         else:
             batches = length_sorted_batches(lengths, batch_size, max_tokens=16384)
 
-        def collate(idx) -> dict[str, torch.Tensor]:
-            width = padded_width(max(len(ids[i]) for i in idx), self.max_length)
+        def width_of(idx) -> int:
+            return padded_width(max(len(ids[i]) for i in idx), self.max_length)
+
+        def collate(idx, width: int | None = None) -> dict[str, torch.Tensor]:
+            width = width or width_of(idx)
             input_ids = np.zeros((len(idx), width), dtype=np.int64)
             mask = np.zeros((len(idx), width), dtype=np.int64)
             for r, i in enumerate(idx):
@@ -108,15 +111,18 @@ class SentenceEncoder(PrecisionCopies):
 
         if is_openvino(precision):  # a batch per stream at once
             compiled = self.openvino_model(precision, lambda: (LastHidden(self.model.eval()), collate(batches[0][:2])))
+            # a request per stream holds at most OPENVINO_REQUEST_TOKENS, each chunk at its batch's width (memory)
+            chunks = [(c, width_of(b)) for b in batches for c in width_kept_chunks(b, width_of(b))]
             run = lambda keyed: ((idx, outputs[0]) for idx, outputs in compiled.map(keyed))
         else:
+            chunks = [(b, None) for b in batches]
             model = self.inference_model(precision)
             run = lambda keyed: ((idx, model(**batch).last_hidden_state) for idx, batch in keyed)
         cast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
         def keyed():  # each batch keyed by where its vectors go and its mask, for the pooling below
-            for idx in batches:
-                batch = collate(idx)
+            for idx, width in chunks:
+                batch = collate(idx, width)
                 yield (idx, batch["attention_mask"]), batch
 
         with torch.inference_mode(), cast:

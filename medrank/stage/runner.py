@@ -52,6 +52,7 @@ def run(main: Callable[[], object]) -> None:
                 with keep_last_good(stash, [p for p in outputs if p not in kept]):
                     main()
                     params_unchanged(stage, seen)
+                log_peak_rss(stage)
             else:
                 main()
         flushing = True  # stdout is buffered: a full device or a closed pipe shows at this flush, not at the print
@@ -75,6 +76,19 @@ def run(main: Callable[[], object]) -> None:
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def peak_rss_mib() -> tuple[int, int]:
+    """(this process's peak RSS, its largest waited-for child's: forked workers, subprocesses) in MiB (Linux KiB)."""
+    import resource
+
+    return tuple(resource.getrusage(who).ru_maxrss // 1024 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+
+def log_peak_rss(stage: str) -> None:
+    """One line a stage ends with: its peak RSS (benchmarks/experiment.py reads it into the per-stage table)."""
+    own, child = peak_rss_mib()
+    logging.getLogger("medrank.stage").info("stage %s: peak RSS %d MiB (its largest worker: %d MiB)", stage, own, child)
 
 
 def stash_dir(stage: str) -> Path:

@@ -18,6 +18,7 @@ from medrank.encoders.batching import (
     length_sorted_batches,
     padded_width,
     request_batches,
+    width_kept_chunks,
 )
 from medrank.encoders.cross_encoder import META_FILE, CrossEncoder
 from medrank.core.errors import MedrankError
@@ -69,6 +70,14 @@ def test_request_batches_never_mix_widths_and_share_the_tokens():
     assert [len(b) for b in request_batches([5, 5, 5], 2, 256, parts=1)] == [2, 1]  # batch_size still caps
     with pytest.raises(ValueError):
         request_batches([5], 8, 256, parts=0)
+
+
+def test_width_kept_chunks_split_rows_and_keep_the_width():
+    batch = np.arange(10)
+    chunks = width_kept_chunks(batch, 256, max_tokens=1024)
+    assert [c.tolist() for c in chunks] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # 4 rows x 256 = 1,024 tokens
+    assert [len(c) for c in width_kept_chunks(batch, 4096, max_tokens=1024)] == [1] * 10  # at least one row
+    assert [len(c) for c in width_kept_chunks(batch, 16)] == [10]  # the default cap: 2,048 tokens
 
 
 def test_bucketed_shuffle_is_seeded_and_complete():

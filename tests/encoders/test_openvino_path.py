@@ -89,6 +89,23 @@ def test_a_served_call_is_shared_by_the_streams_with_the_same_bits_for_any_share
         assert np.array_equal(bi.encode(texts[::-1], precision), served[::-1]), parts
 
 
+@pytest.mark.parametrize("precision", ["openvino-fp32", "openvino-bf16"])
+def test_an_openvino_request_holds_a_bounded_share_of_a_batch_with_the_same_bits(tiny_base, monkeypatch, precision):
+    """Issue 63 (peak RSS): each OpenVINO stream keeps the activations of the request it runs, so a request holds at
+    most batching.OPENVINO_REQUEST_TOKENS; a batch's rows are split, each chunk padded to the batch's width, and the
+    vectors stay the same bits (all-mpnet-base-v2 at width 256: 3.0 -> 2.1 GiB peak, the bits equal)."""
+    from medrank.encoders import batching
+
+    bi = SentenceEncoder(str(tiny_base), device="cpu", max_length=32)
+    texts = ["what causes anemia in older adults", "leg pain", "x"] + [f"answer {i} " + "word " * i for i in range(20)]
+    whole: list[int] = []
+    ref = bi.encode(texts, precision, batch_size=16, progress=whole.append)
+    monkeypatch.setattr(batching, "OPENVINO_REQUEST_TOKENS", 32)  # one row a request at width 32, two at 16
+    split: list[int] = []
+    assert np.array_equal(bi.encode(texts, precision, batch_size=16, progress=split.append), ref)
+    assert len(whole) == 2 and len(split) > 2 * len(whole) and sum(split) == len(texts)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "openvino-fp32"])
 def test_the_sentence_encoder_reports_progress_per_batch_the_openvino_path_too(
     tiny_base, tmp_path, monkeypatch, precision
