@@ -306,6 +306,7 @@ def test_sigterm_unwinds_a_stage_process_and_puts_its_outputs_back(tmp_path):
         stage.kill()
 
 
+@pytest.mark.checkout  # reads benchmarks/experiment.py of the checkout
 @pytest.mark.skipif(shutil.which("dvc") is None, reason="dvc not installed")
 def test_a_stage_ends_with_its_peak_rss_which_the_repro_benchmark_reads(tmp_path):
     """Issue 63: a cold repro's peak RSS (3.74 GiB against 3.5) had no stage to it. Each stage's last line names its
