@@ -112,7 +112,8 @@ class SentenceEncoder(PrecisionCopies):
         if is_openvino(precision):  # a batch per stream at once
             compiled = self.openvino_model(precision, lambda: (LastHidden(self.model.eval()), collate(batches[0][:2])))
             # a request per stream holds at most OPENVINO_REQUEST_TOKENS, each chunk at its batch's width (memory)
-            chunks = [(c, width_of(b)) for b in batches for c in width_kept_chunks(b, width_of(b))]
+            widths = [width_of(b) for b in batches]
+            chunks = [(c, w) for b, w in zip(batches, widths) for c in width_kept_chunks(b, w)]
             run = lambda keyed: ((idx, outputs[0]) for idx, outputs in compiled.map(keyed))
         else:
             chunks = [(b, None) for b in batches]

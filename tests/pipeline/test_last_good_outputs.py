@@ -318,9 +318,9 @@ def test_a_stage_ends_with_its_peak_rss_which_the_repro_benchmark_reads(tmp_path
     spec.loader.exec_module(bench)
     work, dvc = _dvc_project(tmp_path)
     peaks: dict[str, int] = {}
-    env = {**os.environ, "PYTHONPATH": f"{work}{os.pathsep}{REPO}", "DVC_NO_ANALYTICS": "1"}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(os, "environ", env)
+    with pytest.MonkeyPatch.context() as mp:  # timed_dvc's dvc inherits the environment: the toy stage's imports
+        mp.setenv("PYTHONPATH", f"{work}{os.pathsep}{REPO}")
+        mp.setenv("DVC_NO_ANALYTICS", "1")
         wall, stages = bench.timed_dvc(["repro", "-f"], work, peaks)
     assert set(stages) == {"fake"} and stages["fake"] is not None
     assert set(peaks) == {"fake"} and 20 < peaks["fake"] < 4096  # MiB: a Python process with medrank imported
