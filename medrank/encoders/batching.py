@@ -5,7 +5,7 @@ Pure functions over lists/arrays (no model), so the same code can run inside a d
 
 from __future__ import annotations
 
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -90,6 +90,18 @@ def width_kept_chunks(batch: np.ndarray, width: int, max_tokens: int | None = No
     stay the batch's whatever the chunking."""
     rows = max(1, (max_tokens or OPENVINO_REQUEST_TOKENS) // max(1, width))
     return [batch[i : i + rows] for i in range(0, len(batch), rows)]
+
+
+def openvino_requests(
+    batches: Sequence[np.ndarray], width_of: Callable[[np.ndarray], int], max_tokens: int | None = None
+) -> list[tuple[np.ndarray, int]]:
+    """The OpenVINO path's requests of both encoders: each batch's rows in width_kept_chunks, with the batch's width
+    (computed once per batch), so a stream's request holds at most max_tokens padded tokens and no row moves."""
+    out: list[tuple[np.ndarray, int]] = []
+    for batch in batches:
+        width = width_of(batch)
+        out += [(chunk, width) for chunk in width_kept_chunks(batch, width, max_tokens)]
+    return out
 
 
 def bucketed_shuffle_batches(

@@ -22,7 +22,7 @@ from medrank.encoders.weights import (
     save_checkpoint,
     verify_saved,
 )
-from medrank.encoders.batching import length_sorted_batches, padded_width, request_batches, width_kept_chunks
+from medrank.encoders.batching import length_sorted_batches, openvino_requests, padded_width, request_batches
 from medrank.core.errors import MedrankError
 
 
@@ -112,8 +112,7 @@ class SentenceEncoder(PrecisionCopies):
         if is_openvino(precision):  # a batch per stream at once
             compiled = self.openvino_model(precision, lambda: (LastHidden(self.model.eval()), collate(batches[0][:2])))
             # a request per stream holds at most OPENVINO_REQUEST_TOKENS, each chunk at its batch's width (memory)
-            widths = [width_of(b) for b in batches]
-            chunks = [(c, w) for b, w in zip(batches, widths) for c in width_kept_chunks(b, w)]
+            chunks = openvino_requests(batches, width_of)
             run = lambda keyed: ((idx, outputs[0]) for idx, outputs in compiled.map(keyed))
         else:
             chunks = [(b, None) for b in batches]

@@ -34,6 +34,8 @@ from medrank.params.rankers import (
     BaselineParams,
     BiencParams,
     EncoderParams,
+    MODEL_KEEP,
+    MODEL_KEEP_FIELDS,
     MtlParams,
     PassagesParams,
     NoiseBandParams,
@@ -54,6 +56,9 @@ MAX_PARAMS_BYTES = 2**20  # the repository's params.yaml is ~25 KB
 MAX_PARAMS_DEPTH = 32
 # the sections whose cv_folds is the top-level key (Params._one_cv_folds): params.yaml spells it once, at top level
 FOLDS_OF = ("baseline", "mtl", "score")
+# the sections whose decision keys (MODEL_KEEP_FIELDS) score.keep_rules[0] sets (Params._one_keep_rule): the models' own
+# submissions and held-out decisions keep answers by the final system's first rule, and params.yaml spells it once
+KEEP_OF = ("baseline", "mtl")
 
 
 class Params(_Section):
@@ -104,6 +109,28 @@ class Params(_Section):
             raw = data.get(section, {})
             if isinstance(raw, dict):
                 data[section] = {**raw, "cv_folds": data["cv_folds"]}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_keep_rule(cls, data: Any) -> Any:
+        """score.keep_rules[0]'s decision keys (MODEL_KEEP) into each section of KEEP_OF (load_params refuses a params
+        file whose section spells one; a dumped Params holds them, the same)."""
+        if not isinstance(data, dict) or not isinstance(data.get("score"), dict):
+            return data
+        rules = data["score"].get("keep_rules")
+        if not isinstance(rules, list) or not rules or not isinstance(rules[0], str):
+            return data  # the score section's own validation names it
+        if rules[0] not in MODEL_KEEP:
+            raise ValueError(
+                f"score.keep_rules[0]: {rules[0]!r} cannot come first: the first rule also decides the baseline's and the "
+                f"MTL's own rows inside their fits, which can apply only {', '.join(MODEL_KEEP)} (list one of them first)"
+            )
+        data = dict(data)
+        for section in KEEP_OF:
+            raw = data.get(section, {})
+            if isinstance(raw, dict):
+                data[section] = {**raw, **MODEL_KEEP[rules[0]]}
         return data
 
     def encoder_of(self, section: str) -> EncoderParams:
@@ -333,6 +360,8 @@ def _missing_keys(model: type[BaseModel], raw: dict, prefix: str = "") -> list[s
     for name, field in model.model_fields.items():
         if name == "cv_folds" and prefix.rstrip(".") in FOLDS_OF:  # filled in from the top-level key
             continue
+        if name in MODEL_KEEP_FIELDS and prefix.rstrip(".") in KEEP_OF:  # filled in from score.keep_rules[0]
+            continue
         if name not in raw:
             out.append(prefix + name)
         elif (
@@ -381,6 +410,13 @@ def load_params(path: str | Path = "params.yaml") -> Params:
             raise MedrankError(
                 f"{path}: {section}.cv_folds: the CV folds are the top-level cv_folds (one value for "
                 f"{', '.join(FOLDS_OF)}: the final system pairs both models' out-of-fold rows fold by fold)"
+            )
+    for section in KEEP_OF:  # one owner: score.keep_rules[0] (Params._one_keep_rule fills each section in)
+        spelled = [k for k in MODEL_KEEP_FIELDS if isinstance(raw.get(section), dict) and k in raw[section]]
+        if spelled:
+            raise MedrankError(
+                f"{path}: {section}.{spelled[0]}: the keep decision is score.keep_rules[0]'s (one rule keeps the final "
+                f"system's answers and {', '.join(KEEP_OF)}'s own: their {', '.join(MODEL_KEEP_FIELDS)} follow it)"
             )
     try:
         params = Params.model_validate(raw)

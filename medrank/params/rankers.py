@@ -136,6 +136,7 @@ class MtlParams(_Section):
     augment: bool = True  # train on the embed stage's augmentation pairs
     ensemble: Literal["sum", "mean", "max"] = "mean"  # over the N entailed answers (the paper sums)
     rank_by: Literal["pairwise", "expected", "filter"] = "pairwise"  # expected: filter x pairwise expected wins
+    # the decision keys (MODEL_KEEP_FIELDS): params.yaml's score.keep_rules[0] fills them in (MODEL_KEEP)
     # None = chosen on out-of-fold predictions; at most n_candidates' bound (ensemble sum adds N probabilities)
     threshold: float | None = Field(default=None, le=50.0)
     prior_shift: Literal["none", "em"] = "none"
@@ -176,6 +177,9 @@ def mtl_rows(
         fixed = sorted(set(over) & {"cv_folds", "threads", "workers"})
         if fixed:
             raise ValueError(f"{where}[{i}] ({name}): {fixed[0]} cannot vary between rows")
+        keep = [k for k in MODEL_KEEP_FIELDS if k in over]
+        if keep:
+            raise ValueError(f"{where}[{i}] ({name}): {keep[0]} {_KEEP_OWNER}")
         out[name] = (over, with_overrides(base, over, f"{where}[{i}] ({name})"))
     return out
 
@@ -219,6 +223,18 @@ CHQ_RULES = {
 }
 
 KeepRule = Literal[tuple(KEEP_RULES)]  # simplest first
+
+# the keep rules a model applies inside its own fits (its own submissions, each fit's held-out decisions), as the values
+# of its decision keys: score.keep_rules[0], the final system's first (simplest) rule, decides them for the baseline and
+# the MTL (medrank.params.loading.Params fills each section in; params.yaml spells them nowhere else). The other rules
+# need the final system's calibration rows or the target batch, so they cannot come first.
+MODEL_KEEP_FIELDS = ("threshold", "prior_shift", "min_keep")
+MODEL_KEEP: dict[str, dict[str, Any]] = {
+    "threshold": {"threshold": None, "prior_shift": "none", "min_keep": 0},
+    "fixed_0.5": {"threshold": 0.5, "prior_shift": "none", "min_keep": 0},
+    "min_keep_1": {"threshold": None, "prior_shift": "none", "min_keep": 1},
+}
+_KEEP_OWNER = "is score.keep_rules[0]'s (one keep rule decides the final system and each model's own rows)"
 OrderRule = Literal[tuple(ORDERS)]
 
 
@@ -335,6 +351,7 @@ class BaselineParams(_Section):
     label_pair_weight: float = Field(default=1.0, gt=0, le=MAX_WEIGHT)
     # what the filter learns: the label (grade >= 3) | grade (ordinal LR over the 1-4 grades, read at grade >= 3)
     filter_target: Literal["label", "grade"] = "label"
+    # the decision keys (MODEL_KEEP_FIELDS): params.yaml's score.keep_rules[0] fills them in (MODEL_KEEP)
     threshold: float | None = Field(default=None, gt=0, lt=1)  # None = chosen by question-grouped CV
     prior_shift: Literal["none", "em"] = "none"  # em: Saerens et al. 2002 prior re-estimation on the target
     min_keep: int = Field(default=0, ge=0, le=MAX_STEPS)  # keep at least this many answers per question
@@ -414,6 +431,11 @@ def nested_recipes(
         for section, over in (("baseline", v.baseline), ("mtl", v.mtl)):
             if "cv_folds" in over:  # the folds are the top-level cv_folds: every row is scored on the same ones
                 raise ValueError(f"{where}[{i}] ({v.name}).{section}: cv_folds cannot vary between rows")
+            keep = [k for k in MODEL_KEEP_FIELDS if k in over]
+            if (
+                keep
+            ):  # the keep decision is the final system's (the nested refits choose it over analysis.nested.keep_rules)
+                raise ValueError(f"{where}[{i}] ({v.name}).{section}: {keep[0]} {_KEEP_OWNER}")
         out[v.name] = (
             with_overrides(baseline, v.baseline, f"{where}[{i}] ({v.name}).baseline"),
             with_overrides(mtl, v.mtl, f"{where}[{i}] ({v.name}).mtl"),

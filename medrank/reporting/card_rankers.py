@@ -211,11 +211,11 @@ def mtl_card(repo: Repo, art: dict) -> Card:
                 "augment",
                 "ensemble",
                 "rank_by",
-                "threshold",
                 "n_seeds",
             )
         )
         + (
+            "score.keep_rules",  # its first rule is the model's keep decision (threshold, prior shift, min_keep)
             "cv_folds",
             "n_candidates",
             "rqe_threshold",

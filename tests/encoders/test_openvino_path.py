@@ -106,6 +106,31 @@ def test_an_openvino_request_holds_a_bounded_share_of_a_batch_with_the_same_bits
     assert len(whole) == 2 and len(split) > 2 * len(whole) and sum(split) == len(texts)
 
 
+@pytest.mark.parametrize("precision", ["openvino-fp32", "openvino-bf16"])
+def test_a_cross_encoder_request_holds_a_bounded_share_of_a_batch_with_the_same_bits(nli, monkeypatch, precision):
+    """The cross-encoder's OpenVINO path sends the same bounded requests as the sentence encoder's (one helper,
+    batching.openvino_requests): a batch's pairs split, each chunk at the batch's width, probabilities and pooled
+    vectors the same bits."""
+    from medrank.encoders import batching
+    from medrank.encoders.openvino_path import OpenVinoModel
+
+    pairs = PAIRS + [(f"question {i} " + "word " * i, "an answer " + "token " * (i % 5)) for i in range(20)]
+    sizes: list[int] = []
+    real_map = OpenVinoModel.map
+
+    def counted(self, keyed):
+        return real_map(self, ((k, sizes.append(len(batch["input_ids"])) or batch) for k, batch in keyed))
+
+    monkeypatch.setattr(OpenVinoModel, "map", counted)
+    ref = nli.predict(pairs, batch_size=16, precision=precision, return_embeddings=True, show_progress=False)
+    whole, sizes[:] = list(sizes), []
+    monkeypatch.setattr(batching, "OPENVINO_REQUEST_TOKENS", 32)  # one pair a request at width 32, two at 16
+    got = nli.predict(pairs, batch_size=16, precision=precision, return_embeddings=True, show_progress=False)
+    assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
+    assert len(whole) == 2 and len(sizes) > 2 * len(whole) and sum(sizes) == sum(whole) == len(set(pairs))
+    assert max(sizes) <= 2
+
+
 @pytest.mark.parametrize("precision", ["fp32", "openvino-fp32"])
 def test_the_sentence_encoder_reports_progress_per_batch_the_openvino_path_too(
     tiny_base, tmp_path, monkeypatch, precision

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from medrank.core.errors import MedrankError
 from medrank.params import NestedVariant, Params, load_params, mtl_rows
-from medrank.params.loading import FOLDS_OF
+from medrank.params.loading import FOLDS_OF, KEEP_OF
+from medrank.params.rankers import MODEL_KEEP, MODEL_KEEP_FIELDS
 from tests.conftest import REPO, error_lines, run_module
 
 # the checkout's params.yaml is the base of every case here: the slow set runs them again in the tiny repo
@@ -403,11 +404,12 @@ def _numbers(node: dict, defs: dict, path: str = "") -> list[tuple[str, dict, di
     return out
 
 
-# each section's cv_folds is the top-level key, filled in (params.loading.FOLDS_OF): params.yaml spells only that one
+# each section's cv_folds is the top-level key, filled in (params.loading.FOLDS_OF), and the models' decision keys are
+# score.keep_rules[0]'s (KEEP_OF): params.yaml spells only those
 PARAM_NUMBERS = [
     n
     for n in _numbers(Params.model_json_schema(), Params.model_json_schema()["$defs"])
-    if n[0] not in {f"{s}.cv_folds" for s in FOLDS_OF}
+    if n[0] not in {f"{s}.cv_folds" for s in FOLDS_OF} | {f"{s}.{k}" for s in KEEP_OF for k in MODEL_KEEP_FIELDS}
 ]
 
 
@@ -698,6 +700,47 @@ def test_the_cv_folds_have_one_owner(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(MedrankError, match=r"analysis.nested.variants\[0\] \(x\).mtl: cv_folds cannot vary"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_the_keep_decision_has_one_owner(tmp_path):
+    """score.keep_rules[0] keeps the final system's answers and each model's own (its submissions, its fits' held-out
+    rows): the baseline and mtl sections get their threshold, prior_shift and min_keep from it; a section, an MTL row or
+    a nested variant spelling one is refused in one line, and so is a first rule a model cannot apply in its fits."""
+    from medrank.params import load_params
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    for rule, keys in MODEL_KEEP.items():
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump({**raw, "score": {**raw["score"], "keep_rules": [rule]}}))
+        p = load_params(tmp_path / "params.yaml")
+        for section in KEEP_OF:
+            assert {k: getattr(getattr(p, section), k) for k in MODEL_KEEP_FIELDS} == keys
+    assert {k: getattr(load_params(REPO / "params.yaml").baseline, k) for k in MODEL_KEEP_FIELDS} == MODEL_KEEP[
+        raw["score"]["keep_rules"][0]
+    ]
+
+    def refused(bad: dict, message: str) -> None:
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
+        with pytest.raises(MedrankError, match=message) as e:
+            load_params(tmp_path / "params.yaml")
+        assert "\n" not in str(e.value)
+
+    for section in KEEP_OF:
+        for key in MODEL_KEEP_FIELDS:
+            refused(
+                {**raw, section: {**raw[section], key: None}},
+                rf": {section}.{key}: the keep decision is score.keep_rules\[0\]'s \(",
+            )
+    refused(
+        {**raw, "score": {**raw["score"], "keep_rules": ["em", "min_keep_1"]}},
+        r"score.keep_rules\[0\]: 'em' cannot come first",
+    )
+    rows = {**raw["analysis"], "mtl": {**raw["analysis"]["mtl"], "rows": [{"name": "x", "min_keep": 0}]}}
+    refused({**raw, "analysis": rows}, r"analysis.mtl.rows\[0\] \(x\): min_keep is score.keep_rules\[0\]'s")
+    nested = {**raw["analysis"]["nested"], "variants": [{"name": "x", "baseline": {"prior_shift": "em"}}]}
+    refused(
+        {**raw, "analysis": {**raw["analysis"], "nested": nested}},
+        r"analysis.nested.variants\[0\] \(x\).baseline: prior_shift is score.keep_rules\[0\]'s",
+    )
 
 
 def test_each_encoder_has_one_owner(tmp_path):
