@@ -431,10 +431,9 @@ def nested_recipes(
         for section, over in (("baseline", v.baseline), ("mtl", v.mtl)):
             if "cv_folds" in over:  # the folds are the top-level cv_folds: every row is scored on the same ones
                 raise ValueError(f"{where}[{i}] ({v.name}).{section}: cv_folds cannot vary between rows")
+            # the keep decision is the final system's (the nested refits choose it over analysis.nested.keep_rules)
             keep = [k for k in MODEL_KEEP_FIELDS if k in over]
-            if (
-                keep
-            ):  # the keep decision is the final system's (the nested refits choose it over analysis.nested.keep_rules)
+            if keep:
                 raise ValueError(f"{where}[{i}] ({v.name}).{section}: {keep[0]} {_KEEP_OWNER}")
         out[v.name] = (
             with_overrides(baseline, v.baseline, f"{where}[{i}] ({v.name}).baseline"),
