@@ -23,6 +23,9 @@ class Group:
     per_candidate: bool = False  # also reads <group>_i for each of the n_candidates entailed answers
     judged: bool = False  # its inputs exist for the judged LiveQA answers (medrank.data.judged)
     analysis: bool = False  # computed by analysis/dvc.yaml only: a candidate of the analysis rows, never a default's
+    # reads stage retrieve's entailed MedQuAD answers (anli: embed's NLI grids too): analysis/dvc.yaml stages since
+    # system_choice picked the baseline (issue 63), so the default baseline may not read it; the MTL's stage may
+    retrieval: bool = False
     stacked: bool = False  # another model's held-out scores, computed inside each MTL fit (no stage, no file)
     step: str | None = None  # the saved step (models/steps/<step>) whose recipe its scorer reads when served
     serve: str | None = (
@@ -34,10 +37,10 @@ _A = "medrank.task3.answer_scores:"
 
 REGISTRY: dict[str, Group] = {
     "metadata": Group(("source", "n_sentences", "chiqa_rank"), judged=True),
-    "bow": Group(("answer_text", "entailed_text"), judged=True),
-    "rqe": Group(per_candidate=True, judged=True),
-    "rqe_emb": Group(per_candidate=True, judged=True),
-    "anli": Group(per_candidate=True),
+    "bow": Group(("answer_text", "entailed_text"), judged=True, retrieval=True),
+    "rqe": Group(per_candidate=True, judged=True, retrieval=True),
+    "rqe_emb": Group(per_candidate=True, judged=True, retrieval=True),
+    "anli": Group(per_candidate=True, retrieval=True),
     "bienc": Group(("bienc_cos",), "bienc_cos", L.BIENC, judged=True, step="answer_scores", serve=_A + "cosine_scorer"),
     "heading": Group(
         ("heading_cos",), "heading_cos", L.BIENC, judged=True, step="answer_scores", serve=_A + "cosine_scorer"
@@ -77,6 +80,7 @@ GROUPS = tuple(REGISTRY)
 # read; adopting one moves its stage to dvc.yaml
 ANALYSIS_GROUPS = tuple(g for g, s in REGISTRY.items() if s.analysis)
 JUDGED_GROUPS = tuple(g for g, s in REGISTRY.items() if s.judged)
+RETRIEVAL_GROUPS = frozenset(g for g, s in REGISTRY.items() if s.retrieval)
 STACKED_GROUPS = tuple(g for g, s in REGISTRY.items() if s.stacked)  # computed inside a fit: no stage computes them
 BIENC_GROUPS = tuple(g for g, s in REGISTRY.items() if s.file == L.BIENC)  # the groups stage bienc writes
 # per-answer scores of other stages, by group: (its score column, file)

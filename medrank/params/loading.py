@@ -25,7 +25,7 @@ from medrank.params.pipeline import (
     NormalizeParams,
     RetrieveParams,
 )
-from medrank.params.groups import ANALYSIS_GROUPS, BIENC_GROUPS, STACKED_GROUPS
+from medrank.params.groups import ANALYSIS_GROUPS, BIENC_GROUPS, RETRIEVAL_GROUPS, STACKED_GROUPS
 from medrank.params.rankers import (
     DEFAULT_ENCODER,
     ENCODER_SECTIONS,
@@ -155,6 +155,11 @@ class Params(_Section):
                         f"{key}: group {g} is computed by analysis/dvc.yaml (stage {g}), which `dvc repro` does not run; "
                         f"use it in analysis rows, or move stage {g} into dvc.yaml and its output into this stage's deps to adopt it"
                     )
+        for g in (g for g in self.baseline.features if g in RETRIEVAL_GROUPS):
+            raise ValueError(
+                f"baseline.features: group {g} reads the entailed MedQuAD answers of stage retrieve, an analysis/dvc.yaml "
+                "stage since system_choice picked the baseline (the default DAG trains no MTL); use it in analysis rows"
+            )
         recipes = nested_recipes(self.baseline, self.mtl, self.analysis.nested.variants)
         # a stacked group is computed inside the nested refits' MTL fits (Refits.systems) and nowhere else
         where = {

@@ -258,8 +258,12 @@ class NoiseBandParams(_Section):
 class ScoreParams(_Section):
     """Final system (stage score): which predictions become the submissions."""
 
-    system: Literal["auto", "mtl", "baseline", "ensemble"] = "auto"  # auto = the written rule over every MTL weight
-    # weights of the MTL vs the baseline to try (0 = the baseline alone, 1 = the MTL alone); the written rule picks
+    # the system stage score runs: analysis/dvc.yaml's system_choice picks it by the written rule over every weight of
+    # mtl_weights (metrics/system_choice.json). It picked the baseline, so the default DAG trains no MTL (issue 63: the
+    # NLI fine-tune, retrieval, the grids and the MTL are analysis stages); a pick with an MTL weight above 0 would move
+    # those stages back into dvc.yaml beside score's MTL inputs, and only then this field may name it
+    system: Literal["baseline"] = "baseline"
+    # weights of the MTL vs the baseline stage system_choice tries (0 = the baseline alone, 1 = the MTL alone)
     mtl_weights: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
         default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0], min_length=1, max_length=1000
     )

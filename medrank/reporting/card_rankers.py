@@ -178,7 +178,7 @@ def mtl_card(repo: Repo, art: dict) -> Card:
                 "files",
                 f"`{art['path']}`: the final model (train + validation questions); `{art['path']}/val`: trained on the train questions only",
             ],
-            ["in the final system", f"{role} (`metrics/task3_val.json`)"],
+            ["in the final system", f"{role} (`metrics/task3_val.json`; the choice: analysis stage `system_choice`)"],
         ],
         data=[
             "MEDIQA 2019 Task 3 labelled questions (`metrics/data.json`); the final model trains on "

@@ -15,7 +15,15 @@ from medrank.reporting.formatting import (
     pm_text,
     shift_text,
 )
-from medrank.reporting.headline import final_line
+from medrank.reporting.headline import final_line, system_rows
+
+
+def held_pick(choice: dict, final: dict) -> str:
+    """Whether stage score runs system_choice's pick (score.system holds it), said in a phrase."""
+    pick, runs = choice.get("system"), final.get("system")
+    if choice is final or pick == runs:
+        return f"it picks `{pick}`, which `score.system` holds"
+    return f"it picks `{pick}`, but `score.system` runs `{runs}`: follow the pick, or say why not"
 
 
 def task3_section(metrics: dict[str, dict]) -> list[str]:
@@ -26,7 +34,7 @@ def task3_section(metrics: dict[str, dict]) -> list[str]:
     if not systems:
         return []
     final = metrics.get("task3_val", {})
-    sys_rows = final.get("systems", {})
+    sys_rows = system_rows(metrics)
     rows = []
     for name, m in systems.items():
         key = "final" if name == "ensemble" else name.split(" ")[0]
@@ -57,9 +65,10 @@ def task3_section(metrics: dict[str, dict]) -> list[str]:
         "",
     ]
     out += md_table(head, rows) + final_line(final)
-    cands = final.get("candidates") or {}
+    choice = metrics.get("system_choice") or final  # every MTL weight's candidate: analysis stage system_choice
+    cands = choice.get("candidates") or {}
     if cands:
-        rules = (final.get("selection") or {}).get("keep_rules") or list(next(iter(cands.values())))
+        rules = (choice.get("selection") or {}).get("keep_rules") or list(next(iter(cands.values())))
         table = [
             [w, rule, pm_text(c["cv"]["accuracy"]), loso_text(c["loso"]), fmt_num(c["score"])]
             for w, by_rule in cands.items()
@@ -73,7 +82,7 @@ def task3_section(metrics: dict[str, dict]) -> list[str]:
             for r in table
         ]
         out += [
-            "**Decisions that transfer**: MTL weight (0 = the baseline alone, 1 = the MTL alone) × keep rule, each fitted on other "
+            f"**Decisions that transfer** (analysis stage `system_choice`, `metrics/system_choice.json`: {held_pick(choice, final)}): MTL weight (0 = the baseline alone, 1 = the MTL alone) × keep rule, each fitted on other "
             "folds' / other sources' held-out rows; rows: every rule at the chosen weight and every weight at the chosen rule; "
             "score = mean of CV accuracy and LOSO mean accuracy. Keep rules, simplest first (`medrank/params/rankers.py` KEEP_RULES): "
             + ", ".join(f"`{r}`" for r in rules)

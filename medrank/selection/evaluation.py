@@ -325,12 +325,24 @@ def pick(scores: dict, band: float) -> object:
 # ---------------------------------------------------------------- choosing the final system
 
 
+PART_ORDER = ("oof", "val", "loso", "test")  # the MTL's prediction parts, in the order its stage writes them
+
+
+def in_mtl_order(pred: pd.DataFrame) -> pd.DataFrame:
+    """A system's prediction rows in the order the MTL stage writes its own: parts as PART_ORDER, then by fold, split,
+    qid and aid (strings); the rows combine_systems is given first set the decided rows' order (ties in a
+    submission keep it)."""
+    part = pred["part"].map({p: i for i, p in enumerate(PART_ORDER)})
+    key = pred.assign(_part=part).sort_values(["_part", "fold", "split", "qid", "aid"], kind="stable")
+    return key.drop(columns="_part").reset_index(drop=True)
+
+
 def system_name(weight: float) -> str:
     return "baseline" if weight == 0 else "mtl" if weight == 1 else "ensemble"
 
 
 def candidate_systems(
-    mtl_pred: pd.DataFrame,
+    mtl_pred: pd.DataFrame | None,
     base_pred: pd.DataFrame,
     cand: pd.DataFrame,
     train: Sequence[str],
@@ -353,14 +365,21 @@ def candidate_systems(
     -> {"table": {weight: {rule: {"cv", "loso", "cv_shift", "loso_shift", "score"}}}, "acceptance" (incumbent, pick,
     verdicts), "orders": {order: {"cv", "loso",
     "score"}}, "weight", "rule", "order", "fits" (Keep per target set), "decided" (the chosen candidate's rows), "cv",
-    "loso", "cv_shift", "loso_shift"}.
+    "loso", "cv_shift", "loso_shift"}. `mtl_pred` None: the baseline's rows alone (weights [0.0] only: the default DAG's
+    score, which reads no MTL), in the MTL's row order (the same decided rows, bit for bit, as weight 0 beside an MTL).
     """
     from medrank.selection.decision import combine_systems, decide_system
 
     shift = PriorShift()
 
-    mine = mtl_pred[["part", "gid", "aid", "fold", "prob_mean", "rank_key"]].rename(columns={"prob_mean": "prob"})
     theirs = base_pred[["part", "gid", "aid", "prob", "rank_score"]].rename(columns={"rank_score": "rank_key"})
+    if mtl_pred is None:
+        if any(w != 0 for w in weights):
+            raise MedrankError(f"MTL weights {list(weights)} need the MTL's predictions (weight 0 alone reads none)")
+        mine = in_mtl_order(base_pred)[["part", "gid", "aid", "fold", "prob", "rank_score"]]
+        mine = mine.rename(columns={"rank_score": "rank_key"})
+    else:
+        mine = mtl_pred[["part", "gid", "aid", "fold", "prob_mean", "rank_key"]].rename(columns={"prob_mean": "prob"})
     from tqdm.auto import tqdm
 
     combined = {w: combine_systems(mine, theirs, w) for w in weights}

@@ -30,43 +30,47 @@ def _metrics(name: str) -> dict:
 @dataclass
 class Inputs:
     answers: pd.DataFrame  # every normalized answer (validation: the full official gold)
-    pred: pd.DataFrame  # the MTL's predictions (oof / loso / val / test)
+    pred: pd.DataFrame | None  # the MTL's predictions (oof / loso / val / test); None: weight 0 alone reads none
     base: pd.DataFrame  # the baseline's
-    cand: pd.DataFrame  # the answers the MTL saw (capped profiles see fewer): the CV rows
+    cand: (
+        pd.DataFrame
+    )  # the answers the MTL saw (capped profiles see fewer; the baseline's without an MTL): the CV rows
     gold_val: pd.DataFrame
 
 
-def read_inputs() -> Inputs:
+def read_inputs(with_mtl: bool) -> Inputs:
+    """The inputs of the pick; `with_mtl` False (MTL weight 0 alone, stage score): the MTL's predictions are not read."""
     from medrank.task3.features import answer_table, question_key
     from medrank.core.io import read_parquet
     from medrank.selection.metrics import gold_from_answers
 
     answers = read_parquet(L.ANSWERS)
-    pred = read_parquet(L.MTL_PREDICTIONS)
-    cand = answer_table(answers.merge(pred[["split", "qid", "aid"]].drop_duplicates(), on=["split", "qid", "aid"]))
     base = read_parquet(L.BASELINE_PREDICTIONS)
+    pred = read_parquet(L.MTL_PREDICTIONS) if with_mtl else None
+    seen = (base if pred is None else pred)[["split", "qid", "aid"]].drop_duplicates()
+    cand = answer_table(answers.merge(seen, on=["split", "qid", "aid"]))
     return Inputs(
         answers,
-        pred.assign(gid=question_key(pred)),
+        None if pred is None else pred.assign(gid=question_key(pred)),
         base.assign(gid=question_key(base)),
         cand,
         gold_from_answers(answers, L.VAL_SPLIT),
     )
 
 
-def weights_of(sp) -> list[float]:
-    """The MTL weights `score.system` lets the rule choose from (0 = the baseline alone, 1 = the MTL alone)."""
-    from medrank.core.errors import MedrankError
+SCORE_WEIGHTS = (
+    0.0,
+)  # stage score's: score.system, the baseline (0 = the baseline alone); system_choice's: score.mtl_weights
 
-    weights = {
-        "auto": sp.mtl_weights,
-        "baseline": [0.0],
-        "mtl": [1.0],
-        "ensemble": [w for w in sp.mtl_weights if 0 < w < 1],
-    }[sp.system]
-    if not weights:
-        raise MedrankError("score.system: ensemble needs an MTL weight strictly between 0 and 1 in score.mtl_weights")
-    return weights
+
+def decide(sp, seed: int, weights) -> tuple[Inputs, dict, dict]:
+    """(inputs, the written rule's pick over MTL weight `weights` x score.keep_rules then order, its metrics): stage
+    score with SCORE_WEIGHTS (no MTL read), analysis stage system_choice with every weight of score.mtl_weights."""
+    weights = [float(w) for w in weights]
+    inp = read_inputs(with_mtl=any(w > 0 for w in weights))
+    band = noise_band(("accuracy", *sp.select_on, "precision", "mrr", "spearman", "order"))  # the guard's metrics too
+    sel = select(inp, sp, weights, band)
+    return inp, sel, task3_val_metrics(inp, sel, sp, seed, weights, band)
 
 
 def noise_band(keys) -> dict[str, float]:
@@ -130,8 +134,9 @@ def system_rows(metrics: dict) -> dict[str, dict]:
     their CV and LOSO rows (from `task3_val_metrics`)."""
     out = {}
     for name, system in (("task3_val_mtl", "mtl"), ("task3_val_ensemble", "final")):
-        row = metrics["systems"][system]
-        out[name] = {**row["val"], "cv": row["cv"], "loso": row["loso"]}
+        if system in metrics["systems"]:
+            row = metrics["systems"][system]
+            out[name] = {**row["val"], "cv": row["cv"], "loso": row["loso"]}
     return out
 
 
@@ -140,13 +145,26 @@ def write_submissions(chosen: pd.DataFrame, cand: pd.DataFrame) -> None:
     from medrank.core.errors import MedrankError
     from medrank.selection.submission import write_task3_submission
 
-    q_order = {g: i for i, g in enumerate(pd.unique(cand["gid"]))}
     for part in ("val", "test"):
-        rows = chosen[chosen["part"] == part]
+        rows = in_question_order(chosen, cand, part)
         if part == "test" and rows.empty:
-            raise MedrankError("no test predictions (did the mtl stage see the test split?)")
-        rows = rows.assign(_q=rows["gid"].map(q_order)).sort_values("_q", kind="stable")
-        write_task3_submission(L.task3_submission(part), rows[["qid", "aid", "label", "score"]])
+            raise MedrankError("no test predictions (did the baseline stage see the test split?)")
+        write_task3_submission(L.task3_submission(part), rows)
+
+
+def in_question_order(chosen: pd.DataFrame, cand: pd.DataFrame, part: str) -> pd.DataFrame:
+    """The chosen rows of one part (qid, aid, label, score), questions in the candidate table's order."""
+    q_order = {g: i for i, g in enumerate(pd.unique(cand["gid"]))}
+    rows = chosen[chosen["part"] == part]
+    rows = rows.assign(_q=rows["gid"].map(q_order)).sort_values("_q", kind="stable")
+    return rows[["qid", "aid", "label", "score"]]
+
+
+def submission_rows(chosen: pd.DataFrame, cand: pd.DataFrame, part: str) -> pd.DataFrame:
+    """The rows write_submissions writes for one part (qid, aid, label), in their order."""
+    from medrank.selection.submission import task3_submission_rows
+
+    return task3_submission_rows(in_question_order(chosen, cand, part))
 
 
 def _row(c: dict) -> dict:
@@ -161,14 +179,16 @@ def _band(shift: dict) -> dict:
 
 
 def task3_val_metrics(inp: Inputs, sel: dict, sp, seed: int, weights: list[float], band: dict) -> dict:
-    """metrics/task3_val.json (timing aside): the final system's official validation scores, the selection, every
-    system's val / CV / LOSO row (CHiQA on the same folds), the candidate and order tables, `vs_baseline`."""
+    """metrics/task3_val.json (timing aside; analysis stage system_choice: metrics/system_choice.json): the pick's
+    official validation scores, the selection, every system's val / CV / LOSO row (CHiQA on the same folds; the MTL's
+    where it was read), the candidate and order tables, `vs_baseline`."""
     from medrank.selection.metrics import score_task3, task3_by_question, task3_scores_of
 
     chosen, cand, gold_val = sel["decided"], inp.cand, inp.gold_val
-    # the written validation files scored officially, per question (summed: the official scores; resampled: the bootstrap)
+    # the validation rows as submitted, scored officially per question (summed: the official scores; resampled: the
+    # bootstrap); the baseline's from its written file
     val_q = {
-        "final": task3_by_question(gold_val, L.task3_submission("val")),
+        "final": task3_by_question(gold_val, submission_rows(chosen, cand, "val")),
         "baseline": task3_by_question(gold_val, L.task3_submission("val", "baseline")),
     }
     final_val = task3_scores_of(val_q["final"])
@@ -183,10 +203,13 @@ def task3_val_metrics(inp: Inputs, sel: dict, sp, seed: int, weights: list[float
         sp.cv_folds,
         seed,
     )
-    mtl, base, cnn = _metrics("mtl"), _metrics("task3_val_baseline"), _metrics("cnn_mediqa")
-    mtl_val = score_task3(gold_val, E.ranked_rows(inp.pred[inp.pred["part"] == "val"])[["qid", "aid", "label"]])
-    systems = {
-        "mtl": {"val": E.rounded_scores(mtl_val), "cv": E.rounded_summary(mtl["cv"]), "loso": mtl["loso"]},
+    base, cnn = _metrics("task3_val_baseline"), _metrics("cnn_mediqa")
+    systems = {}
+    if inp.pred is not None:
+        mtl = _metrics("mtl")
+        mtl_val = score_task3(gold_val, E.ranked_rows(inp.pred[inp.pred["part"] == "val"])[["qid", "aid", "label"]])
+        systems["mtl"] = {"val": E.rounded_scores(mtl_val), "cv": E.rounded_summary(mtl["cv"]), "loso": mtl["loso"]}
+    systems |= {
         "chiqa": {
             "val": E.rounded_scores(score_task3(gold_val, L.task3_submission("val", "chiqa"))),
             **chiqa,

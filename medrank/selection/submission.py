@@ -48,12 +48,17 @@ def _check_labels(df: pd.DataFrame, what: str) -> np.ndarray:
 
 
 def write_task3_submission(path: str | os.PathLike, df: pd.DataFrame) -> None:
-    """Write `qid,aid,label` rows (no header) from df with qid, aid, label (0/1) and score (higher = better).
+    """Write `qid,aid,label` rows (no header) from df with qid, aid, label (0/1) and score (higher = better), in the
+    order of `task3_submission_rows`. The file appears only when complete (medrank.core.io.atomic_path)."""
+    rows = task3_submission_rows(df, f"Task 3 submission for {path}")
+    text = "".join(f"{q},{a},{lab}\n" for q, a, lab in zip(rows["qid"], rows["aid"], rows["label"]))
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
-    Questions keep their order of first appearance in `df`; within a question answers go by descending score,
-    ties in input order. The file appears only when complete (medrank.core.io.atomic_path).
-    """
-    what = f"Task 3 submission for {path}"
+
+def task3_submission_rows(df: pd.DataFrame, what: str = "Task 3 submission") -> pd.DataFrame:
+    """The qid, aid, label rows a Task 3 submission of df holds, in its order: questions keep their order of first
+    appearance in `df`; within a question answers go by descending score, ties in input order."""
     qids, aids = _check_ids(df, ["qid", "aid"], what)
     labels = _check_labels(df, what)
     if "score" not in df.columns:
@@ -68,9 +73,9 @@ def write_task3_submission(path: str | os.PathLike, df: pd.DataFrame) -> None:
     q_order = np.asarray([first_seen.setdefault(q, len(first_seen)) for q in qids])
     # lexsort: last key is primary -> question, then descending score, then input position (stable ties)
     order = np.lexsort((np.arange(len(qids)), -scores, q_order))
-    text = "".join(f"{qids[i]},{aids[i]},{labels[i]}\n" for i in order)
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    return pd.DataFrame(
+        {"qid": [qids[i] for i in order], "aid": [aids[i] for i in order], "label": [labels[i] for i in order]}
+    )
 
 
 def write_task2_submission(path: str | os.PathLike, df: pd.DataFrame) -> None:

@@ -10,13 +10,14 @@ from typing import Any, Literal
 from medrank.core import layout
 from medrank.core.errors import MedrankError
 from medrank.core.frame import Composable, Frame
+from medrank.params.groups import RETRIEVAL_GROUPS
 
 
 Fit = Literal["final", "val"]
 
-# the feature groups that read the retrieve step's entailed answers (rqe_i, rqe_emb_i, entailed_text) and those that
-# also read the NLI grids (anli_i): medrank.task3.features.answer_table; the MTL network reads both whatever its groups
-RETRIEVAL_GROUPS = frozenset({"rqe", "rqe_emb", "bow", "anli"})
+# the feature groups that read the retrieve step's entailed answers (rqe_i, rqe_emb_i, entailed_text: the registry's
+# RETRIEVAL_GROUPS) and those that also read the NLI grids (anli_i): medrank.task3.features.answer_table; the MTL
+# network reads both whatever its groups
 GRID_GROUPS = frozenset({"anli"})
 
 
