@@ -9,6 +9,8 @@ with --cold also whether the fresh clone rebuilt the committed outputs bit for b
     python benchmarks/experiment.py [--set n_candidates=5] [--workdir DIR]   # tiny profile, a scratch repo (~6 min)
     python benchmarks/experiment.py --profile default                        # a clone of this checkout, outputs from
                                                                              # its DVC cache (no full repro)
+    python benchmarks/experiment.py --profile default --target analysis/dvc.yaml:system_choice   # N's experiment:
+                                                                             # the MTL path reads N, the default DAG not
     python benchmarks/experiment.py --profile default --cold                 # a fresh clone, an empty DVC cache: the
                                                                              # full `dvc repro` (~40 min), then the experiment
     python benchmarks/experiment.py --paired NEW OLD [--runs 3]              # the experiment from two checkouts with
@@ -253,6 +255,13 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="dvc exp run -S (default n_candidates=5)",
     )
+    ap.add_argument(
+        "--target",
+        action="append",
+        default=None,
+        metavar="STAGE",
+        help="dvc exp run's targets (default: dvc.yaml's; the MTL path, which reads N: analysis/dvc.yaml:system_choice)",
+    )
     ap.add_argument("--workdir", type=Path, default=None, help="scratch folder (kept); default a temp folder, removed")
     ap.add_argument(
         "--cold",
@@ -323,7 +332,10 @@ def main() -> None:
             full, full_stages = None, {}
             same, differ = None, []
         before = cache_hits(work)
-        exp, exp_stages = timed_dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], work, exp_peaks)
+        targets = args.target or []
+        exp, exp_stages = timed_dvc(
+            ["exp", "run", *targets, *[a for o in overrides for a in ("-S", o)]], work, exp_peaks
+        )
         after = cache_hits(work)
         diff = subprocess.run(
             [sys.executable, "-m", "dvc", "metrics", "diff", "--md"], cwd=work, capture_output=True, text=True
@@ -333,7 +345,7 @@ def main() -> None:
             shutil.rmtree(work_root, ignore_errors=True)
 
     print(
-        f"profile {args.profile}{' (cold: fresh clone, empty DVC cache)' if args.cold else ''}; experiment: dvc exp run {' '.join('-S ' + o for o in overrides)}"
+        f"profile {args.profile}{' (cold: fresh clone, empty DVC cache)' if args.cold else ''}; experiment: dvc exp run {' '.join([*(args.target or []), *('-S ' + o for o in overrides)])}"
     )
     # the same cores give other seconds when the host is busy (a shared VM): this says how fast they were, before and after
     print(f"machine speed (1-thread fp32 / bf16 matmul GFLOP/s): before {speed_before}, after {machine_speed()}")

@@ -48,9 +48,8 @@ def mtl_verdict(nested: dict | None, acceptance: dict | None = None) -> str:
             if acceptance
             else ""
         )
-        + "The written rule (analysis stage `system_choice`) finds the MTL and every ensemble no better beyond the noise "
-        "band and keeps the simpler baseline, so the default DAG trains no MTL, and N (`n_candidates`), which only the MTL "
-        "reads, is an analysis knob: `dvc exp run analysis/dvc.yaml:system_choice -S n_candidates=5`."
+        + "The written rule (stage `system_choice`) finds the MTL and every ensemble no better beyond the noise band "
+        "and keeps the simpler baseline, so `dvc repro` trains no MTL."
     )
 
 

@@ -8,7 +8,7 @@ when every tracked file that differs from HEAD is such an output (or a document 
 and the check's claims are untouched, the check reads HEAD's files, a snapshot by `git archive` (git state unchanged).
 Otherwise it reads the working tree: a fresh clone (CI: the tree is HEAD, so committed drift fails), a developer's
 edit of code, params or hand-written text (what it reproduces must match its documents), claims the user refreshed
-(`medrank report`, the band's `python -m stages.noise_band && dvc commit -f noise_band`: then checked as theirs), or
+(`medrank report`, the band's `python -m stages.noise_band && dvc commit -f analysis/dvc.yaml:noise_band`: then checked as theirs), or
 no git to compare with (a tarball, a repo whose HEAD has no dvc.lock such as the slow set's tiny repo): never a skip.
 Untracked files never count (a venv inside the checkout, a plot file named by other chosen training sets)."""
 
@@ -79,7 +79,7 @@ def checked_tree(
 ) -> Path:
     """The root whose files a consistency check reads: `repo`, or a snapshot of its HEAD under `tmp_path` when its
     working tree differs from HEAD only by a repro's outputs and the generated documents, none of them under `claims`
-    (paths) and no dvc.lock entry of `lock_stages` changed (the check's own claims: refreshed ones are checked as
+    (paths) and no dvc.lock / analysis/dvc.lock entry of `lock_stages` changed (the check's own claims: refreshed ones are checked as
     they are)."""
     changed = changed_files(repo)
     if not changed:
@@ -89,11 +89,12 @@ def checked_tree(
     ):
         return repo
     lock_stages = tuple(lock_stages)
-    if lock_stages and "dvc.lock" in changed:
-        head = _git(repo, "show", "HEAD:dvc.lock").stdout
-        now = (repo / "dvc.lock").read_bytes() if (repo / "dvc.lock").is_file() else b""
-        if _lock_entries(head, lock_stages) != _lock_entries(now, lock_stages):
-            return repo
+    for lock in ("dvc.lock", "analysis/dvc.lock"):
+        if lock_stages and lock in changed:
+            head = _git(repo, "show", f"HEAD:{lock}").stdout
+            now = (repo / lock).read_bytes() if (repo / lock).is_file() else b""
+            if _lock_entries(head, lock_stages) != _lock_entries(now, lock_stages):
+                return repo
     return snapshot(repo, tmp_path / "HEAD")
 
 

@@ -370,8 +370,11 @@ def test_judged_rows_need_the_judged_answers_bienc_scores():
         baseline={"features": ["metadata", "bienc"], "judged_rows": "ranker"}, bienc={"judged": True}
     ).bienc.judged
     assert (
-        Params(baseline={"features": ["metadata", "rqe"], "judged_rows": "all"}).baseline.judged_rows == "all"
+        Params(baseline={"features": ["metadata"], "judged_rows": "all"}).baseline.judged_rows == "all"
     )  # no bienc input read
+    # a group reading the MTL path's retrieval is an analysis row's, not the default baseline's (issue 63)
+    with pytest.raises(ValueError, match="baseline.features: group rqe reads the entailed MedQuAD answers of stage retrieve"):
+        Params(baseline={"features": ["metadata", "rqe"]})
 
 
 def test_an_inner_fold_of_one_class_gets_that_class_rate_and_a_single_class_training_set_is_refused():

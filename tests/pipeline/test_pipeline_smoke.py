@@ -601,7 +601,7 @@ def test_bad_params_stop_dvc_repro_before_any_output_is_deleted(tiny_repo, tiny_
 
 def test_frozen_noise_band_is_reused_then_refreshed_by_hand(tiny_repo, tiny_repro):
     """Stage noise_band is frozen: `dvc repro` read the committed band (the defaults') and never ran it; the documented
-    refresh (`python -m stages.noise_band && dvc commit -f noise_band`) computes the tiny profile's own band (2 seeds,
+    refresh (`python -m stages.noise_band && dvc commit -f analysis/dvc.yaml:noise_band`) computes the tiny profile's own band (2 seeds,
     both systems), and the next `dvc repro` re-runs only the score stage that reads it."""
     assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
     assert "Running stage 'noise_band'" not in tiny_repro.stdout
