@@ -3,10 +3,10 @@
 The baseline's and the MTL's CV + LOSO over train+val re-run under `noise_band.seeds` seeds (the top-level seed and the
 next ones: folds, inner folds, initialisation); per metric, the sd over seeds of its selection score (mean of CV and
 LOSO mean), and of the order score (evaluation.seed_spread). The band is a property of the committed defaults, so the
-stage is frozen in dvc.yaml: `dvc exp run` reuses it instead of fitting 3x the networks in every experiment. After a
+stage is frozen (analysis/dvc.yaml): `dvc repro` and `dvc exp run` read it instead of fitting 3x the networks in every experiment. After a
 change of a default, refresh it: `python -m stages.noise_band && dvc commit -f analysis/dvc.yaml:noise_band` (DVC never runs a frozen
-stage's command; docs/experiments.md). A test checks that dvc.lock records it for the committed params and data.
-Writes metrics/noise_band.json (read by score and nested_loso) and its timings, metrics/noise_band_seconds.json.
+stage's command; docs/experiments.md). A test checks that analysis/dvc.lock records it for the committed params and data.
+Writes metrics/noise_band.json (read by score, system_choice and nested_loso) and its timings, metrics/noise_band_seconds.json.
 """
 
 from __future__ import annotations

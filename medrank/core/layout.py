@@ -70,6 +70,17 @@ SQUAD_SENTENCES_STATS = CNN_INTERIM / "squad_sentences_stats.json"
 CROSSENC_DEV_SCORES = CNN_INTERIM / "crossenc_dev_scores.parquet"
 
 # ---------------------------------------------------------------- models
+# the stages analysis/dvc.yaml runs that save something `medrank rank` may load: DVC names them
+# `analysis/dvc.yaml:<stage>` (the MTL's path since system_choice picked the baseline; tests/pipeline/test_layout.py)
+ANALYSIS_DVC_YAML = "analysis/dvc.yaml"
+ANALYSIS_MODEL_STAGES = frozenset({"finetune_nli", "retrieve", "embed", "mtl"})
+
+
+def dvc_target(stage: str) -> str:
+    """A stage as `dvc repro` takes it from the repository's root."""
+    return f"{ANALYSIS_DVC_YAML}:{stage}" if stage in ANALYSIS_MODEL_STAGES else stage
+
+
 MODELS = Path("models")
 BASE_MODELS = MODELS / "base"  # acquire_models: pinned pretrained encoders by name (<name>/, MANIFEST.json)
 NLI_MODEL = MODELS / "nli"  # finetune_nli

@@ -86,7 +86,7 @@ def load_step(step: str, models_dir: str | os.PathLike = layout.MODELS) -> Saved
     from medrank.params import STEP_PARAMS
 
     d = step_dir(step, models_dir)
-    stage = STEP_PARAMS[step][0]
+    stage = layout.dvc_target(STEP_PARAMS[step][0])
     path = d / STEP_FILE
     if not path.is_file():
         raise MedrankError(f"{path}: the {step} step is missing (run `dvc repro {stage}`)")
@@ -127,5 +127,5 @@ def load_recipe(steps: dict[str, SavedStep], where: str):
 
 def model_dir(path: Path, what: str, stage: str) -> Path:
     if not path.is_dir():
-        raise MedrankError(f"{path}: the {what} model is missing (run `dvc repro {stage}`)")
+        raise MedrankError(f"{path}: the {what} model is missing (run `dvc repro {layout.dvc_target(stage)}`)")
     return path

@@ -373,7 +373,9 @@ def test_judged_rows_need_the_judged_answers_bienc_scores():
         Params(baseline={"features": ["metadata"], "judged_rows": "all"}).baseline.judged_rows == "all"
     )  # no bienc input read
     # a group reading the MTL path's retrieval is an analysis row's, not the default baseline's (issue 63)
-    with pytest.raises(ValueError, match="baseline.features: group rqe reads the entailed MedQuAD answers of stage retrieve"):
+    with pytest.raises(
+        ValueError, match="baseline.features: group rqe reads the entailed MedQuAD answers of stage retrieve"
+    ):
         Params(baseline={"features": ["metadata", "rqe"]})
 
 

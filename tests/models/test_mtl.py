@@ -525,7 +525,7 @@ def test_corrupt_model_folder_is_one_error_line(data, tmp_path):
         (tmp_path / "m" / "mtl.json").write_bytes(text.encode("utf-8", "surrogateescape"))
         with pytest.raises(MedrankError, match=r"mtl\.json: (cannot read|not a JSON object|edited or damaged)") as e:
             mtl.FittedMTL.load(tmp_path / "m")
-        assert "\n" not in str(e.value) and "dvc repro mtl" in str(e.value), i
+        assert "\n" not in str(e.value) and "dvc repro analysis/dvc.yaml:mtl" in str(e.value), i
     for i, text in enumerate(_doctor_mtl_json(good)[2:-1]):  # re-sealed (valid JSON objects): each still one line
         body = {k: v for k, v in json.loads(text).items() if k != RECORD_SHA256}
         write_sealed_json(tmp_path / "m" / "mtl.json", body)

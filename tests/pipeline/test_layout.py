@@ -17,6 +17,7 @@ import pytest
 
 import yaml
 
+from medrank.core import layout
 from tests.conftest import REPO
 from tests.helpers.deps import code_deps as _code_deps
 from tests.helpers.deps import is_code as _is_code
@@ -175,7 +176,9 @@ def test_noise_band_is_frozen_and_recorded_for_the_committed_params(tmp_path):
     code and params (its data legitimately differs on another CPU kind) that left the band as committed
     (tests/helpers/committed.py); from the working tree after any edit, or once the band is refreshed."""
     root = checked_tree(tmp_path, claims=BAND, lock_stages=("noise_band",))
-    refresh = "refresh the band: python -m stages.noise_band && dvc commit -f analysis/dvc.yaml:noise_band" + described(root)
+    refresh = "refresh the band: python -m stages.noise_band && dvc commit -f analysis/dvc.yaml:noise_band" + described(
+        root
+    )
     # an analysis stage since system_choice picked the baseline (issue 63): `dvc repro` reads its band, never runs it
     stage = yaml.safe_load((root / "analysis/dvc.yaml").read_text())["stages"]["noise_band"]
     assert stage.get("frozen") is True
@@ -193,8 +196,8 @@ def test_noise_band_is_frozen_and_recorded_for_the_committed_params(tmp_path):
         )
     # and on the data the committed defaults read: each data input as the baseline / mtl stage recorded it, or as the
     # stage that wrote it (embed's grids folder)
-    seen = {d["path"]: d["md5"] for name in ("baseline", "mtl") for d in lock[name]["deps"]}
-    seen |= {o["path"]: o["md5"] for name in ("retrieve", "embed") for o in lock[name]["outs"]}
+    seen = {o["path"]: o["md5"] for name in ("retrieve", "embed") for o in lock[name]["outs"]}
+    seen |= {d["path"]: d["md5"] for name in ("mtl", "baseline") for d in lock[name]["deps"]}  # the default's last
     data = [d for d in lock["noise_band"]["deps"] if d["path"].startswith("data/")]
     assert data and all(seen[d["path"]] == d["md5"] for d in data), f"noise_band was computed on other data: {refresh}"
 
@@ -239,3 +242,16 @@ def test_every_test_reading_the_checkout_is_marked_checkout():
     assert len(tests) > 30
     unmarked = [line for path in tests for line in unmarked_checkout_readers(path)]
     assert not unmarked, "\n".join(unmarked)
+
+
+def test_a_stage_of_the_analysis_pipeline_is_named_as_dvc_takes_it():
+    """Error lines name `dvc repro <target>` (medrank.core.layout.dvc_target): the stages of analysis/dvc.yaml that
+    save what `medrank rank` may load are `analysis/dvc.yaml:<stage>`, the default DAG's by their name."""
+    analysis = set(yaml.safe_load((REPO / "analysis/dvc.yaml").read_text())["stages"])
+    default = set(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
+    assert layout.ANALYSIS_MODEL_STAGES <= analysis and not layout.ANALYSIS_MODEL_STAGES & default
+    from medrank.params import STEP_PARAMS
+
+    for step, (stage, _) in STEP_PARAMS.items():
+        assert stage in default or stage in layout.ANALYSIS_MODEL_STAGES, (step, stage)
+        assert layout.dvc_target(stage) == (stage if stage in default else f"analysis/dvc.yaml:{stage}")

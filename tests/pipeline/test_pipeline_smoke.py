@@ -35,6 +35,44 @@ def tiny_repro(tiny_repo) -> subprocess.CompletedProcess:
     return _dvc("repro", cwd=tiny_repo)
 
 
+# the analysis tables and the MTL's path (finetune_nli -> retrieve -> embed -> mtl -> system_choice): their metrics files
+# are committed from the default profile, so the analysis run rewrites them
+ANALYSIS_METRICS = (
+    "rqe_selection",
+    "baseline_ablations",
+    "mtl_ablations",
+    "mtl_confirm",
+    "qa",
+    "qa_graded",
+    "cnn_crossenc",
+    "nested_loso",
+    "qa_bienc",
+    "passages",
+    "agree",
+    "finetune_nli",
+    "retrieve",
+    "embed",
+    "mtl",
+    "mtl_seconds",
+    "system_choice",
+    "task3_val_mtl",
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_analysis(tiny_repo, tiny_repro) -> dict:
+    """The module's one `dvc repro analysis/dvc.yaml` after the default repro (the tests that read the MTL's path build
+    on it), with the default's models and metrics as they were before it."""
+    assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
+    tables = {tiny_repo / f"metrics/{m}.json" for m in ANALYSIS_METRICS}
+    before = _md5s(tiny_repo / "models") | {
+        str(p): hashlib.md5(p.read_bytes()).hexdigest()
+        for p in sorted((tiny_repo / "metrics").glob("*.json"))
+        if p not in tables
+    }
+    return {"result": _dvc("repro", "analysis/dvc.yaml", cwd=tiny_repo), "before": before}
+
+
 def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
     r = tiny_repro
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -47,18 +85,18 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
             path = next(iter(m)) if isinstance(m, dict) else m
             if "${" not in path:
                 assert json.loads((tiny_repo / path).read_text()) is not None, path
-    # the tiny MTL is a 2-member bag that reads the CNN stage's answer scores (optional cnn group)
-    from medrank.models.mtl import MTLBag
-
-    bag, meta = MTLBag.load(tiny_repo / "models/mtl")
-    assert len(bag.members) == 2 and "cnn" in bag.builder.groups and meta["n_candidates"] == 3
+    # the default DAG computes what the defaults read: system_choice picked the baseline, so no NLI fine-tune,
+    # retrieval, grids or MTL (analysis/dvc.yaml's; below)
+    for path in ("models/mtl", "models/nli", "models/steps/retrieve", "data/processed/retrieved.parquet"):
+        assert not (tiny_repo / path).exists(), path
+    assert json.loads((tiny_repo / "models/system.json").read_text())["system"] == "baseline"
     # each inference step saved by the stage that runs it: `medrank rank` reads these, not params.yaml or data/
     step = json.loads((tiny_repo / "models/steps/cnn_scores/step.json").read_text())
     assert step["stage"] == "cnn_mediqa" and step["params"]["cnn"]["mediqa_aggregation"] in ("max", "mean")
     assert "recipe" not in json.loads((tiny_repo / "models/system.json").read_text())
     # the ablation / selection tables and the candidate signals no default reads (qa, qa_graded) are analysis/dvc.yaml's:
-    # `dvc repro` runs none of its stages
-    assert "analysis/dvc.yaml:" not in r.stdout, r.stdout
+    # `dvc repro` runs none of its stages (the frozen noise band's committed file is read, its upstream never run)
+    assert "Running stage 'analysis/dvc.yaml:" not in r.stdout, r.stdout
     assert not (tiny_repo / "models/qa").exists() and not (tiny_repo / "data/processed/qa_scores.parquet").exists()
     # the score stage compared the final system with the baseline on paired question resamples
     final = json.loads((tiny_repo / "metrics/task3_val.json").read_text())
@@ -82,42 +120,22 @@ def test_dvc_repro_tiny_profile(tiny_repo, tiny_repro):
     assert "up to date" in status.stdout, status.stdout
 
 
-def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
+def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_analysis):
     """`dvc repro analysis/dvc.yaml` runs the table stages, the candidate signals (qa, qa_graded, qa_bienc, passages,
-    agree) and the CNN's
-    cross-encoder row (cnn_crossenc), and nothing of the
-    default pipeline; their rows are
+    agree), the CNN's cross-encoder row (cnn_crossenc) and the MTL's path with system_choice (the pick the default's
+    score.system holds), and nothing of the default pipeline (the frozen noise band is read, not run); their rows are
     the default stages' protocols (the MTL row on the mtl stage's folds, the RQE rows with the chosen sets' verdict,
     the confirmed row paired with the default seed by seed)."""
-    assert tiny_repro.returncode == 0
-    tables = {
-        tiny_repo / f"metrics/{m}.json"
-        for m in (
-            "rqe_selection",
-            "baseline_ablations",
-            "mtl_ablations",
-            "mtl_confirm",
-            "qa",
-            "qa_graded",
-            "cnn_crossenc",
-            "nested_loso",
-            "qa_bienc",
-            "passages",
-            "agree",
-        )
-    }
-    before = _md5s(tiny_repo / "models") | {
-        str(p): hashlib.md5(p.read_bytes()).hexdigest()
-        for p in sorted((tiny_repo / "metrics").glob("*.json"))
-        if p not in tables
-    }
-    r = _dvc("repro", "analysis/dvc.yaml", cwd=tiny_repo)
+    r, before = tiny_analysis["result"], tiny_analysis["before"]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
     assert ran == [
         "analysis/dvc.yaml:agree",
         "analysis/dvc.yaml:baseline_ablations",
         "analysis/dvc.yaml:cnn_crossenc",
+        "analysis/dvc.yaml:embed",
+        "analysis/dvc.yaml:finetune_nli",
+        "analysis/dvc.yaml:mtl",
         "analysis/dvc.yaml:mtl_ablations",
         "analysis/dvc.yaml:mtl_confirm",
         "analysis/dvc.yaml:nested_loso",
@@ -125,12 +143,28 @@ def test_analysis_pipeline_runs_apart_from_the_default(tiny_repo, tiny_repro):
         "analysis/dvc.yaml:qa",
         "analysis/dvc.yaml:qa_bienc",
         "analysis/dvc.yaml:qa_graded",
+        "analysis/dvc.yaml:retrieve",
         "analysis/dvc.yaml:rqe_selection",
+        "analysis/dvc.yaml:system_choice",
     ], r.stdout
     after = _md5s(tiny_repo / "models") | {
         str(p): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted((tiny_repo / "metrics").glob("*.json"))
     }
     assert {k: v for k, v in after.items() if k in before} == before  # no default output touched
+    # the tiny MTL is a 2-member bag that reads the CNN stage's answer scores (optional cnn group)
+    from medrank.models.mtl import MTLBag
+
+    bag, meta = MTLBag.load(tiny_repo / "models/mtl")
+    assert len(bag.members) == 2 and "cnn" in bag.builder.groups and meta["n_candidates"] == 3
+    # system_choice: the written rule over every MTL weight, on the rows stage score decides (weight 0: the same row)
+    choice = json.loads((tiny_repo / "metrics/system_choice.json").read_text())
+    final = json.loads((tiny_repo / "metrics/task3_val.json").read_text())
+    params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
+    assert (
+        set(choice["candidates"]) == {str(float(w)) for w in params["score"]["mtl_weights"]}
+        and "mtl" in choice["systems"]
+    )
+    assert choice["candidates"]["0.0"] == final["candidates"]["0.0"] and list(final["candidates"]) == ["0.0"]
     mtl_rows = json.loads((tiny_repo / "metrics/mtl_ablations.json").read_text())["rows"]
     assert (
         mtl_rows["no_nli_grid"]["overrides"] == {"nli_grid": False}
@@ -300,7 +334,7 @@ def _md5s(root: Path) -> dict[str, str]:
     }
 
 
-def test_push_clone_pull_round_trip(tiny_repo, tiny_repro, tmp_path):
+def test_push_clone_pull_round_trip(tiny_repo, tiny_repro, tiny_analysis, tmp_path):
     """Commit dvc.lock and the git-tracked (cache: false) outputs, `dvc push`; a `git clone` + `dvc pull` then has
     every output byte-identical, `dvc status` is clean and `dvc repro` runs no stage (nothing is re-trained).
     Pushes go to a scratch remote only: the committed default (a folder beside the checkout) stays untouched."""
@@ -359,7 +393,7 @@ def _cache_rows(root: Path) -> dict[str, list]:
     return out
 
 
-def test_ray_backend_embed_equals_local(tiny_repo, tiny_repro, tmp_path):
+def test_ray_backend_embed_equals_local(tiny_repo, tiny_repro, tiny_analysis, tmp_path):
     """Stage embed again with `embed.backend: ray` (a local Ray, 2 actors) from an empty cache: the same cache rows,
     a byte-identical NLI grid (what baseline/mtl/score read, so their metrics cannot move) and the same metrics
     up to timings. The tiny repo's cache, params and metrics are put back afterwards."""
@@ -421,8 +455,12 @@ def _what(d, name: str = ""):
 
 
 def _declared_outputs(repo: Path, stages: tuple[str, ...]) -> list[Path]:
-    """Every out and metrics file the stages declare in dvc.yaml (folders as folders; persist caches included)."""
-    dvc = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    """Every out and metrics file the stages declare in dvc.yaml or analysis/dvc.yaml (folders as folders; persist
+    caches included)."""
+    dvc = {
+        **yaml.safe_load((repo / "dvc.yaml").read_text())["stages"],
+        **yaml.safe_load((repo / "analysis/dvc.yaml").read_text())["stages"],
+    }
     paths = [
         repo / (next(iter(o)) if isinstance(o, dict) else o)
         for s in stages
@@ -474,7 +512,7 @@ def _run_stages(repo: Path, stages: tuple[str, ...], cpus: set[int] | None = Non
 EVERY_CORE_STAGES = ("retrieve", "embed", "bienc", "baseline", "score")
 
 
-def test_one_core_gives_byte_identical_outputs(tiny_repo, tiny_repro, tmp_path):
+def test_one_core_gives_byte_identical_outputs(tiny_repo, tiny_repro, tiny_analysis, tmp_path):
     """The tiny repo's downstream stages again on ONE core (their caches emptied, so everything is recomputed with
     1 torch thread and 1 default BLAS thread instead of 2): every output byte-identical - features, predictions,
     submissions, models, caches; metrics up to timings, thread counts and `runtime`. Put back afterwards."""
@@ -515,15 +553,16 @@ BF16_MTL_PROB_BOUND = 0.02
 BF16_FLIPPED_LABELS_BOUND = 0.1  # of the final submissions' rows
 
 
-def test_bf16_inference_drift_is_bounded(tiny_repo, tiny_repro, tmp_path):
+def test_bf16_inference_drift_is_bounded(tiny_repo, tiny_repro, tiny_analysis, tmp_path):
     """retrieve and embed again with `precision: bf16` (the tiny profile pins fp32; a CPU without AVX-512-bf16 would
-    also run fp32 under `auto`), then mtl and score on their outputs: the probabilities move by less than the bounds
-    above and few submission labels flip. Params, outputs and caches are put back afterwards."""
+    also run fp32 under `auto`), then mtl on their outputs: the probabilities move by less than the bounds above and
+    few of the MTL's submission labels flip (the final system, the baseline, reads neither). Params, outputs and caches
+    are put back afterwards."""
     assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
     import numpy as np
     import pandas as pd
 
-    stages = ("retrieve", "embed", "mtl", "score")
+    stages = ("retrieve", "embed", "mtl")
     params_file = tiny_repo / "params.yaml"
     outs = _declared_outputs(tiny_repo, stages)  # with the retrieve / embed caches (bf16 adds namespaces to them)
     saved = tmp_path / "saved"
@@ -558,8 +597,8 @@ def test_bf16_inference_drift_is_bounded(tiny_repo, tiny_repro, tmp_path):
         assert len(final) and max_diff(final, "prob") <= BF16_MTL_PROB_BOUND
         for split in ("val", "test"):
             names = ["qid", "aid", "label"]
-            a = pd.read_csv(fp32 / layout.task3_submission(split), header=None, names=names, dtype=str)
-            b = pd.read_csv(tiny_repo / layout.task3_submission(split), header=None, names=names, dtype=str)
+            a = pd.read_csv(fp32 / layout.task3_submission(split, "mtl"), header=None, names=names, dtype=str)
+            b = pd.read_csv(tiny_repo / layout.task3_submission(split, "mtl"), header=None, names=names, dtype=str)
             m = a.merge(b, on=["qid", "aid"])
             assert len(m) == len(a) == len(b) and (m["label_x"] != m["label_y"]).mean() <= BF16_FLIPPED_LABELS_BOUND, (
                 split
@@ -568,7 +607,7 @@ def test_bf16_inference_drift_is_bounded(tiny_repo, tiny_repro, tmp_path):
         _put_back(outs + [params_file], saved, tiny_repo)
 
 
-def test_bad_params_stop_dvc_repro_before_any_output_is_deleted(tiny_repo, tiny_repro):
+def test_bad_params_stop_dvc_repro_before_any_output_is_deleted(tiny_repo, tiny_repro, tiny_analysis):
     """DVC deletes a stage's outputs before running it: a bad value for the MTL must stop at check_params (upstream of
     every stage) with one line, and the trained MTL and everything else stay as they were."""
     assert tiny_repro.returncode == 0, "the tiny repro failed: see test_dvc_repro_tiny_profile"
@@ -590,16 +629,16 @@ def test_bad_params_stop_dvc_repro_before_any_output_is_deleted(tiny_repo, tiny_
         # submissions too) before the stage's own gate ran
         outs = [tiny_repo / p for p in ("models/mtl", "data/processed/mtl_predictions.parquet", "submissions")]
         kept = {p.name: _md5s(p) if p.is_dir() else p.read_bytes() for p in outs}
-        lock = (tiny_repo / "dvc.lock").read_bytes()
-        r = _dvc("repro", "-s", "-f", "mtl", cwd=tiny_repo)
+        lock = (tiny_repo / "analysis/dvc.lock").read_bytes()
+        r = _dvc("repro", "-s", "-f", "analysis/dvc.yaml:mtl", cwd=tiny_repo)
         assert r.returncode != 0 and "mtl.alpha" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
         assert {p.name: _md5s(p) if p.is_dir() else p.read_bytes() for p in outs} == kept
-        assert (tiny_repo / "dvc.lock").read_bytes() == lock
+        assert (tiny_repo / "analysis/dvc.lock").read_bytes() == lock
     finally:
         params_file.write_bytes(saved)
 
 
-def test_frozen_noise_band_is_reused_then_refreshed_by_hand(tiny_repo, tiny_repro):
+def test_frozen_noise_band_is_reused_then_refreshed_by_hand(tiny_repo, tiny_repro, tiny_analysis):
     """Stage noise_band is frozen: `dvc repro` read the committed band (the defaults') and never ran it; the documented
     refresh (`python -m stages.noise_band && dvc commit -f analysis/dvc.yaml:noise_band`) computes the tiny profile's own band (2 seeds,
     both systems), and the next `dvc repro` re-runs only the score stage that reads it."""
@@ -614,7 +653,7 @@ def test_frozen_noise_band_is_reused_then_refreshed_by_hand(tiny_repo, tiny_repr
     assert band["seeds"] == [params["seed"], params["seed"] + 1] and band["n_candidates"] == params["n_candidates"]
     for system in ("baseline", "mtl"):
         assert band[system]["seeds"] == 2 and all(band[system][k] >= 0 for k in ("accuracy", "mrr", "order"))
-    assert _dvc("commit", "-f", "noise_band", cwd=tiny_repo).returncode == 0
+    assert _dvc("commit", "-f", "analysis/dvc.yaml:noise_band", cwd=tiny_repo).returncode == 0
     again = _dvc("repro", cwd=tiny_repo)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     ran = sorted(line.split("'")[1] for line in again.stdout.splitlines() if line.startswith("Running stage"))

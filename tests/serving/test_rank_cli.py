@@ -216,7 +216,9 @@ def test_rank_needs_only_the_models_folder(workdir, monkeypatch, capsys, tmp_pat
         main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(tmp_path / "only" / "models")])
     lines = error_lines(capsys.readouterr().err)
     assert (
-        e.value.code == 2 and len(lines) == 1 and "the retrieve step is missing (run `dvc repro retrieve`)" in lines[0]
+        e.value.code == 2
+        and len(lines) == 1
+        and "the retrieve step is missing (run `dvc repro analysis/dvc.yaml:retrieve`)" in lines[0]
     )
 
 
@@ -571,7 +573,10 @@ def test_edited_step_params_are_one_error_line(workdir, monkeypatch, capsys, tmp
         main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(models)])
     lines = error_lines(capsys.readouterr().err)
     assert e.value.code == 2 and len(lines) == 1, lines
-    assert "retrieve/step.json: edited or damaged since it was saved" in lines[0] and "dvc repro retrieve" in lines[0]
+    assert (
+        "retrieve/step.json: edited or damaged since it was saved" in lines[0]
+        and "dvc repro analysis/dvc.yaml:retrieve" in lines[0]
+    )
 
 
 # ---------------------------------------------------------------- a file of questions: one batch

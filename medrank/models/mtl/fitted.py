@@ -222,7 +222,9 @@ class FittedMTL:
             raise MedrankError(f"{path}: no trained MTL model (model.pt + mtl.json; run the mtl stage)")
         from medrank.core.io import read_sealed_json, sha256_file
 
-        meta = read_sealed_json(path / "mtl.json", "re-run `dvc repro mtl`, or `dvc checkout mtl`")
+        meta = read_sealed_json(
+            path / "mtl.json", "re-run `dvc repro analysis/dvc.yaml:mtl`, or `dvc checkout analysis/dvc.yaml:mtl`"
+        )
         try:  # a truncated or doctored model folder is one line naming it, not a traceback
             if meta.get("model_sha256") != sha256_file(path / "model.pt"):  # flipped tensor bytes load fine otherwise
                 raise ValueError(
@@ -257,7 +259,7 @@ class FittedMTL:
             # ValueError covers JSON, UTF-8 and pydantic errors; RuntimeError a state dict of other shapes or a torn model.pt
             reason = str(e).splitlines()[0][:200] if str(e) else ""
             raise MedrankError(
-                f"{path}: not a model folder the mtl stage writes ({type(e).__name__}: {reason}); re-run `dvc repro mtl` or `dvc checkout mtl`"
+                f"{path}: not a model folder the mtl stage writes ({type(e).__name__}: {reason}); re-run `dvc repro analysis/dvc.yaml:mtl` or `dvc checkout analysis/dvc.yaml:mtl`"
             ) from None
         return fitted, meta
 
