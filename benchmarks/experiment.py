@@ -369,7 +369,10 @@ def main() -> None:
     print(
         f"peak RSS of one process (full repro and experiment): {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f} GiB"
     )
+    ran = {*full_stages, *exp_stages}
     for name, hits in after.items():
+        if not ran & {name.split("/")[0], f"analysis/dvc.yaml:{name.split('/')[0]}"}:
+            continue  # its metrics file is the committed one: neither run computed a pair of it
         print(
             f"{name}: experiment computed {hits['computed']} of {hits['pairs']} pairs, {hits['cached']} from the cache"
             + (f" (full repro computed {before[name]['computed']})" if name in before and full else "")
