@@ -71,9 +71,10 @@ CROSSENC_DEV_SCORES = CNN_INTERIM / "crossenc_dev_scores.parquet"
 
 # ---------------------------------------------------------------- models
 # the stages analysis/dvc.yaml runs that save something `medrank rank` may load: DVC names them
-# `analysis/dvc.yaml:<stage>` (the MTL's path since system_choice picked the baseline; tests/pipeline/test_layout.py)
+# `analysis/dvc.yaml:<stage>` (the MTL's path since system_choice picked the baseline, and the passage group's step;
+# tests/pipeline/test_layout.py)
 ANALYSIS_DVC_YAML = "analysis/dvc.yaml"
-ANALYSIS_MODEL_STAGES = frozenset({"finetune_nli", "retrieve", "embed", "mtl"})
+ANALYSIS_MODEL_STAGES = frozenset({"finetune_nli", "retrieve", "embed", "mtl", "passages"})
 
 
 def dvc_target(stage: str) -> str:

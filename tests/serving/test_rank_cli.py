@@ -552,7 +552,9 @@ def test_a_flipped_bit_in_a_step_table_is_one_error_line(workdir, monkeypatch, c
     with pytest.raises(SystemExit) as e:
         main(["rank", str(FIXTURES / "rank_input.json"), "--models", str(models)])
     lines = error_lines(capsys.readouterr().err)
-    stage = {"retrieve": "retrieve", "answer_scores": "bienc", "normalize": "normalize"}[table.split("/")[0]]
+    stage = {"retrieve": "analysis/dvc.yaml:retrieve", "answer_scores": "bienc", "normalize": "normalize"}[
+        table.split("/")[0]
+    ]
     assert e.value.code == 2 and len(lines) == 1, lines
     assert f"{table}: differs from the sha256 recorded in" in lines[0] and f"dvc repro {stage}" in lines[0]
 
