@@ -1,5 +1,6 @@
-"""The final Task 3 system's steps (stage score): its inputs, the written rule's pick of MTL weight × keep rule, then
-order, the submissions in question order, every system's val / CV / LOSO row beside it, and the error analysis."""
+"""The final Task 3 system's steps (stage score: the baseline's rows alone; analysis stage system_choice: every MTL
+weight): its inputs, the written rule's pick of MTL weight × keep rule, then order, the submissions in question order,
+every system's val / CV / LOSO row beside it, and the error analysis."""
 
 from __future__ import annotations
 
@@ -32,9 +33,8 @@ class Inputs:
     answers: pd.DataFrame  # every normalized answer (validation: the full official gold)
     pred: pd.DataFrame | None  # the MTL's predictions (oof / loso / val / test); None: weight 0 alone reads none
     base: pd.DataFrame  # the baseline's
-    cand: (
-        pd.DataFrame
-    )  # the answers the MTL saw (capped profiles see fewer; the baseline's without an MTL): the CV rows
+    # the answers the MTL saw (capped profiles see fewer; the baseline's, where no MTL is read): the CV rows
+    cand: pd.DataFrame
     gold_val: pd.DataFrame
 
 
@@ -58,9 +58,8 @@ def read_inputs(with_mtl: bool) -> Inputs:
     )
 
 
-SCORE_WEIGHTS = (
-    0.0,
-)  # stage score's: score.system, the baseline (0 = the baseline alone); system_choice's: score.mtl_weights
+# stage score's MTL weights: score.system, the baseline (0 = the baseline alone); system_choice's: score.mtl_weights
+SCORE_WEIGHTS = (0.0,)
 
 
 def decide(sp, seed: int, weights) -> tuple[Inputs, dict, dict]:
